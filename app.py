@@ -1,0 +1,258 @@
+"""Wan Studio: generate Wan videos and stills on your own machine.
+
+    python app.py [--host H] [--port P] [--listen] [--share] [--auth user:pass] [--model REF] [--outputs DIR]
+    python app.py generate --prompt TEXT [--image PATH] [--preset NAME] [--model REF] [...]
+    python app.py doctor [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+DEFAULT_OUTPUTS = ROOT / "outputs"
+DEFAULT_MODELS = Path(os.environ.get("WAN_MODELS_DIR", ROOT / "models"))
+COMMANDS = ("serve", "generate", "doctor")
+
+# Exit codes of `generate`.
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_CANCELLED = 0, 1, 2, 130
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--outputs", default=str(DEFAULT_OUTPUTS), help="folder for videos, images and sidecars")
+    parser.add_argument("--models-dir", default=str(DEFAULT_MODELS), help="folder for built-in self-test models")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="app.py", description="Wan Studio: Wan video generation, locally.")
+    sub = parser.add_subparsers(dest="command")
+
+    serve = sub.add_parser("serve", help="start the web page (the default)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    serve.add_argument("--listen", action="store_true", help="listen on all interfaces (0.0.0.0); needs a password")
+    serve.add_argument("--share", action="store_true", help="create a public share link; needs a password")
+    serve.add_argument("--auth", help="user:password required to open the page")
+    serve.add_argument("--model", help="model to select at start (repo id, folder, selftest-t2v, selftest-i2v)")
+    serve.add_argument("--no-browser", action="store_true", help="do not open the page in a browser")
+    _common(serve)
+
+    gen = sub.add_parser("generate", help="generate one video or image without the page")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--negative-prompt")
+    gen.add_argument("--image", help="first frame: makes an image-to-video run")
+    gen.add_argument("--last-image", help="optional last frame for image-to-video")
+    gen.add_argument("--preset", help="preset name (see the Presets tab or presets/)")
+    gen.add_argument("--model", help="repo id, local diffusers folder, selftest-t2v or selftest-i2v")
+    for name, kind in (("width", int), ("height", int), ("frames", int), ("steps", int),
+                       ("guidance", float), ("shift", float), ("seed", int), ("fps", int)):
+        gen.add_argument(f"--{name}", type=kind)
+    _common(gen)
+
+    doctor = sub.add_parser("doctor", help="print the detected hardware and software (paste it into bug reports)")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    _common(doctor)
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    if not argv or argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        argv = ["serve", *argv]
+    return build_parser().parse_args(argv)
+
+
+# ----- generate -----------------------------------------------------------
+def _pick_preset(presets, args):
+    from engine.presets import get_preset
+
+    if args.preset:
+        return get_preset(presets, args.preset)
+    mode = "i2v" if args.image else "t2v"
+    if args.model:
+        for preset in presets.values():
+            if preset.model == args.model and preset.mode == mode:
+                return preset
+    return get_preset(presets, "wan21-i2v-14b" if mode == "i2v" else "wan21-t2v-1.3b")
+
+
+def _build_request(args):
+    from engine.presets import load_presets
+    from engine.request import GenerationRequest
+
+    preset = _pick_preset(load_presets(), args)
+    mode = "i2v" if args.image else ("t2i" if args.frames == 1 else preset.mode)
+    return GenerationRequest.from_preset(
+        preset, args.prompt, mode=mode, model=args.model, negative_prompt=args.negative_prompt,
+        width=args.width, height=args.height, frames=args.frames, steps=args.steps, guidance=args.guidance,
+        shift=args.shift, seed=args.seed, fps=args.fps, image=args.image, last_image=args.last_image,
+        outputs_dir=args.outputs)
+
+
+def _print_timings(view, out) -> None:
+    rows = view.timing_rows()
+    width = max(len(r[0]) for r in rows) if rows else 10
+    print("Phase timings:", file=out)
+    for label, seconds, detail in rows:
+        shown = f"{seconds:9.3f} s" if seconds is not None else "        - "
+        print(f"  {label:<{width}} {shown}  {detail}", file=out)
+
+
+def generate(args) -> int:
+    from engine.events import (Info, JobCancelled, JobFailed, JobFinished, PhaseStarted, StepFinished)
+    from engine.presets import PresetError
+    from engine.worker import WorkerClient
+    from ui.job_view import PHASE_LABELS, JobView
+
+    try:
+        request = _build_request(args)
+    except PresetError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    client = WorkerClient(args.models_dir)
+    view = JobView()
+    tty = sys.stderr.isatty()
+    events = client.submit(request)
+    try:
+        while True:
+            try:
+                event = next(events)
+            except StopIteration:
+                break
+            except KeyboardInterrupt:
+                print("\nCancelling at the next step...", file=sys.stderr)
+                client.cancel()
+                continue
+            view.apply(event)
+            if isinstance(event, PhaseStarted):
+                print(f"[{PHASE_LABELS.get(event.phase, event.phase)}]", file=sys.stderr)
+            elif isinstance(event, Info):
+                print(f"  {event.message}", file=sys.stderr)
+            elif isinstance(event, StepFinished):
+                filled = int(30 * event.step / event.total)
+                bar = "#" * filled + "." * (30 - filled)
+                line = (f"  [{bar}] step {event.step}/{event.total}  {event.seconds:.2f} s/step  "
+                        f"ETA {event.eta_seconds:.0f} s")
+                print(("\r" + line) if tty else line, end="" if tty and event.step < event.total else "\n",
+                      file=sys.stderr, flush=True)
+    finally:
+        client.close()
+    _print_timings(view, sys.stdout)
+    if isinstance(view.result, JobFinished):
+        for path in view.result.paths:
+            print(f"Wrote {path}")
+        print(f"Sidecar {view.result.sidecar}")
+        print(f"Seed {view.result.seed}")
+        if view.result.note:
+            print(view.result.note)
+        return EXIT_OK
+    if isinstance(view.cancelled, JobCancelled):
+        print(view.status, file=sys.stderr)
+        return EXIT_CANCELLED
+    failure = view.failure
+    assert isinstance(failure, JobFailed)
+    print(f"error: {failure.message}\n{failure.hint}", file=sys.stderr)
+    return EXIT_BAD_INPUT if failure.kind in ("input", "model") else EXIT_FAILED
+
+
+# ----- doctor -------------------------------------------------------------
+def doctor(args) -> int:
+    import json
+    import platform
+    from importlib import metadata
+
+    from engine import __version__
+    from engine.hardware import detect_hardware
+    from engine.request import check_outputs_dir
+
+    packages = {}
+    for name in ("torch", "diffusers", "transformers", "accelerate", "gradio", "huggingface-hub",
+                 "imageio-ffmpeg", "safetensors", "pillow", "psutil"):
+        try:
+            packages[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            packages[name] = None
+    try:
+        import imageio_ffmpeg
+        ffmpeg = imageio_ffmpeg.get_ffmpeg_exe()
+    except Exception as exc:  # report, don't crash: this is the bug-report tool
+        ffmpeg = f"not found ({exc})"
+    env_names = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "PYTORCH_CUDA_ALLOC_CONF",
+                 "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", "HSA_OVERRIDE_GFX_VERSION", "CUDA_VISIBLE_DEVICES")
+    report = {
+        "app": __version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "packages": packages,
+        "ffmpeg": ffmpeg,
+        "hardware": detect_hardware().to_dict(),
+        "environment": {k: os.environ[k] for k in env_names if k in os.environ},
+        "outputs": {"path": args.outputs, "problem": check_outputs_dir(args.outputs)},
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    hw = report["hardware"]
+    print(f"Wan Studio {__version__} on Python {report['python']} ({report['platform']})")
+    print("Hardware:")
+    for key, value in hw.items():
+        print(f"  {key:<18} {value}")
+    print("Packages:")
+    for key, value in packages.items():
+        print(f"  {key:<18} {value or 'not installed'}")
+    print(f"ffmpeg: {ffmpeg}")
+    print("Environment:" + ("" if report["environment"] else " (none of the relevant variables set)"))
+    for key, value in report["environment"].items():
+        print(f"  {key}={value}")
+    problem = report["outputs"]["problem"]
+    print(f"Outputs folder: {args.outputs} ({problem or 'writable'})")
+    return 0
+
+
+# ----- serve --------------------------------------------------------------
+def resolve_auth(args) -> tuple[str, str] | None:
+    """The (user, password) the page needs; generated once when listening or sharing without --auth."""
+    if args.auth:
+        user, sep, password = args.auth.partition(":")
+        if not sep or not user or not password:
+            raise SystemExit("error: --auth must look like user:password")
+        return user, password
+    if args.listen or args.share:
+        password = secrets.token_urlsafe(12)
+        print(f"The page is reachable from other machines, so it needs a password.\n"
+              f"  user: wan   password: {password}\n(pass --auth user:password to choose your own)", flush=True)
+        return "wan", password
+    return None
+
+
+def serve(args) -> int:
+    from engine.presets import load_presets
+    from engine.worker import WorkerClient
+    from ui.app_ui import build_app
+    from ui.context import AppContext
+
+    auth = resolve_auth(args)
+    Path(args.outputs).mkdir(parents=True, exist_ok=True)
+    client = WorkerClient(args.models_dir)
+    client.start()  # the engine process warms up while the page loads
+    ctx = AppContext(client, load_presets(), args.outputs, args.model)
+    demo = build_app(ctx)
+    try:
+        demo.launch(server_name="0.0.0.0" if args.listen else args.host, server_port=args.port,
+                    share=args.share, auth=auth, inbrowser=not args.no_browser,
+                    allowed_paths=[str(Path(args.outputs).resolve())], max_file_size="50mb",
+                    footer_links=["api"])
+    finally:
+        client.close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    return {"serve": serve, "generate": generate, "doctor": doctor}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

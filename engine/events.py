@@ -1,0 +1,88 @@
+"""Typed progress events streamed from the engine to the page and the CLI.
+
+Every event is a small frozen dataclass that crosses the worker-process
+boundary by pickling. Consumers dispatch on the class.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+# Phase names, in the order a run passes through them.
+PHASES = (
+    "download", "load", "transfer", "text_encode", "image_encode",
+    "denoise", "vae_decode", "export",
+)
+
+
+@dataclass(frozen=True)
+class Event:
+    job_id: str
+
+
+@dataclass(frozen=True)
+class JobStarted(Event):
+    description: str
+
+
+@dataclass(frozen=True)
+class Info(Event):
+    """A sentence the user should read (a plan decision, a warning, a note)."""
+    message: str
+
+
+@dataclass(frozen=True)
+class PhaseStarted(Event):
+    phase: str
+
+
+@dataclass(frozen=True)
+class PhaseFinished(Event):
+    phase: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class DownloadProgress(Event):
+    done: float
+    total: float | None
+    unit: str          # what is counted: "B" for bytes, "it" for files
+
+
+@dataclass(frozen=True)
+class StepFinished(Event):
+    step: int          # 1-based
+    total: int
+    seconds: float     # this step's wall time, device synchronised
+    eta_seconds: float
+
+
+@dataclass(frozen=True)
+class JobFinished(Event):
+    paths: tuple[str, ...]
+    sidecar: str
+    seed: int
+    timings: dict = field(default_factory=dict)
+    peak_vram_gb: float | None = None
+    peak_ram_gb: float | None = None
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class JobCancelled(Event):
+    at_step: int
+    total: int
+
+
+@dataclass(frozen=True)
+class JobFailed(Event):
+    message: str
+    hint: str
+    phase: str | None = None
+    kind: str = "runtime"   # "input" (settings), "model", "runtime" or "crash" (worker died)
+
+
+TERMINAL_EVENTS = (JobFinished, JobCancelled, JobFailed)
+
+
+def is_terminal(event: Event) -> bool:
+    return isinstance(event, TERMINAL_EVENTS)

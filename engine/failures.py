@@ -1,0 +1,30 @@
+"""Turning an exception into a message a user can act on."""
+from __future__ import annotations
+
+from .events import JobFailed
+from .models import ModelError
+from .request import InputError
+
+
+def failure_event(job_id: str, exc: BaseException, phase: str | None) -> JobFailed:
+    """The JobFailed event for an exception raised during ``phase``."""
+    message, hint = describe_failure(exc, phase)
+    kind = "input" if isinstance(exc, InputError) else "model" if isinstance(exc, ModelError) else "runtime"
+    return JobFailed(job_id, message, hint, phase, kind)
+
+
+def describe_failure(exc: BaseException, phase: str | None) -> tuple[str, str]:
+    """Return (message, what to do) for an exception raised during ``phase``."""
+    where = f" during {phase.replace('_', ' ')}" if phase else ""
+    if isinstance(exc, InputError):
+        return f"The settings cannot run: {exc}", "Change the settings named above and try again."
+    if isinstance(exc, ModelError):
+        return f"The model cannot be used: {exc}", "Pick another model or preset, or fix the model folder."
+    text = str(exc) or exc.__class__.__name__
+    if "out of memory" in text.lower() or exc.__class__.__name__ == "OutOfMemoryError":
+        return (f"Out of device memory{where}.",
+                "Lower the size or the number of frames, or pick a smaller model; then try again.")
+    if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:
+        return f"The disk is full{where}.", "Free some disk space or choose another outputs folder."
+    return (f"{exc.__class__.__name__}{where}: {text}",
+            "Try again; if it repeats, run 'python app.py doctor' and report the error with its output.")

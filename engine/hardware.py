@@ -1,0 +1,127 @@
+"""Hardware detection: what device, how much memory, which backend.
+
+Nothing here runs at import time; ``detect_hardware`` probes when called
+(in the worker process, or for ``app.py doctor``).
+"""
+from __future__ import annotations
+
+import json
+import platform
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+GIB = 1024 ** 3
+BACKENDS = ("cuda", "rocm", "mps", "cpu")
+OSES = ("windows", "linux", "macos")
+# AMD integrated GPUs (APUs) share system memory with the CPU.
+AMD_APU_ARCHS = ("gfx1151", "gfx1150", "gfx1103", "gfx1036", "gfx1035", "gfx90c")
+
+
+class HardwareError(ValueError):
+    """A hardware description (JSON) is malformed."""
+
+
+@dataclass(frozen=True)
+class HardwareProfile:
+    backend: str
+    device_name: str
+    arch: str = ""
+    vram_total_gb: float = 0.0
+    vram_free_gb: float = 0.0
+    ram_total_gb: float = 0.0
+    ram_available_gb: float = 0.0
+    unified_memory: bool = False
+    os: str = "linux"
+    cpu_count: int = 1
+    torch_version: str = ""
+
+    @property
+    def device(self) -> str:
+        """The torch device string for this backend."""
+        return {"cuda": "cuda", "rocm": "cuda", "mps": "mps"}.get(self.backend, "cpu")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "HardwareProfile":
+        known = {f.name: f for f in fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise HardwareError(f"unknown hardware field(s): {', '.join(unknown)}; allowed: {', '.join(known)}")
+        for required in ("backend", "device_name"):
+            if required not in data:
+                raise HardwareError(f"hardware field '{required}' is required")
+        values = {}
+        for name, value in data.items():
+            default = known[name].default
+            expected = type(default) if name not in ("backend", "device_name") else str
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                value = float(value)
+            if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
+                raise HardwareError(f"hardware field '{name}' must be {expected.__name__}, got {value!r}")
+            values[name] = value
+        if values["backend"] not in BACKENDS:
+            raise HardwareError(f"hardware field 'backend' must be one of {', '.join(BACKENDS)}")
+        if values.get("os", "linux") not in OSES:
+            raise HardwareError(f"hardware field 'os' must be one of {', '.join(OSES)}")
+        return cls(**values)
+
+    @classmethod
+    def from_file(cls, path: Path) -> "HardwareProfile":
+        try:
+            data = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise HardwareError(f"cannot read hardware file {path}: {exc}") from exc
+        if not isinstance(data, dict):
+            raise HardwareError(f"{path}: must hold a JSON object")
+        return cls.from_dict(data)
+
+    def summary(self) -> str:
+        if self.backend == "cpu":
+            return f"CPU only ({self.cpu_count} cores), {self.ram_total_gb:.0f} GB RAM"
+        unified = ", unified memory" if self.unified_memory else ""
+        arch = f" [{self.arch}]" if self.arch else ""
+        return (f"{self.device_name}{arch} via {self.backend.upper()}, {self.vram_total_gb:.1f} GB device memory"
+                f" ({self.vram_free_gb:.1f} free){unified}; {self.ram_total_gb:.0f} GB RAM")
+
+
+def _os_name() -> str:
+    system = platform.system().lower()
+    return {"darwin": "macos", "windows": "windows"}.get(system, "linux")
+
+
+def detect_hardware() -> HardwareProfile:
+    """Probe the machine (imports torch; initialises the GPU driver if there is one)."""
+    import os
+
+    import psutil
+    import torch
+
+    mem = psutil.virtual_memory()
+    common = dict(
+        ram_total_gb=round(mem.total / GIB, 2), ram_available_gb=round(mem.available / GIB, 2),
+        os=_os_name(), cpu_count=os.cpu_count() or 1, torch_version=torch.__version__,
+    )
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        free, total = torch.cuda.mem_get_info(0)
+        if getattr(torch.version, "hip", None):
+            arch = getattr(props, "gcnArchName", "").split(":")[0]
+            backend, unified = "rocm", arch in AMD_APU_ARCHS
+        else:
+            arch, backend = f"sm_{props.major}{props.minor}", "cuda"
+            unified = bool(getattr(props, "is_integrated", False))
+        return HardwareProfile(
+            backend=backend, device_name=props.name, arch=arch,
+            vram_total_gb=round(total / GIB, 2), vram_free_gb=round(free / GIB, 2),
+            unified_memory=unified, **common)
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        return HardwareProfile(
+            backend="mps", device_name=platform.processor() or "Apple GPU", arch="apple",
+            vram_total_gb=common["ram_total_gb"], vram_free_gb=common["ram_available_gb"],
+            unified_memory=True, **common)
+    return HardwareProfile(backend="cpu", device_name=platform.processor() or platform.machine(), **common)

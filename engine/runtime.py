@@ -1,0 +1,79 @@
+"""Small device helpers: synchronising before reading the clock, measuring peaks, freeing memory."""
+from __future__ import annotations
+
+import gc
+import threading
+import time
+from contextlib import contextmanager
+
+
+def synchronize(device: str) -> None:
+    """Wait for queued device work, so wall-clock timings are real."""
+    import torch
+
+    if device.startswith("cuda") and torch.cuda.is_available():
+        torch.cuda.synchronize()
+    elif device.startswith("mps") and torch.backends.mps.is_available():
+        torch.mps.synchronize()
+
+
+def free_device_memory() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
+        torch.mps.empty_cache()
+
+
+def reset_peak_vram() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_vram_gb() -> float | None:
+    import torch
+
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 1024 ** 3, 3)
+    return None
+
+
+class RamPeakSampler:
+    """Samples this process's resident memory in a thread; ``peak_gb`` is the largest seen."""
+
+    def __init__(self, interval: float = 0.05):
+        self.interval = interval
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        import psutil
+
+        proc = psutil.Process()
+        while True:
+            self.peak = max(self.peak, proc.memory_info().rss)
+            if self._stop.wait(self.interval):
+                break
+
+    @property
+    def peak_gb(self) -> float:
+        return round(self.peak / 1024 ** 3, 3)
+
+    @contextmanager
+    def running(self):
+        self._thread = threading.Thread(target=self._sample, name="ram-peak", daemon=True)
+        self._thread.start()
+        try:
+            yield self
+        finally:
+            self._stop.set()
+            self._thread.join()
+
+
+def clock() -> float:
+    return time.perf_counter()

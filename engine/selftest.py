@@ -1,0 +1,99 @@
+"""Built-in self-test models: tiny random-weight Wan pipelines built locally.
+
+They let a fresh install exercise every mode offline. Their output is noise,
+and every output made with them says so.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+SELFTEST_T2V = "selftest-t2v"
+SELFTEST_I2V = "selftest-i2v"
+SELFTEST_REFS = (SELFTEST_T2V, SELFTEST_I2V)
+
+# Seed for the random weights, so every install builds the same tiny model.
+_WEIGHT_SEED = 0
+# Tiny tokenizer vocabulary: enough pieces for any prompt to tokenize.
+_VOCAB_PIECES = ["<pad>", "</s>", "<unk>"] + [chr(c) for c in range(32, 127)] + ["▁"]
+_TEXT_DIM = 32
+
+
+def _tokenizer():
+    from transformers import T5Tokenizer
+
+    vocab = [(piece, 0.0) for piece in _VOCAB_PIECES]
+    return T5Tokenizer(vocab=vocab, extra_ids=0)
+
+
+def _text_encoder():
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    config = UMT5Config(
+        vocab_size=len(_VOCAB_PIECES), d_model=_TEXT_DIM, d_kv=8, d_ff=64,
+        num_layers=2, num_heads=4, relative_attention_num_buckets=8,
+    )
+    return UMT5EncoderModel(config)
+
+
+def _vae():
+    from diffusers import AutoencoderKLWan
+
+    return AutoencoderKLWan(
+        base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+    )
+
+
+def _transformer(image_to_video: bool):
+    from diffusers import WanTransformer3DModel
+
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12,
+        in_channels=36 if image_to_video else 16, out_channels=16,
+        text_dim=_TEXT_DIM, freq_dim=256, ffn_dim=32, num_layers=2,
+        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
+        image_dim=4 if image_to_video else None,
+    )
+
+
+def _image_encoder():
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModel
+
+    config = CLIPVisionConfig(
+        hidden_size=4, projection_dim=4, num_hidden_layers=2, num_attention_heads=2,
+        image_size=32, intermediate_size=16, patch_size=1,
+    )
+    processor = CLIPImageProcessor(crop_size=32, size=32)
+    return CLIPVisionModel(config), processor
+
+
+def build_selftest_pipeline(ref: str):
+    """Build the tiny pipeline named by ``ref`` in memory (random weights, fixed seed)."""
+    import torch
+    from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
+
+    if ref not in SELFTEST_REFS:
+        raise ValueError(f"unknown self-test model {ref!r}; choose one of {', '.join(SELFTEST_REFS)}")
+    image_to_video = ref == SELFTEST_I2V
+    torch.manual_seed(_WEIGHT_SEED)
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    parts = dict(
+        tokenizer=_tokenizer(), text_encoder=_text_encoder(), vae=_vae(),
+        transformer=_transformer(image_to_video), scheduler=scheduler,
+    )
+    if image_to_video:
+        image_encoder, image_processor = _image_encoder()
+        return WanImageToVideoPipeline(image_encoder=image_encoder, image_processor=image_processor, **parts)
+    return WanPipeline(**parts)
+
+
+def ensure_selftest_model(ref: str, models_dir: Path) -> Path:
+    """Return the folder of a self-test model, building and saving it on first use."""
+    folder = Path(models_dir) / ref
+    if (folder / "model_index.json").is_file():
+        return folder
+    pipe = build_selftest_pipeline(ref)
+    tmp = folder.with_name(folder.name + ".building")
+    pipe.save_pretrained(tmp)
+    tmp.replace(folder)
+    return folder

@@ -1,0 +1,206 @@
+"""The engine in its own process, and the client the app uses to drive it.
+
+The worker owns the Engine (and so the GPU). The app talks to it over a pipe:
+it sends a request and reads typed events until a terminal one. If the
+worker dies (segfault, driver fault, kill -9), the client reports which phase
+was running, starts a fresh worker, and the next job runs there.
+"""
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import json
+import os
+import signal
+import threading
+import uuid
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Iterator
+
+from .events import (Event, Info, JobFailed, PhaseStarted, is_terminal)
+from .failures import failure_event
+from .models import ModelError, precheck_model
+from .request import GenerationRequest, InputError, check_inputs
+
+_SPAWN = mp.get_context("spawn")
+# Applied in the worker before torch loads: flash attention on ROCm (AOTriton) and an
+# allocator that grows segments instead of fragmenting (CUDA and ROCm read the same variable).
+PLATFORM_ENV = {
+    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+}
+
+
+def _worker_main(conn, cancel_event, models_dir: str, hardware_json: str | None) -> None:
+    """Entry point of the worker process: serve requests until told to stop."""
+    # Platform settings must be in place before torch initialises the device.
+    for name, value in PLATFORM_ENV.items():
+        os.environ.setdefault(name, value)
+    from .engine import Engine
+    from .hardware import HardwareProfile
+
+    hardware = HardwareProfile.from_dict(json.loads(hardware_json)) if hardware_json else None
+    engine = Engine(models_dir, hardware)
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        kind = message[0]
+        if kind == "run":
+            _, request, job_id = message
+            engine.run(request, job_id, conn.send, cancel_event.is_set)
+        elif kind == "unload":
+            engine.unload()
+            conn.send(("unloaded",))
+        elif kind == "hardware":
+            conn.send(("hardware", engine.hardware.to_dict()))
+        elif kind == "stop":
+            return
+
+
+def _signal_name(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+@dataclass
+class _Worker:
+    process: object
+    conn: object
+
+
+class WorkerClient:
+    """Owns the worker process; runs one job at a time; restarts the worker when it dies."""
+
+    def __init__(self, models_dir: Path | str = "models", hardware_json: str | None = None):
+        self.models_dir = str(models_dir)
+        self.hardware_json = hardware_json
+        self._cancel = _SPAWN.Event()
+        self._job_lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._worker: _Worker | None = None
+        self._ids = itertools.count(1)
+        self.restarts = 0
+
+    # ----- process management -------------------------------------------
+    def _ensure_worker(self) -> _Worker:
+        with self._start_lock:
+            if self._worker is None or not self._worker.process.is_alive():
+                if self._worker is not None:
+                    self._worker.conn.close()
+                    self.restarts += 1
+                parent, child = _SPAWN.Pipe()
+                process = _SPAWN.Process(
+                    target=_worker_main, args=(child, self._cancel, self.models_dir, self.hardware_json),
+                    name="wan-engine", daemon=True)
+                process.start()
+                child.close()
+                self._worker = _Worker(process, parent)
+            return self._worker
+
+    @property
+    def pid(self) -> int | None:
+        return self._worker.process.pid if self._worker and self._worker.process.is_alive() else None
+
+    def start(self) -> None:
+        """Start the worker now (otherwise it starts with the first job)."""
+        self._ensure_worker()
+
+    def close(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        try:
+            worker.conn.send(("stop",))
+        except (BrokenPipeError, OSError):
+            pass
+        worker.process.join(timeout=5)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.conn.close()
+
+    def cancel(self) -> None:
+        """Ask the running job to stop at its next step boundary."""
+        self._cancel.set()
+
+    @property
+    def busy(self) -> bool:
+        return self._job_lock.locked()
+
+    def _call(self, message, expect: str):
+        with self._job_lock:
+            worker = self._ensure_worker()
+            worker.conn.send(message)
+            reply = worker.conn.recv()
+            assert reply[0] == expect, reply
+            return reply
+
+    def unload(self) -> None:
+        self._call(("unload",), "unloaded")
+
+    def hardware(self) -> dict:
+        return self._call(("hardware",), "hardware")[1]
+
+    # ----- jobs ----------------------------------------------------------
+    def new_job_id(self) -> str:
+        return f"job-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
+
+    def submit(self, request: GenerationRequest, job_id: str | None = None) -> Iterator[Event]:
+        """Run ``request`` in the worker, yielding its events; the last one is terminal.
+
+        Bad input is refused here, before the worker does anything heavy.
+        """
+        job_id = job_id or self.new_job_id()
+        try:
+            request = check_inputs(request)
+            precheck_model(request.model)
+        except (InputError, ModelError) as exc:
+            yield failure_event(job_id, exc, None)
+            return
+        with self._job_lock:
+            self._cancel.clear()
+            worker = self._ensure_worker()
+            try:
+                worker.conn.send(("run", request, job_id))
+            except (BrokenPipeError, OSError):
+                worker = self._ensure_worker()
+                worker.conn.send(("run", request, job_id))
+            yield from self._read_events(worker, job_id)
+
+    def _read_events(self, worker: _Worker, job_id: str) -> Iterator[Event]:
+        phase = None
+        while True:
+            ready = wait([worker.conn, worker.process.sentinel])
+            if worker.conn in ready:
+                try:
+                    event = worker.conn.recv()
+                except (EOFError, OSError):
+                    event = None
+                if event is not None:
+                    if isinstance(event, PhaseStarted):
+                        phase = event.phase
+                    yield event
+                    if is_terminal(event):
+                        return
+                    continue
+            # The pipe closed or the process ended without a terminal event: it died.
+            worker.process.join(timeout=5)
+            reason = _signal_name(worker.process.exitcode)
+            where = f" during {phase.replace('_', ' ')}" if phase else ""
+            self._ensure_worker()  # a fresh worker, ready for the next job
+            yield Info(job_id, "A fresh engine process was started.")
+            yield JobFailed(
+                job_id, f"The engine process stopped unexpectedly{where} ({reason}).",
+                "Nothing else was lost; the next job runs in a fresh engine process. If it happens again, "
+                "lower the size or frames and run 'python app.py doctor'.", phase, "crash")
+            return

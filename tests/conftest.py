@@ -1,0 +1,90 @@
+"""Shared fixtures: tiny random-weight Wan pipelines saved to disk, loaded the way users load models."""
+from __future__ import annotations
+
+import shutil
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from engine.presets import load_presets  # noqa: E402
+from engine.request import GenerationRequest  # noqa: E402
+from engine.selftest import SELFTEST_I2V, SELFTEST_T2V, build_selftest_pipeline  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def model_dirs(tmp_path_factory) -> dict[str, Path]:
+    """Tiny T2V and I2V pipelines saved with save_pretrained (built once per session)."""
+    base = tmp_path_factory.mktemp("models")
+    dirs = {}
+    for ref, name in ((SELFTEST_T2V, "tiny-t2v"), (SELFTEST_I2V, "tiny-i2v")):
+        build_selftest_pipeline(ref).save_pretrained(base / name)
+        dirs[name] = base / name
+    return dirs
+
+
+@pytest.fixture(scope="session")
+def selftest_models_dir(tmp_path_factory, model_dirs) -> Path:
+    """A models folder already holding the built-in self-test models (saves rebuilding them per process)."""
+    folder = tmp_path_factory.mktemp("selftest-models")
+    shutil.copytree(model_dirs["tiny-t2v"], folder / SELFTEST_T2V)
+    shutil.copytree(model_dirs["tiny-i2v"], folder / SELFTEST_I2V)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def presets():
+    return load_presets()
+
+
+@pytest.fixture
+def outputs(tmp_path) -> Path:
+    folder = tmp_path / "outputs"
+    folder.mkdir()
+    return folder
+
+
+@pytest.fixture(scope="session")
+def image_file(tmp_path_factory) -> Path:
+    """A 100x70 (not square, not a multiple of 16) RGB photo stand-in."""
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("images") / "photo.png"
+    img = Image.new("RGB", (100, 70), (200, 40, 40))
+    for x in range(50, 100):
+        for y in range(70):
+            img.putpixel((x, y), (20, 40, 220))
+    img.save(path)
+    return path
+
+
+def tiny_request(presets, model: str, outputs: Path, mode: str = "t2v", **overrides) -> GenerationRequest:
+    preset = presets["selftest-i2v" if mode == "i2v" else "selftest-t2v"]
+    prompt = overrides.pop("prompt", "a red fox in the snow")
+    values = dict(mode=mode, model=str(model), outputs_dir=str(outputs), seed=1234)
+    values.update(overrides)
+    return GenerationRequest.from_preset(preset, prompt, **values)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def app_command(*args: str) -> list[str]:
+    return [sys.executable, str(ROOT / "app.py"), *args]
+
+
+def app_env(**extra: str) -> dict:
+    import os
+
+    env = dict(os.environ)
+    env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
+    env.update(extra)
+    return env

@@ -1,0 +1,182 @@
+"""The engine runs every mode on tiny real pipelines loaded from disk, timing each phase."""
+from __future__ import annotations
+
+import gc
+import json
+import weakref
+from pathlib import Path
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from engine.engine import SELFTEST_NOTE, Engine
+from engine.events import (Info, JobCancelled, JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted,
+                           StepFinished)
+from engine.export import read_video
+from engine.hardware import HardwareProfile
+from tests.conftest import tiny_request
+
+CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    engine = Engine(tmp_path_factory.mktemp("engine-models"), CPU)
+    yield engine
+    engine.unload()
+
+
+def run(engine, request, should_cancel=lambda: False):
+    events = []
+    result = engine.run(request, "job", events.append, should_cancel)
+    assert events[-1] is result
+    return result, events
+
+
+def phases(events):
+    return [e.phase for e in events if isinstance(e, PhaseFinished)]
+
+
+def test_text_to_video_writes_the_requested_frames_and_size(engine, model_dirs, presets, outputs):
+    request = tiny_request(presets, model_dirs["tiny-t2v"], outputs, width=96, height=64, frames=13, steps=3)
+    result, events = run(engine, request)
+    assert isinstance(result, JobFinished), result
+    frames, fps = read_video(result.paths[0])
+    assert frames.shape == (13, 64, 96, 3) and fps == 16
+    assert Path(result.paths[0]).parent.parent == outputs  # outputs/<date>/file
+    sidecar = json.loads(Path(result.sidecar).read_text())
+    assert set(sidecar["timings"]) == {"load", "transfer", "text_encode", "denoise", "vae_decode", "export"}
+    assert all(seconds >= 0 for seconds in sidecar["timings"].values())
+    assert sidecar["prompt"] == "a red fox in the snow" and sidecar["seed"] == 1234
+    assert sidecar["model"] == {"ref": str(model_dirs["tiny-t2v"]), "source": "local", "revision": "local",
+                                "pipeline": "WanPipeline"}
+    assert sidecar["parameters"]["width"] == 96 and sidecar["parameters"]["steps"] == 3
+    assert sidecar["output"] == {"frames": 13, "height": 64, "width": 96, "fps": 16}
+    assert sidecar["plan"]["device"] == "cpu" and sidecar["plan"]["decisions"]
+    assert sidecar["peak_ram_gb"] > 0 and len(sidecar["step_seconds"]) == 3
+    assert {"app", "torch", "diffusers", "transformers"} <= set(sidecar["versions"])
+    assert sidecar["hardware"]["backend"] == "cpu" and sidecar["preset"] == "selftest-t2v"
+
+
+def test_events_arrive_in_pipeline_order(engine, model_dirs, presets, outputs):
+    engine.unload()
+    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=4))
+    assert isinstance(events[0], JobStarted) and isinstance(result, JobFinished)
+    order = [(type(e).__name__, getattr(e, "phase", None)) for e in events
+             if isinstance(e, (PhaseStarted, PhaseFinished))]
+    expected = []
+    for phase in ("load", "transfer", "text_encode", "denoise", "vae_decode", "export"):
+        expected += [("PhaseStarted", phase), ("PhaseFinished", phase)]
+    assert order == expected
+    steps = [e for e in events if isinstance(e, StepFinished)]
+    assert [s.step for s in steps] == [1, 2, 3, 4] and all(s.total == 4 for s in steps)
+    assert steps[-1].eta_seconds == 0
+    denoise_start = next(i for i, e in enumerate(events) if isinstance(e, PhaseStarted) and e.phase == "denoise")
+    denoise_end = next(i for i, e in enumerate(events) if isinstance(e, PhaseFinished) and e.phase == "denoise")
+    assert all(denoise_start < events.index(s) < denoise_end for s in steps)
+    assert any(isinstance(e, Info) and e.message.startswith("Plan:") for e in events)
+
+
+def test_same_seed_gives_the_same_video(engine, model_dirs, presets, outputs):
+    request = tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=99)
+    first, _ = run(engine, request)
+    second, events = run(engine, request)
+    assert "load" not in phases(events)  # the loaded pipeline is reused
+    assert first.paths != second.paths
+    assert np.array_equal(read_video(first.paths[0])[0], read_video(second.paths[0])[0])
+
+
+def test_random_seed_is_recorded(engine, model_dirs, presets, outputs):
+    result, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=-1))
+    assert 0 <= result.seed < 2**32
+    assert json.loads(Path(result.sidecar).read_text())["seed"] == result.seed
+
+
+def test_text_to_image_writes_one_png(engine, model_dirs, presets, outputs):
+    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, mode="t2i", frames=1,
+                                              width=80, height=48))
+    assert isinstance(result, JobFinished), result
+    path = Path(result.paths[0])
+    assert path.suffix == ".png"
+    with Image.open(path) as img:
+        assert img.size == (80, 48)
+    assert json.loads(Path(result.sidecar).read_text())["output"]["frames"] == 1
+
+
+def test_image_to_video_crops_the_image_and_times_image_encoding(engine, model_dirs, presets, outputs,
+                                                                   image_file):
+    request = tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v", image=str(image_file),
+                           width=64, height=48, frames=9)
+    result, events = run(engine, request)
+    assert isinstance(result, JobFinished), result
+    frames, _ = read_video(result.paths[0])
+    assert frames.shape == (9, 48, 64, 3)
+    assert "image_encode" in phases(events)
+    sidecar = json.loads(Path(result.sidecar).read_text())
+    assert "image_encode" in sidecar["timings"] and sidecar["model"]["pipeline"] == "WanImageToVideoPipeline"
+
+
+def test_model_swap_frees_the_first_model(engine, model_dirs, presets, outputs, image_file):
+    run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    old = weakref.ref(engine.loaded.pipe)
+    result, events = run(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v",
+                                              image=str(image_file)))
+    assert isinstance(result, JobFinished)
+    gc.collect()
+    assert old() is None, "the first pipeline is still referenced after the swap"
+    assert engine.loaded.model.image_to_video
+    assert any(isinstance(e, Info) and e.message.startswith("Unloading") for e in events)
+
+
+def test_cancel_stops_at_a_step_boundary_and_keeps_the_model(engine, model_dirs, presets, outputs):
+    steps_seen = []
+
+    def cancel_after_two():
+        return len(steps_seen) >= 2
+
+    request = tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=20)
+    events = []
+
+    def emit(event):
+        events.append(event)
+        if isinstance(event, StepFinished):
+            steps_seen.append(event.step)
+
+    before = set(outputs.rglob("*"))
+    result = engine.run(request, "job", emit, cancel_after_two)
+    assert isinstance(result, JobCancelled) and result.at_step == 2 and result.total == 20
+    assert steps_seen == [1, 2]
+    assert set(outputs.rglob("*")) == before, "a cancelled job wrote files"
+    again, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=2))
+    assert isinstance(again, JobFinished) and "load" not in phases(events)
+
+
+def test_selftest_outputs_are_labelled_as_noise(engine, presets, outputs):
+    result, _ = run(engine, tiny_request(presets, "selftest-t2v", outputs, steps=2))
+    assert result.note == SELFTEST_NOTE
+    sidecar = json.loads(Path(result.sidecar).read_text())
+    assert sidecar["note"] == SELFTEST_NOTE and sidecar["model"]["revision"] == "builtin"
+
+
+@pytest.mark.parametrize("mode, model, expected", [
+    ("i2v", "tiny-t2v", "is a text-to-video model"),
+    ("t2v", "tiny-i2v", "is an image-to-video model"),
+])
+def test_mode_and_model_must_match(engine, model_dirs, presets, outputs, image_file, mode, model, expected):
+    request = tiny_request(presets, model_dirs[model], outputs, mode=mode,
+                           image=str(image_file) if mode == "i2v" else None)
+    result, _ = run(engine, request)
+    assert isinstance(result, JobFailed) and result.kind == "input" and expected in result.message
+
+
+def test_earlier_outputs_are_untouched_by_later_runs_and_failures(engine, model_dirs, presets, outputs):
+    first, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    snapshot = {p: p.read_bytes() for p in outputs.rglob("*") if p.is_file()}
+    failed, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, width=70))
+    assert isinstance(failed, JobFailed) and "multiple of 16" in failed.message
+    later, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    assert isinstance(later, JobFinished)
+    for path, data in snapshot.items():
+        assert path.read_bytes() == data
+    assert not list(outputs.rglob(".*partial*")), "temporary files were left behind"

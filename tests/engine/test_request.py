@@ -1,0 +1,98 @@
+"""Bad input is refused before anything heavy runs, with a message saying what to change."""
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+import pytest
+
+from engine.request import GenerationRequest, InputError, check_inputs
+from tests.conftest import tiny_request
+
+
+@pytest.fixture
+def good(presets, outputs, image_file):
+    return tiny_request(presets, "selftest-t2v", outputs)
+
+
+def test_good_request_passes_and_is_normalised(good):
+    checked = check_inputs(replace(good, width=64.0, steps="4", prompt="  a cat  "))
+    assert (checked.width, checked.steps, checked.prompt) == (64, 4, "a cat")
+
+
+@pytest.mark.parametrize("change, expected", [
+    (dict(width=70), "width 70 is not a multiple of 16: try 64 or 80"),
+    (dict(height=100), "height 100 is not a multiple of 16: try 96 or 112"),
+    (dict(width=80, size_multiple=32), "width 80 is not a multiple of 32: try 64 or 96"),
+    (dict(frames=10), "frames must be 4k+1"),
+    (dict(frames=0), "frames 0 is out of range"),
+    (dict(width=0), "width 0 is out of range"),
+    (dict(height=-64), "height -64 is out of range"),
+    (dict(width=100000), "width 100000 is out of range"),
+    (dict(steps=0), "steps 0 is out of range"),
+    (dict(steps=-3), "steps -3 is out of range"),
+    (dict(steps=100000), "steps 100000 is out of range"),
+    (dict(steps="many"), "steps must be a whole number"),
+    (dict(guidance=float("nan")), "guidance must be a number"),
+    (dict(guidance=1e9), "guidance 1000000000.0 is out of range"),
+    (dict(shift=0), "shift 0.0 is out of range"),
+    (dict(seed=-5), "seed -5 is out of range"),
+    (dict(prompt=""), "the prompt is empty"),
+    (dict(prompt="   \n"), "the prompt is empty"),
+    (dict(mode="i2v"), "image-to-video needs an image"),
+    (dict(mode="t2i", frames=9), "text-to-image makes 1 frame"),
+])
+def test_bad_values_are_refused_with_what_to_change(good, change, expected):
+    with pytest.raises(InputError) as info:
+        check_inputs(replace(good, **change))
+    assert expected in str(info.value)
+
+
+def test_every_problem_is_listed_at_once(good):
+    with pytest.raises(InputError) as info:
+        check_inputs(replace(good, width=70, frames=10, prompt=""))
+    message = str(info.value)
+    assert "width 70" in message and "frames must be 4k+1" in message and "prompt is empty" in message
+
+
+def test_unreadable_and_empty_images_are_refused(good, tmp_path):
+    text = tmp_path / "notes.png"
+    text.write_text("this is not an image")
+    empty = tmp_path / "empty.jpg"
+    empty.write_bytes(b"")
+    for path, expected in ((text, "is not a readable image"), (empty, "is empty (0 bytes)"),
+                           (tmp_path / "missing.png", "does not exist")):
+        with pytest.raises(InputError) as info:
+            check_inputs(replace(good, mode="i2v", image=str(path)))
+        assert expected in str(info.value)
+
+
+def test_i2v_with_a_real_image_passes(good, image_file):
+    assert check_inputs(replace(good, mode="i2v", image=str(image_file))).image == str(image_file)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write to read-only folders")
+def test_unwritable_outputs_folder_is_refused(good, tmp_path):
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        with pytest.raises(InputError, match="not writable"):
+            check_inputs(replace(good, outputs_dir=str(folder)))
+    finally:
+        folder.chmod(0o700)
+
+
+def test_outputs_path_that_is_a_file_is_refused(good, tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(InputError, match="outputs folder .* is not writable"):
+        check_inputs(replace(good, outputs_dir=str(blocker / "sub")))
+
+
+def test_from_preset_drops_a_fixed_schedule_when_steps_change(presets):
+    fast = presets["fastwan21-t2v-1.3b"]
+    kept = GenerationRequest.from_preset(fast, "a cat")
+    changed = GenerationRequest.from_preset(fast, "a cat", steps=8)
+    assert kept.sigmas == (1.0, 0.757, 0.522) and kept.scheduler == "flow_euler"
+    assert changed.sigmas is None and changed.scheduler == "unipc"

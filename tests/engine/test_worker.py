@@ -1,0 +1,81 @@
+"""The engine in its own process: cancel, and survival of a killed worker."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+
+from engine.events import Info, JobCancelled, JobFailed, JobFinished, PhaseFinished, StepFinished
+from engine.worker import WorkerClient
+from tests.conftest import tiny_request
+
+
+@pytest.fixture
+def client(selftest_models_dir):
+    client = WorkerClient(selftest_models_dir)
+    yield client
+    client.close()
+
+
+def collect(events, on_step=None):
+    seen = []
+    for event in events:
+        seen.append(event)
+        if on_step and isinstance(event, StepFinished):
+            on_step(event)
+    return seen
+
+
+def test_cancel_mid_run_then_the_next_run_succeeds_without_reloading(client, presets, outputs):
+    def cancel_at_two(event):
+        if event.step == 2:
+            client.cancel()
+
+    events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=40)), cancel_at_two)
+    result = events[-1]
+    assert isinstance(result, JobCancelled) and 2 <= result.at_step < 40
+    pid = client.pid
+    events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=3)))
+    assert isinstance(events[-1], JobFinished)
+    assert client.pid == pid, "cancel must not restart the worker"
+    assert "load" not in [e.phase for e in events if isinstance(e, PhaseFinished)]
+
+
+def test_kill_9_mid_run_is_reported_and_a_fresh_worker_runs_the_next_job(client, presets, outputs):
+    def kill_at_two(event):
+        if event.step == 2:
+            os.kill(client.pid, signal.SIGKILL)
+
+    events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=40)), kill_at_two)
+    failure = events[-1]
+    assert isinstance(failure, JobFailed) and failure.kind == "crash" and failure.phase == "denoise"
+    assert "SIGKILL" in failure.message and "during denoise" in failure.message
+    assert any(isinstance(e, Info) and "fresh engine process" in e.message for e in events)
+    assert not list(outputs.rglob("*.mp4")), "a killed job left a video"
+    events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=3)))
+    assert isinstance(events[-1], JobFinished), events[-1]
+    assert client.restarts == 1
+
+
+def test_bad_input_is_refused_without_starting_the_worker(client, presets, outputs):
+    events = list(client.submit(tiny_request(presets, "selftest-t2v", outputs, frames=10)))
+    assert len(events) == 1 and isinstance(events[0], JobFailed) and events[0].kind == "input"
+    assert "4k+1" in events[0].message
+    assert client.pid is None
+
+
+def test_missing_model_folder_is_refused_before_the_worker(client, presets, outputs, tmp_path):
+    (tmp_path / "empty-model").mkdir()
+    events = list(client.submit(tiny_request(presets, str(tmp_path / "empty-model"), outputs)))
+    assert isinstance(events[0], JobFailed) and events[0].kind == "model"
+    assert "no model_index.json" in events[0].message and client.pid is None
+
+
+def test_unload_frees_the_model_and_the_next_run_loads_it_again(client, presets, outputs):
+    first = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
+    assert isinstance(first[-1], JobFinished)
+    client.unload()
+    again = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
+    assert isinstance(again[-1], JobFinished)
+    assert "load" in [e.phase for e in again if isinstance(e, PhaseFinished)]

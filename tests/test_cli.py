@@ -1,0 +1,109 @@
+"""`python app.py generate` and `doctor`, run as a user runs them."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from engine.export import read_video
+from tests.conftest import ROOT, app_command, app_env
+
+REVISION = "89abcdef0123456789abcdef0123456789abcdef"
+
+
+def generate(*args, models_dir, outputs, env=None, timeout=180):
+    command = app_command("generate", "--models-dir", str(models_dir), "--outputs", str(outputs), *args)
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env or app_env(), cwd=ROOT)
+
+
+def test_generate_with_the_selftest_model_writes_video_and_sidecar(selftest_models_dir, outputs):
+    done = generate("--model", "selftest-t2v", "--prompt", "a cat", "--seed", "42",
+                    models_dir=selftest_models_dir, outputs=outputs)
+    assert done.returncode == 0, done.stderr
+    videos = list(outputs.rglob("*.mp4"))
+    assert len(videos) == 1 and f"Wrote {videos[0]}" in done.stdout
+    frames, fps = read_video(videos[0])
+    assert frames.shape == (9, 64, 64, 3) and fps == 16
+    sidecar = json.loads(videos[0].with_suffix(".json").read_text())
+    assert sidecar["seed"] == 42 and sidecar["prompt"] == "a cat"
+    assert "Phase timings:" in done.stdout and "Denoise" in done.stdout and "VAE decode" in done.stdout
+    assert "step 4/4" in done.stderr
+    assert "self-test model" in done.stdout
+
+
+def test_generate_one_frame_writes_a_png(selftest_models_dir, outputs):
+    done = generate("--model", "selftest-t2v", "--prompt", "a cat", "--frames", "1",
+                    models_dir=selftest_models_dir, outputs=outputs)
+    assert done.returncode == 0, done.stderr
+    assert len(list(outputs.rglob("*.png"))) == 1 and not list(outputs.rglob("*.mp4"))
+
+
+def test_generate_image_to_video(selftest_models_dir, outputs, image_file):
+    done = generate("--model", "selftest-i2v", "--prompt", "waves", "--image", str(image_file),
+                    "--width", "96", "--height", "64", models_dir=selftest_models_dir, outputs=outputs)
+    assert done.returncode == 0, done.stderr
+    frames, _ = read_video(next(outputs.rglob("*.mp4")))
+    assert frames.shape == (9, 64, 96, 3)
+
+
+@pytest.mark.parametrize("args, expected", [
+    (("--model", "selftest-t2v", "--width", "70"), "width 70 is not a multiple of 16"),
+    (("--model", "selftest-t2v", "--frames", "10"), "frames must be 4k+1"),
+    (("--model", "selftest-t2v", "--steps", "0"), "steps 0 is out of range"),
+    (("--preset", "no-such-preset"), "unknown preset 'no-such-preset'"),
+    (("--model", "/no/such/model/folder"), "does not exist"),
+    (("--model", "selftest-i2v", "--image", "app.py"), "is not a readable image"),
+    (("--model", "selftest-i2v", "--preset", "selftest-i2v"), "image-to-video needs an image"),
+])
+def test_bad_input_exits_2_with_a_message_and_writes_nothing(selftest_models_dir, outputs, args, expected):
+    done = generate("--prompt", "a cat", *args, models_dir=selftest_models_dir, outputs=outputs, timeout=60)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert expected in done.stderr
+    assert not [p for p in outputs.rglob("*") if p.is_file()]
+
+
+def test_empty_prompt_exits_2(selftest_models_dir, outputs):
+    done = generate("--model", "selftest-t2v", "--prompt", " ", models_dir=selftest_models_dir, outputs=outputs)
+    assert done.returncode == 2 and "the prompt is empty" in done.stderr
+
+
+def test_unwritable_outputs_exit_2(selftest_models_dir, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    done = generate("--model", "selftest-t2v", "--prompt", "a cat", models_dir=selftest_models_dir,
+                    outputs=blocker / "out")
+    assert done.returncode == 2 and "is not writable" in done.stderr
+
+
+def test_generate_from_a_hub_cache_offline(model_dirs, tmp_path, outputs):
+    """A repo id resolves from a populated Hugging Face cache with HF_HUB_OFFLINE=1."""
+    repo = tmp_path / "hf" / "hub" / "models--tiny-org--tiny-wan"
+    shutil.copytree(model_dirs["tiny-t2v"], repo / "snapshots" / REVISION)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(REVISION)
+    env = app_env(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1")
+    env.pop("HF_HUB_CACHE", None)
+    done = generate("--model", "tiny-org/tiny-wan", "--preset", "selftest-t2v", "--prompt", "a cat",
+                    models_dir=tmp_path / "models", outputs=outputs, env=env)
+    assert done.returncode == 0, done.stderr
+    sidecar = json.loads(next(outputs.rglob("*.json")).read_text())
+    assert sidecar["model"]["ref"] == "tiny-org/tiny-wan" and sidecar["model"]["revision"] == REVISION
+    assert "download" in sidecar["timings"]
+    missing = generate("--model", "tiny-org/absent", "--preset", "selftest-t2v", "--prompt", "a cat",
+                       models_dir=tmp_path / "models", outputs=outputs, env=env)
+    assert missing.returncode == 2 and "offline mode is on" in missing.stderr
+
+
+def test_doctor_reports_hardware_and_versions():
+    done = subprocess.run(app_command("doctor", "--json"), capture_output=True, text=True, timeout=120,
+                          env=app_env(), cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["hardware"]["backend"] in ("cpu", "cuda", "rocm", "mps")
+    assert report["packages"]["diffusers"] and report["packages"]["torch"]
+    assert Path(report["ffmpeg"]).exists()
+    text = subprocess.run(app_command("doctor"), capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    assert text.returncode == 0 and "Hardware:" in text.stdout and "backend" in text.stdout

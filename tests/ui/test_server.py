@@ -1,0 +1,147 @@
+"""The app started as a user starts it, on a free port, driven through gradio_client."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+from gradio_client import Client, handle_file
+
+from engine.export import read_video
+from tests.conftest import ROOT, app_command, app_env, free_port
+
+T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 4, 5.0, 3.0, 7]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, selftest_models_dir):
+    outputs = tmp_path_factory.mktemp("server-outputs")
+    port = free_port()
+    log = open(tmp_path_factory.mktemp("logs") / "server.log", "w+")
+    proc = subprocess.Popen(
+        app_command("--no-browser", "--port", str(port), "--model", "selftest-t2v", "--outputs", str(outputs),
+                    "--models-dir", str(selftest_models_dir)),
+        stdout=log, stderr=subprocess.STDOUT, env=app_env(), cwd=ROOT)
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 120
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                log.seek(0)
+                pytest.fail(f"the app did not start:\n{log.read()}")
+            time.sleep(0.5)
+    yield {"url": url, "proc": proc, "outputs": outputs}
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return Client(server["url"], verbose=False)
+
+
+def test_api_names_are_stable(client):
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert {"/text_to_video", "/text_to_image", "/image_to_video", "/cancel"} <= set(endpoints)
+
+
+def test_text_to_video_returns_a_video_and_timings(client, server):
+    video, status, timings, seed = client.predict(*T2V, api_name="/text_to_video")
+    frames, fps = read_video(video)
+    assert frames.shape == (9, 64, 64, 3) and fps == 16
+    assert seed == 7 and "Seed used: 7" in status and "self-test model" in status
+    phases = [row[0] for row in timings["data"]]
+    assert phases[:2] == ["Text encode", "Denoise"] or "Load (disk to RAM)" in phases
+    assert phases[-1] == "Total"
+    assert len(list(server["outputs"].rglob("*.mp4"))) >= 1
+
+
+def test_text_to_image_returns_a_png(client):
+    image, status, _, seed = client.predict(*T2V, api_name="/text_to_image")
+    assert Path(image).suffix == ".png" and seed == 7
+
+
+def test_image_to_video_with_an_upload(client, image_file):
+    video, status, timings, _ = client.predict(
+        handle_file(str(image_file)), None, "selftest-i2v", "waves", "", "selftest-i2v", 96, 64, 9, 3, 5.0, 3.0, 1,
+        api_name="/image_to_video")
+    frames, _ = read_video(video)
+    assert frames.shape == (9, 64, 96, 3)
+    assert "Image encode" in [row[0] for row in timings["data"]]
+
+
+def test_bad_input_is_an_error_message(client):
+    bad = list(T2V)
+    bad[4] = 70
+    with pytest.raises(Exception, match="width 70 is not a multiple of 16"):
+        client.predict(*bad, api_name="/text_to_video")
+    with pytest.raises(Exception, match="image-to-video needs an image"):
+        client.predict(None, None, "selftest-i2v", "waves", "", "selftest-i2v", 64, 64, 9, 3, 5.0, 3.0, 1,
+                       api_name="/image_to_video")
+
+
+def _engine_pid(server) -> int:
+    for _ in range(100):
+        children = psutil.Process(server["proc"].pid).children()
+        workers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+        if workers:
+            return workers[0].pid
+        time.sleep(0.1)
+    raise AssertionError("no engine process found")
+
+
+def _wait_for_step(job, timeout=60):
+    """Block until the streamed status shows denoising under way."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if any("Denoising: step" in str(output[1]) for output in job.outputs()):
+            return
+        assert not job.done(), "the job finished before it could be interrupted"
+        time.sleep(0.05)
+    raise AssertionError("the job never reached the denoising steps")
+
+
+def _long_job():
+    long = list(T2V)
+    long[4:8] = [128, 128, 17, 200]
+    return long
+
+
+def test_cancel_stops_the_job_and_the_next_one_runs(client, server):
+    job = client.submit(*_long_job(), api_name="/text_to_video")
+    _wait_for_step(job)
+    client.predict(api_name="/cancel")
+    _, status, _, _ = job.result(timeout=60)
+    assert "Cancelled after step" in status
+    video, status, _, _ = client.predict(*T2V, api_name="/text_to_video")
+    assert "Done" in status and Path(video).exists()
+
+
+def test_killed_engine_is_reported_and_replaced(client, server):
+    job = client.submit(*_long_job(), api_name="/text_to_video")
+    _wait_for_step(job)
+    os.kill(_engine_pid(server), signal.SIGKILL)
+    with pytest.raises(Exception, match="engine process stopped unexpectedly during denoise"):
+        job.result(timeout=60)
+    video, status, _, _ = client.predict(*T2V, api_name="/text_to_video")
+    assert "Done" in status and Path(video).exists()
+
+
+def test_sidecars_sit_beside_outputs(server):
+    for video in server["outputs"].rglob("*.mp4"):
+        sidecar = json.loads(video.with_suffix(".json").read_text())
+        assert sidecar["file"] == video.name

@@ -1,0 +1,1 @@
+"""The Gradio page. Only this package imports gradio; the engine never does."""

@@ -1,0 +1,37 @@
+"""The whole page: one tab module each, wired to the worker client."""
+from __future__ import annotations
+
+import gradio as gr
+
+from engine import APP_NAME, __version__
+
+from . import i2v_tab, presets_tab, t2v_tab
+from .context import AppContext
+from .generate import GPU_QUEUE
+
+# Jobs waiting beyond this are refused with a "queue full" message.
+MAX_QUEUE = 16
+
+
+def build_app(ctx: AppContext) -> gr.Blocks:
+    with gr.Blocks(title=APP_NAME) as demo:
+        gr.Markdown(f"# {APP_NAME}\nWan video generation on your own machine. v{__version__}")
+        with gr.Tabs() as tabs:
+            with gr.Tab("Text to Video", id="t2v-tab"):
+                t2v_form = t2v_tab.build(ctx)
+            with gr.Tab("Image to Video", id="i2v-tab"):
+                i2v_form = i2v_tab.build(ctx)
+            with gr.Tab("Presets", id="presets-tab"):
+                presets_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form})
+        with gr.Row():
+            unload_btn = gr.Button("Unload model (free its memory)", size="sm", elem_id="unload")
+            unload_status = gr.Markdown(elem_id="unload-status")
+
+        def unload_model():
+            ctx.client.unload()
+            return "The model was unloaded; the next run loads it again."
+
+        unload_btn.click(unload_model, None, unload_status, api_name="unload", concurrency_id=GPU_QUEUE)
+    # One GPU job at a time; cancel (queue=False) runs beside it.
+    demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
+    return demo

@@ -1,0 +1,73 @@
+"""The settings form shared by the generation tabs."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine.presets import Preset
+from engine.request import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE
+
+from .context import AppContext
+
+
+@dataclass
+class Form:
+    preset: gr.Dropdown
+    prompt: gr.Textbox
+    negative_prompt: gr.Textbox
+    model: gr.Textbox
+    width: gr.Number
+    height: gr.Number
+    frames: gr.Number
+    steps: gr.Number
+    guidance: gr.Number
+    shift: gr.Number
+    seed: gr.Number
+
+    def settings(self) -> list:
+        """Components in the order build_request takes them (after mode)."""
+        return [self.preset, self.prompt, self.negative_prompt, self.model, self.width, self.height,
+                self.frames, self.steps, self.guidance, self.shift, self.seed]
+
+    def preset_fields(self) -> list:
+        return [self.model, self.negative_prompt, self.width, self.height, self.frames,
+                self.steps, self.guidance, self.shift]
+
+
+def preset_values(preset: Preset, model_override: str | None = None) -> list:
+    return [model_override or preset.model, preset.negative_prompt, preset.width, preset.height,
+            preset.frames, preset.steps, preset.guidance, preset.shift]
+
+
+def build_form(ctx: AppContext, mode: str, prefix: str) -> Form:
+    names = ctx.presets_for(mode)
+    chosen = ctx.default_preset(mode)
+    preset = ctx.presets[chosen]
+    model = ctx.default_model if ctx.default_model and preset.model != ctx.default_model else preset.model
+    with gr.Row():
+        preset_box = gr.Dropdown(
+            choices=[(ctx.presets[n].title, n) for n in names], value=chosen, label="Preset",
+            elem_id=f"{prefix}-preset", scale=2)
+        model_box = gr.Textbox(value=model, label="Model (repo id, local folder or selftest-t2v / selftest-i2v)",
+                               elem_id=f"{prefix}-model", scale=3)
+    prompt = gr.Textbox(label="Prompt", lines=3, placeholder="Describe the video...", elem_id=f"{prefix}-prompt")
+    negative = gr.Textbox(value=preset.negative_prompt, label="Negative prompt", lines=2,
+                          elem_id=f"{prefix}-negative")
+    with gr.Row():
+        width = gr.Number(value=preset.width, label="Width", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
+                          step=16, elem_id=f"{prefix}-width")
+        height = gr.Number(value=preset.height, label="Height", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
+                           step=16, elem_id=f"{prefix}-height")
+        frames = gr.Number(value=preset.frames, label="Frames (4k+1)", precision=0, minimum=1,
+                           maximum=MAX_FRAMES, step=4, elem_id=f"{prefix}-frames")
+        steps = gr.Number(value=preset.steps, label="Steps", precision=0, minimum=1, maximum=MAX_STEPS,
+                          elem_id=f"{prefix}-steps")
+    with gr.Row():
+        guidance = gr.Number(value=preset.guidance, label="Guidance", step=0.5, elem_id=f"{prefix}-guidance")
+        shift = gr.Number(value=preset.shift, label="Shift", step=0.5, elem_id=f"{prefix}-shift")
+        seed = gr.Number(value=-1, label="Seed (-1 = random)", precision=0, elem_id=f"{prefix}-seed")
+    form = Form(preset_box, prompt, negative, model_box, width, height, frames, steps, guidance, shift, seed)
+    preset_box.change(lambda name: preset_values(ctx.presets[name]), preset_box, form.preset_fields(),
+                      api_visibility="private")
+    return form

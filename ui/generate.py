@@ -1,0 +1,50 @@
+"""Running a job from the page: build the request, stream events, render updates."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import gradio as gr
+
+from engine.events import JobCancelled, JobFailed, JobFinished
+from engine.request import GenerationRequest
+
+from .context import AppContext
+from .job_view import JobView
+
+# Every event that runs the engine shares this queue, so jobs run one at a time in order.
+GPU_QUEUE = "gpu"
+
+
+def build_request(ctx: AppContext, mode: str, preset_name: str, prompt: str, negative_prompt: str,
+                  model: str, width, height, frames, steps, guidance, shift, seed,
+                  image: str | None = None, last_image: str | None = None) -> GenerationRequest:
+    preset = ctx.presets.get(preset_name) or ctx.presets[ctx.default_preset(mode)]
+    return GenerationRequest.from_preset(
+        preset, prompt or "", mode=mode, model=(model or preset.model).strip(),
+        negative_prompt=negative_prompt, width=width, height=height,
+        frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
+        seed=-1 if seed is None else seed, image=image, last_image=last_image,
+        outputs_dir=ctx.outputs_dir)
+
+
+def stream(ctx: AppContext, request: GenerationRequest, progress: gr.Progress) -> Iterator[tuple]:
+    """Yield (result, status markdown, timing rows, seed used) after each event.
+
+    The result slot stays unchanged (gr.skip) until a new file exists, so an
+    earlier output is never lost. A failure ends with gr.Error, which the page
+    shows and API clients receive as an exception.
+    """
+    view = JobView()
+    for event in ctx.client.submit(request):
+        view.apply(event)
+        progress(view.progress, desc=view.status)
+        rows = view.timing_rows()
+        if isinstance(event, JobFinished):
+            yield event.paths[0], view.markdown(), rows, event.seed
+        elif isinstance(event, JobFailed):
+            yield gr.skip(), view.markdown(), rows, gr.skip()
+            raise gr.Error(f"{event.message} {event.hint}", duration=None)
+        elif isinstance(event, JobCancelled):
+            yield gr.skip(), view.markdown(), rows, gr.skip()
+        else:
+            yield gr.skip(), view.markdown(), rows, gr.skip()

@@ -1,0 +1,40 @@
+"""Image to Video tab: an uploaded first frame (and optional last frame) animated."""
+from __future__ import annotations
+
+import gradio as gr
+
+from .context import AppContext
+from .form import Form, build_form
+from .generate import GPU_QUEUE, build_request, stream
+from .job_view import TIMING_HEADERS
+
+
+def build(ctx: AppContext) -> Form:
+    with gr.Row():
+        with gr.Column(scale=1):
+            with gr.Row():
+                image = gr.Image(label="First frame", type="filepath", elem_id="i2v-image", sources=["upload", "clipboard"])
+                last_image = gr.Image(label="Last frame (optional)", type="filepath", elem_id="i2v-last-image",
+                                      sources=["upload", "clipboard"])
+            gr.Markdown("The image is scaled to cover the target size and centre-cropped, keeping its aspect.")
+            form = build_form(ctx, "i2v", "i2v")
+            with gr.Row():
+                run_btn = gr.Button("Generate video", variant="primary", elem_id="i2v-generate")
+                cancel_btn = gr.Button("Cancel", variant="stop", elem_id="i2v-cancel")
+        with gr.Column(scale=1):
+            video = gr.Video(label="Result video", elem_id="i2v-video", autoplay=True, loop=True)
+            status = gr.Markdown(elem_id="i2v-status")
+            seed_used = gr.Number(value=None, label="Seed used", precision=0, interactive=False, elem_id="i2v-seed-used")
+            timings = gr.Dataframe(headers=TIMING_HEADERS, label="Phase timings", interactive=False,
+                                   elem_id="i2v-timings", type="array")
+
+    def image_to_video(image, last_image, preset, prompt, negative_prompt, model, width, height, frames, steps,
+                       guidance, shift, seed, progress=gr.Progress()):
+        request = build_request(ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames,
+                                steps, guidance, shift, seed, image=image, last_image=last_image)
+        yield from stream(ctx, request, progress)
+
+    run_btn.click(image_to_video, [image, last_image, *form.settings()], [video, status, timings, seed_used],
+                  api_name="image_to_video", concurrency_id=GPU_QUEUE)
+    cancel_btn.click(ctx.client.cancel, None, None, api_visibility="private", queue=False)
+    return form

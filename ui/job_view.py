@@ -1,0 +1,113 @@
+"""What the page shows about one job, folded from its events (pure; no gradio).
+
+The generate handlers feed each event into ``JobView.apply`` and render the
+view; tests use the same class to check what a user would see.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.events import (DownloadProgress, Event, Info, JobCancelled, JobFailed, JobFinished,
+                           JobStarted, PhaseFinished, PhaseStarted, StepFinished)
+
+PHASE_LABELS = {
+    "download": "Download", "load": "Load (disk to RAM)", "transfer": "Transfer (to device)",
+    "text_encode": "Text encode", "image_encode": "Image encode", "denoise": "Denoise",
+    "vae_decode": "VAE decode", "export": "Export",
+}
+TIMING_HEADERS = ["Phase", "Seconds", "Detail"]
+
+
+@dataclass
+class JobView:
+    status: str = "Waiting for the engine..."
+    phase: str | None = None
+    phase_seconds: dict = field(default_factory=dict)
+    running_phase: str | None = None
+    step: int = 0
+    total_steps: int = 0
+    step_seconds: list = field(default_factory=list)
+    eta: float | None = None
+    notes: list = field(default_factory=list)
+    download: str = ""
+    result: JobFinished | None = None
+    failure: JobFailed | None = None
+    cancelled: JobCancelled | None = None
+
+    def apply(self, event: Event) -> "JobView":
+        if isinstance(event, JobStarted):
+            self.status = "Started: " + event.description
+        elif isinstance(event, Info):
+            self.notes.append(event.message)
+        elif isinstance(event, PhaseStarted):
+            self.running_phase = event.phase
+            self.status = PHASE_LABELS.get(event.phase, event.phase) + "..."
+        elif isinstance(event, PhaseFinished):
+            self.phase_seconds[event.phase] = event.seconds
+            self.running_phase = None
+        elif isinstance(event, DownloadProgress):
+            total = f" of {event.total:,.0f}" if event.total else ""
+            self.download = f"{event.done:,.0f}{total} {event.unit}"
+            self.status = f"Downloading: {self.download}"
+        elif isinstance(event, StepFinished):
+            self.step, self.total_steps = event.step, event.total
+            self.step_seconds.append(event.seconds)
+            self.eta = event.eta_seconds
+            self.status = f"Denoising: step {event.step}/{event.total}, {event.seconds:.2f} s/step, about {event.eta_seconds:.0f} s left"
+        elif isinstance(event, JobFinished):
+            self.result = event
+            self.status = f"Done in {sum(event.timings.values()):.1f} s. Seed used: {event.seed}."
+            if event.note:
+                self.status += " " + event.note
+        elif isinstance(event, JobCancelled):
+            self.cancelled = event
+            self.status = f"Cancelled after step {event.at_step} of {event.total}. The model stays loaded."
+        elif isinstance(event, JobFailed):
+            self.failure = event
+            self.status = f"Failed: {event.message} {event.hint}"
+        return self
+
+    @property
+    def progress(self) -> float:
+        """Overall fraction done: denoising steps dominate, decode and export finish it."""
+        if self.result is not None:
+            return 1.0
+        if not self.total_steps:
+            return 0.0
+        done = 0.9 * self.step / self.total_steps
+        if "vae_decode" in self.phase_seconds:
+            done = 0.97
+        return done
+
+    def timing_rows(self) -> list[list]:
+        rows = []
+        for phase, label in PHASE_LABELS.items():
+            if phase in self.phase_seconds:
+                detail = ""
+                if phase == "denoise" and self.step_seconds:
+                    mean = sum(self.step_seconds) / len(self.step_seconds)
+                    detail = f"{len(self.step_seconds)} steps, {mean:.3f} s/step"
+                rows.append([label, round(self.phase_seconds[phase], 3), detail])
+            elif phase == self.running_phase:
+                detail = "running"
+                if phase == "denoise" and self.total_steps:
+                    detail = f"step {self.step}/{self.total_steps}, ETA {self.eta or 0:.0f} s"
+                rows.append([label, None, detail])
+        if self.result is not None:
+            rows.append(["Total", round(sum(self.phase_seconds.values()), 3),
+                         _memory_detail(self.result)])
+        return rows
+
+    def markdown(self) -> str:
+        lines = [f"**{self.status}**"]
+        lines += [f"- {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def _memory_detail(result: JobFinished) -> str:
+    parts = []
+    if result.peak_vram_gb is not None:
+        parts.append(f"peak VRAM {result.peak_vram_gb:.2f} GB")
+    if result.peak_ram_gb is not None:
+        parts.append(f"peak RAM {result.peak_ram_gb:.2f} GB")
+    return ", ".join(parts)
