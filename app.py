@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUTPUTS = ROOT / "outputs"
 DEFAULT_MODELS = Path(os.environ.get("WAN_MODELS_DIR", ROOT / "models"))
-COMMANDS = ("serve", "generate", "doctor")
+COMMANDS = ("serve", "generate", "plan", "doctor")
 
 # Exit codes of `generate`.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_CANCELLED = 0, 1, 2, 130
@@ -24,6 +24,14 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_CANCELLED = 0, 1, 2, 130
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outputs", default=str(DEFAULT_OUTPUTS), help="folder for videos, images and sidecars")
     parser.add_argument("--models-dir", default=str(DEFAULT_MODELS), help="folder for built-in self-test models")
+
+
+def _overrides(parser: argparse.ArgumentParser) -> None:
+    from engine.planner import LADDER, TEXT_ENCODER_PLACES
+
+    parser.add_argument("--strategy", choices=LADDER, help="force a memory strategy (default: the planner's)")
+    parser.add_argument("--text-encoder", choices=TEXT_ENCODER_PLACES, help="force where the text encoder runs")
+    parser.add_argument("--vae-tiling", choices=("on", "off"), help="force VAE tiling on or off")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,7 +58,19 @@ def build_parser() -> argparse.ArgumentParser:
     for name, kind in (("width", int), ("height", int), ("frames", int), ("steps", int),
                        ("guidance", float), ("shift", float), ("seed", int), ("fps", int)):
         gen.add_argument(f"--{name}", type=kind)
+    _overrides(gen)
     _common(gen)
+
+    plan = sub.add_parser("plan", help="show the memory plan for a preset on this (or a described) machine")
+    plan.add_argument("--preset", required=True)
+    plan.add_argument("--model", help="another model than the preset's")
+    plan.add_argument("--hardware", help="a hardware JSON file (as 'doctor --json' prints under 'hardware')")
+    plan.add_argument("--mode", choices=("t2v", "i2v", "t2i"), help="default: the preset's")
+    for name in ("width", "height", "frames", "steps"):
+        plan.add_argument(f"--{name}", type=int)
+    _overrides(plan)
+    plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    _common(plan)
 
     doctor = sub.add_parser("doctor", help="print the detected hardware and software (paste it into bug reports)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
@@ -70,7 +90,7 @@ def _pick_preset(presets, args):
 
     if args.preset:
         return get_preset(presets, args.preset)
-    mode = "i2v" if args.image else "t2v"
+    mode = "i2v" if getattr(args, "image", None) else "t2v"
     if args.model:
         for preset in presets.values():
             if preset.model == args.model and preset.mode == mode:
@@ -83,12 +103,16 @@ def _build_request(args):
     from engine.request import GenerationRequest
 
     preset = _pick_preset(load_presets(), args)
-    mode = "i2v" if args.image else ("t2i" if args.frames == 1 else preset.mode)
+    image = getattr(args, "image", None)
+    mode = getattr(args, "mode", None) or ("i2v" if image else ("t2i" if args.frames == 1 else preset.mode))
     return GenerationRequest.from_preset(
-        preset, args.prompt, mode=mode, model=args.model, negative_prompt=args.negative_prompt,
-        width=args.width, height=args.height, frames=args.frames, steps=args.steps, guidance=args.guidance,
-        shift=args.shift, seed=args.seed, fps=args.fps, image=args.image, last_image=args.last_image,
-        outputs_dir=args.outputs)
+        preset, getattr(args, "prompt", "plan"), mode=mode, model=args.model,
+        negative_prompt=getattr(args, "negative_prompt", None), width=args.width, height=args.height,
+        frames=args.frames, steps=args.steps, guidance=getattr(args, "guidance", None),
+        shift=getattr(args, "shift", None), seed=getattr(args, "seed", None), fps=getattr(args, "fps", None),
+        image=getattr(args, "image", None), last_image=getattr(args, "last_image", None), outputs_dir=args.outputs,
+        strategy=args.strategy, text_encoder=args.text_encoder,
+        vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on")
 
 
 def _print_timings(view, out) -> None:
@@ -155,6 +179,34 @@ def generate(args) -> int:
     assert isinstance(failure, JobFailed)
     print(f"error: {failure.message}\n{failure.hint}", file=sys.stderr)
     return EXIT_BAD_INPUT if failure.kind in ("input", "model") else EXIT_FAILED
+
+
+# ----- plan ---------------------------------------------------------------
+def plan(args) -> int:
+    import json
+
+    from engine.hardware import HardwareError, HardwareProfile
+    from engine.models import ModelError
+    from engine.planning import plan_request, plan_table
+    from engine.presets import PresetError
+
+    try:
+        request = _build_request(args)
+        if args.hardware:
+            hardware = HardwareProfile.from_file(args.hardware)
+        else:
+            from engine.hardware import detect_hardware
+            hardware = detect_hardware()
+        chosen = plan_request(request, hardware, Path(args.models_dir))
+    except (PresetError, HardwareError, ModelError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps(chosen.to_dict(), indent=2))
+    else:
+        print(f"{request.model} at {request.width}x{request.height}x{request.frames} on {hardware.summary()}")
+        print(plan_table(chosen))
+    return EXIT_OK if chosen.fits else EXIT_FAILED
 
 
 # ----- doctor -------------------------------------------------------------
@@ -251,7 +303,7 @@ def serve(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    return {"serve": serve, "generate": generate, "doctor": doctor}[args.command](args)
+    return {"serve": serve, "generate": generate, "plan": plan, "doctor": doctor}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -1,13 +1,16 @@
 """The Engine: owns at most one loaded pipeline and runs generation jobs as timed phases.
 
-A run reads like a pipeline: check, load, encode text, encode image, denoise,
-decode, export. Each phase is timed with the device synchronised and
-reported as typed events through ``emit``.
+A run reads like a pipeline: check, plan, load, encode text, encode image,
+denoise, decode, export. Each phase is timed with the device synchronised
+and reported as typed events through ``emit``. Out of memory in a phase
+steps one rung down the planner's ladder and runs again; out of memory in
+the decode retries the decode alone, tiled, then on the CPU.
 """
 from __future__ import annotations
 
 import platform
 import secrets
+from collections import OrderedDict
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -15,23 +18,33 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__
-from .events import (Event, Info, JobCancelled, JobFailed, JobFinished, JobStarted, PhaseFinished,
-                     PhaseStarted, StepFinished, DownloadProgress)
+from .apply import (bring_encoder, encoder_device, from_pretrained_kwargs, place_components, send_encoder_back,
+                    set_vae_tiling, torch_dtype)
+from .events import (DownloadProgress, Event, Info, JobCancelled, JobFinished, JobStarted, PhaseFinished,
+                     PhaseStarted, PlanReady, StepFinished)
 from .export import output_stem, to_uint8, write_json, write_mp4, write_png
-from .failures import failure_event
+from .failures import failure_event, is_out_of_memory
 from .hardware import HardwareProfile, detect_hardware
+from .memory import VAE_TILES
 from .models import ResolvedModel, classify_ref, resolve_model, size_multiple_of
-from .plan import Plan, component_params, make_plan
+from .modelspec import ModelSpec, spec_for
+from .planner import LADDER, Override, Plan, PlanRequest, plan_memory
 from .request import GenerationRequest, InputError, check_inputs
 from .runtime import RamPeakSampler, clock, free_device_memory, peak_vram_gb, reset_peak_vram, synchronize
 from .schedulers import make_scheduler
 
 SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
+TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer needs exactly that
+PROMPT_CACHE_SIZE = 4   # encodings are 512 x 4096 x 2 bytes each: 4 MB
 Emit = Callable[[Event], None]
 
 
 class Cancelled(Exception):
     """The user asked to stop; raised at a step or phase boundary."""
+
+
+class InjectedOutOfMemory(RuntimeError):
+    """Raised by the test hook ``Engine(inject_oom=...)``; handled like a real out-of-memory error."""
 
 
 @dataclass
@@ -52,13 +65,25 @@ class _Job:
     phase: str | None = None
     timings: dict = field(default_factory=dict)
     step_seconds: list = field(default_factory=list)
+    step_downs: list = field(default_factory=list)
+    decode_fallback: str | None = None
 
 
 class Engine:
-    def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None):
+    def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
+                 inject_oom: dict[str, int] | None = None):
         self.models_dir = Path(models_dir)
         self._hardware = hardware
         self.loaded: LoadedModel | None = None
+        # Test hook: phase name -> how many times to fail it with out-of-memory.
+        self._inject_oom = dict(inject_oom or {})
+        # Recent prompt encodings, kept on the CPU: a new seed with the same prompt skips the text encoder.
+        self._prompt_cache: OrderedDict[tuple, tuple] = OrderedDict()
+
+    def use_hardware(self, hardware: HardwareProfile) -> None:
+        """Plan for another hardware description from now on (the loaded model is dropped)."""
+        self.unload()
+        self._hardware = hardware
 
     @property
     def hardware(self) -> HardwareProfile:
@@ -81,6 +106,9 @@ class Engine:
     def _phase(self, job: _Job, name: str):
         job.phase = name
         job.emit(PhaseStarted(job.id, name))
+        if self._inject_oom.get(name, 0) > 0:
+            self._inject_oom[name] -= 1
+            raise InjectedOutOfMemory(f"out of memory (injected into {name} for a test)")
         synchronize(job.device)
         start = clock()
         yield
@@ -89,48 +117,55 @@ class Engine:
         job.timings[name] = round(job.timings.get(name, 0.0) + seconds, 4)
         job.emit(PhaseFinished(job.id, name, seconds))
 
-    def _ensure_model(self, ref: str, job: _Job) -> LoadedModel:
+    def _resolve(self, ref: str, job: _Job) -> ResolvedModel:
         if self.loaded is not None and self.loaded.model.ref == ref:
-            job.emit(Info(job.id, f"Model {ref} is already loaded: no load needed."))
-            return self.loaded
-        if self.loaded is not None:
-            job.emit(Info(job.id, f"Unloading {self.loaded.model.ref} to make room for {ref}."))
-            self.unload()
+            return self.loaded.model
         if classify_ref(ref) == "hub":
             def progress(done, total, unit):
                 job.emit(DownloadProgress(job.id, done, total, unit))
             with self._phase(job, "download"):
-                resolved = resolve_model(ref, self.models_dir, progress)
-        else:
-            resolved = resolve_model(ref, self.models_dir)
-        plan = make_plan(self.hardware, component_params(resolved.folder))
-        job.device = plan.device
+                return resolve_model(ref, self.models_dir, progress)
+        return resolve_model(ref, self.models_dir)
+
+    def _ensure_loaded(self, resolved: ResolvedModel, plan: Plan, job: _Job) -> LoadedModel:
+        if self.loaded is not None:
+            if self.loaded.model.ref == resolved.ref and self.loaded.plan.reload_key == plan.reload_key:
+                job.emit(Info(job.id, f"Model {resolved.ref} is already loaded with this plan: no load needed."))
+                self.loaded.plan = plan
+                return self.loaded
+            # No local reference to the old pipeline may survive this point: it would stay in
+            # memory beside the new one while that loads.
+            old = self.loaded.model.ref
+            why = "a different memory strategy" if old == resolved.ref else resolved.ref
+            job.emit(Info(job.id, f"Unloading {old} to make room for {why}."))
+            self.unload()
         with self._phase(job, "load"):
             pipe = self._from_pretrained(resolved, plan)
         with self._phase(job, "transfer"):
-            self._apply_plan(pipe, plan)
+            place_components(pipe, plan)
         self.loaded = LoadedModel(resolved, pipe, plan, dict(pipe.scheduler.config))
         return self.loaded
 
     @staticmethod
     def _from_pretrained(resolved: ResolvedModel, plan: Plan):
-        import torch
         import diffusers
 
         pipeline_class = getattr(diffusers, resolved.pipeline_class)
-        dtype = {"default": getattr(torch, plan.dtype), "vae": getattr(torch, plan.vae_dtype)}
-        pipe = pipeline_class.from_pretrained(resolved.folder, dtype=dtype)
+        pipe = pipeline_class.from_pretrained(resolved.folder, **from_pretrained_kwargs(plan))
         pipe.set_progress_bar_config(disable=True)  # progress goes out as events instead
         return pipe
 
-    @staticmethod
-    def _apply_plan(pipe, plan: Plan) -> None:
-        if plan.offload == "model":
-            pipe.enable_model_cpu_offload(device=plan.device)
-        else:
-            pipe.to(plan.device)
-        if plan.vae_tiling:
-            pipe.vae.enable_tiling()
+    # ----- planning ---------------------------------------------------------
+    def plan_for(self, request: GenerationRequest, spec: ModelSpec, strategy: str | None = None) -> Plan:
+        override = Override(strategy=strategy or request.strategy, text_encoder=request.text_encoder,
+                            vae_tiling=request.vae_tiling)
+        size = PlanRequest(request.width, request.height, request.frames, request.mode == "i2v")
+        return plan_memory(spec, size, self.hardware, override)
+
+    def _next_rung(self, request: GenerationRequest, spec: ModelSpec, plan: Plan) -> Plan | None:
+        """The plan one rung down the ladder (the first lower rung that fits, else the next one)."""
+        lower = [self.plan_for(request, spec, name) for name in LADDER[LADDER.index(plan.strategy) + 1:]]
+        return next((p for p in lower if p.fits), lower[0] if lower else None)
 
     # ----- one run ----------------------------------------------------------
     def run(self, request: GenerationRequest, job_id: str, emit: Emit,
@@ -154,32 +189,60 @@ class Engine:
             raise Cancelled()
 
     def _run(self, request: GenerationRequest, job: _Job, ram: RamPeakSampler) -> Event:
-        import torch
-
         request = check_inputs(request)
         reset_peak_vram()
-        loaded_before = self.loaded is not None and self.loaded.model.ref == request.model
-        loaded = self._ensure_model(request.model, job)
-        job.device = loaded.plan.device
-        for sentence in loaded.plan.decisions:
-            job.emit(Info(job.id, f"Plan: {sentence}"))
-        self._check_model_fits_request(loaded.model, request)
-        seed = request.seed if request.seed >= 0 else secrets.randbelow(2**32)
-        request = replace(request, seed=seed)
-        self._check_cancel(job)
-
-        pipe = loaded.pipe
-        with torch.inference_mode():
-            embeds = self._encode_text(pipe, request, job)
-            image_inputs = self._encode_image(pipe, request, job)
-            self._check_cancel(job)
-            latents = self._denoise(loaded, request, job, embeds, image_inputs)
-            frames = self._decode(pipe, latents, job)
+        resolved = self._resolve(request.model, job)
+        self._check_model_fits_request(resolved, request)
+        spec = spec_for(resolved.ref, resolved.folder)
+        plan = self.plan_for(request, spec)
+        if not plan.fits and not request.strategy:
+            raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
+        request = replace(request, seed=request.seed if request.seed >= 0 else secrets.randbelow(2**32))
+        while True:
+            self._announce(plan, job)
+            try:
+                loaded, latents = self._load_and_denoise(resolved, plan, request, job)
+                break
+            except Exception as exc:
+                if not is_out_of_memory(exc) or job.phase == "vae_decode":
+                    raise
+                lower = self._next_rung(request, spec, plan)
+                if lower is None:
+                    raise
+                job.emit(Info(job.id, f"Out of memory during {job.phase.replace('_', ' ')} with '{plan.strategy}': "
+                                      f"freeing memory and stepping down to '{lower.strategy}'."))
+                job.step_downs.append({"phase": job.phase, "from": plan.strategy, "to": lower.strategy})
+                job.step_seconds.clear()
+                self.unload()
+                plan = lower
+        if job.step_downs:
+            job.emit(Info(job.id, f"'{plan.strategy}' worked after stepping down from "
+                                  f"'{job.step_downs[0]['from']}'."))
+        frames = self._decode(loaded, latents, job)
         with self._phase(job, "export"):
             media = self._write_media(request, frames)
-        sidecar = self._write_sidecar(loaded, request, job, media, frames, ram, loaded_before)
-        return JobFinished(job.id, (str(media),), str(sidecar), seed, dict(job.timings), peak_vram_gb(),
+        sidecar = self._write_sidecar(loaded, request, job, media, frames, ram)
+        return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
+
+    def _announce(self, plan: Plan, job: _Job) -> None:
+        job.emit(PlanReady(job.id, plan.to_dict()))
+        for sentence in plan.decisions:
+            job.emit(Info(job.id, f"Plan: {sentence}"))
+
+    def _load_and_denoise(self, resolved: ResolvedModel, plan: Plan, request: GenerationRequest, job: _Job):
+        import torch
+
+        job.device = plan.device
+        loaded = self._ensure_loaded(resolved, plan, job)
+        set_vae_tiling(loaded.pipe.vae, plan.vae_tile)
+        self._check_cancel(job)
+        with torch.inference_mode():
+            embeds = self._encode_text(loaded, request, job)
+            image_inputs = self._encode_image(loaded, request, job)
+            self._check_cancel(job)
+            latents = self._denoise(loaded, request, job, embeds, image_inputs)
+        return loaded, latents
 
     @staticmethod
     def _check_model_fits_request(model: ResolvedModel, request: GenerationRequest) -> None:
@@ -193,32 +256,66 @@ class Engine:
                 lower = max(multiple, value // multiple * multiple)
                 raise InputError(f"{name} {value} is not a multiple of {multiple}, which {model.ref} needs; try {lower}")
 
-    def _encode_text(self, pipe, request: GenerationRequest, job: _Job):
+    def _encode_text(self, loaded: LoadedModel, request: GenerationRequest, job: _Job):
+        pipe, plan = loaded.pipe, loaded.plan
+        key = (loaded.model.ref, loaded.model.revision, request.prompt, request.negative_prompt or "",
+               request.guidance > 1.0, plan.dtype)
         with self._phase(job, "text_encode"):
-            positive, negative = pipe.encode_prompt(
-                prompt=request.prompt, negative_prompt=request.negative_prompt or "",
-                do_classifier_free_guidance=request.guidance > 1.0, device=pipe._execution_device)
+            if key in self._prompt_cache:
+                job.emit(Info(job.id, "Same prompt as a recent run: its encoding is reused, the text encoder is not run."))
+                self._prompt_cache.move_to_end(key)
+                positive, negative = self._prompt_cache[key]
+            else:
+                bring_encoder(pipe, "text_encoder", plan)
+                positive, negative = pipe.encode_prompt(
+                    prompt=request.prompt, negative_prompt=request.negative_prompt or "",
+                    do_classifier_free_guidance=request.guidance > 1.0, max_sequence_length=TEXT_TOKENS,
+                    device=encoder_device(plan), dtype=torch_dtype(plan.dtype))
+                send_encoder_back(pipe, "text_encoder", plan)
+                positive = positive.to("cpu")
+                negative = negative.to("cpu") if negative is not None else None
+                self._prompt_cache[key] = (positive, negative)
+                while len(self._prompt_cache) > PROMPT_CACHE_SIZE:
+                    self._prompt_cache.popitem(last=False)
+            positive = positive.to(plan.device)
+            negative = negative.to(plan.device) if negative is not None else None
         return positive, negative
 
-    def _encode_image(self, pipe, request: GenerationRequest, job: _Job) -> dict:
+    def _encode_image(self, loaded: LoadedModel, request: GenerationRequest, job: _Job) -> dict:
         if request.mode != "i2v":
             return {}
         from .images import fit_image
 
+        pipe, plan = loaded.pipe, loaded.plan
         image = fit_image(request.image, request.width, request.height)
         last = fit_image(request.last_image, request.width, request.height) if request.last_image else None
         inputs = {"image": image, "last_image": last}
         if getattr(pipe, "image_encoder", None) is not None:
             with self._phase(job, "image_encode"):
-                embeds = pipe.encode_image(image if last is None else [image, last], pipe._execution_device)
+                bring_encoder(pipe, "image_encoder", plan)
+                embeds = pipe.encode_image(image if last is None else [image, last], plan.device)
+                send_encoder_back(pipe, "image_encoder", plan)
             inputs["cached_image_embeds"] = embeds
         return inputs
 
     def _denoise(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
-        import torch
-
         pipe = loaded.pipe
         pipe.scheduler = make_scheduler(loaded.scheduler_config, request.shift, request.sigmas)
+        image_inputs = dict(image_inputs)
+        cached = image_inputs.pop("cached_image_embeds", None)
+        if cached is not None:
+            # The pipeline refuses image and image_embeds together, yet needs the image for its
+            # latents: shadow its encode_image for this call so the timed encoding is reused.
+            pipe.encode_image = lambda *args, **kwargs: cached
+        try:
+            return self._denoise_loop(pipe, request, job, embeds, image_inputs)
+        finally:
+            if cached is not None:
+                del pipe.encode_image
+
+    def _denoise_loop(self, pipe, request: GenerationRequest, job: _Job, embeds, image_inputs):
+        import torch
+
         total = request.steps
         last = [0.0]
 
@@ -235,22 +332,6 @@ class Engine:
             return {}
 
         positive, negative = embeds
-        image_inputs = dict(image_inputs)
-        cached = image_inputs.pop("cached_image_embeds", None)
-        if cached is not None:
-            # The pipeline refuses image and image_embeds together, yet needs the image for its
-            # latents: shadow its encode_image for this call so the timed encoding is reused.
-            pipe.encode_image = lambda *args, **kwargs: cached
-        try:
-            return self._denoise_loop(pipe, request, job, positive, negative, image_inputs, on_step_end, last)
-        finally:
-            if cached is not None:
-                del pipe.encode_image
-
-    def _denoise_loop(self, pipe, request, job, positive, negative, image_inputs, on_step_end, last):
-        import torch
-
-        total = request.steps
         with self._phase(job, "denoise"):
             last[0] = clock()
             output = pipe(
@@ -259,18 +340,49 @@ class Engine:
                 height=request.height, width=request.width, num_frames=request.frames,
                 num_inference_steps=total, guidance_scale=request.guidance,
                 generator=torch.Generator("cpu").manual_seed(request.seed),
-                output_type="latent", callback_on_step_end=on_step_end, **image_inputs)
+                max_sequence_length=TEXT_TOKENS, output_type="latent",
+                callback_on_step_end=on_step_end, **image_inputs)
         if len(job.step_seconds) < total or job.should_cancel():
             raise Cancelled()
         return output.frames
 
-    def _decode(self, pipe, latents, job: _Job):
+    # ----- decode, with its own fallbacks --------------------------------------
+    def _decode(self, loaded: LoadedModel, latents, job: _Job):
+        """Decode as planned; on out-of-memory retry tiled, then on the CPU. The denoise is never repeated."""
+        plan = loaded.plan
+        smaller = [t for t in VAE_TILES if plan.vae_tile is None or t < plan.vae_tile]
+        attempts = [("as planned", plan.vae_tile, plan.device)]
+        if plan.device != "cpu" or smaller:
+            attempts.append(("tiled", smaller[0] if smaller else plan.vae_tile, plan.device))
+        if plan.device != "cpu":
+            attempts.append(("on the CPU", smaller[0] if smaller else plan.vae_tile, "cpu"))
+        for number, (how, tile, device) in enumerate(attempts):
+            try:
+                frames = self._decode_once(loaded.pipe, latents, job, tile, device)
+                if number:
+                    job.decode_fallback = how
+                    job.emit(Info(job.id, f"The VAE decode worked {how}."))
+                return frames
+            except Exception as exc:
+                if not is_out_of_memory(exc) or number == len(attempts) - 1:
+                    raise
+                free_device_memory()
+                job.emit(Info(job.id, f"Out of memory in the VAE decode; retrying {attempts[number + 1][0]} "
+                                      "from the same latents."))
+            finally:
+                if device != plan.device:
+                    loaded.pipe.vae.to(plan.device)
+                set_vae_tiling(loaded.pipe.vae, plan.vae_tile)
+
+    def _decode_once(self, pipe, latents, job: _Job, tile: int | None, device: str):
         import torch
-        from diffusers.utils.torch_utils import get_module_execution_device
 
         vae = pipe.vae
-        with self._phase(job, "vae_decode"):
-            latents = latents.to(get_module_execution_device(vae), dtype=vae.dtype)
+        set_vae_tiling(vae, tile)
+        if device != str(vae.device.type):
+            vae.to(device)
+        with torch.inference_mode(), self._phase(job, "vae_decode"):
+            latents = latents.to(device, dtype=vae.dtype)
             shape = (1, vae.config.z_dim, 1, 1, 1)
             mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
             inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
@@ -278,6 +390,7 @@ class Engine:
             frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
         return to_uint8(frames)
 
+    # ----- export -------------------------------------------------------------
     @staticmethod
     def _write_media(request: GenerationRequest, frames) -> Path:
         stem = output_stem(Path(request.outputs_dir), request.mode, request.prompt, request.seed)
@@ -286,7 +399,7 @@ class Engine:
         return write_mp4(frames, stem.with_suffix(".mp4"), request.fps)
 
     def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, media: Path,
-                       frames, ram: RamPeakSampler, reused: bool) -> Path:
+                       frames, ram: RamPeakSampler) -> Path:
         sidecar = {
             "app": {"name": "wan-studio", "version": __version__},
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -303,7 +416,9 @@ class Engine:
             "output": {"frames": int(frames.shape[0]), "height": int(frames.shape[1]),
                        "width": int(frames.shape[2]), "fps": request.fps if request.mode != "t2i" else None},
             "plan": loaded.plan.to_dict(),
-            "model_reused": reused,
+            "step_downs": list(job.step_downs),
+            "decode_fallback": job.decode_fallback,
+            "model_reused": "load" not in job.timings,
             "timings": dict(job.timings),
             "step_seconds": list(job.step_seconds),
             "peak_vram_gb": peak_vram_gb(),

@@ -31,6 +31,12 @@ class Info(Event):
 
 
 @dataclass(frozen=True)
+class PlanReady(Event):
+    """The memory plan chosen for this run (Plan.to_dict()), before anything heavy runs."""
+    plan: dict
+
+
+@dataclass(frozen=True)
 class PhaseStarted(Event):
     phase: str
 

@@ -13,6 +13,16 @@ def failure_event(job_id: str, exc: BaseException, phase: str | None) -> JobFail
     return JobFailed(job_id, message, hint, phase, kind)
 
 
+OUT_OF_MEMORY_MARKERS = ("out of memory", "hip error: out of memory", "mps backend out of memory")
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA, HIP and MPS out-of-memory errors (torch raises them under different classes)."""
+    if exc.__class__.__name__ == "OutOfMemoryError":
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc).lower() for m in OUT_OF_MEMORY_MARKERS)
+
+
 def describe_failure(exc: BaseException, phase: str | None) -> tuple[str, str]:
     """Return (message, what to do) for an exception raised during ``phase``."""
     where = f" during {phase.replace('_', ' ')}" if phase else ""
@@ -21,7 +31,7 @@ def describe_failure(exc: BaseException, phase: str | None) -> tuple[str, str]:
     if isinstance(exc, ModelError):
         return f"The model cannot be used: {exc}", "Pick another model or preset, or fix the model folder."
     text = str(exc) or exc.__class__.__name__
-    if "out of memory" in text.lower() or exc.__class__.__name__ == "OutOfMemoryError":
+    if is_out_of_memory(exc):
         return (f"Out of device memory{where}.",
                 "Lower the size or the number of frames, or pick a smaller model; then try again.")
     if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:

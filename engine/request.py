@@ -44,6 +44,10 @@ class GenerationRequest:
     scheduler: str = "unipc"
     sigmas: tuple[float, ...] | None = None
     outputs_dir: str = "outputs"
+    # Memory-plan overrides; None leaves each choice to the planner.
+    strategy: str | None = None
+    text_encoder: str | None = None
+    vae_tiling: bool | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -203,6 +207,12 @@ def check_inputs(request: GenerationRequest) -> GenerationRequest:
     elif request.image:
         problems.append("an image was given but the mode is text-to-video; use image-to-video")
 
+    from .planner import LADDER, TEXT_ENCODER_PLACES
+
+    if request.strategy not in (None, *LADDER):
+        problems.append(f"strategy {request.strategy!r} is unknown: use auto or one of {', '.join(LADDER)}")
+    if request.text_encoder not in (None, *TEXT_ENCODER_PLACES):
+        problems.append(f"text encoder place {request.text_encoder!r} is unknown: use {', '.join(TEXT_ENCODER_PLACES)}")
     outputs_problem = check_outputs_dir(request.outputs_dir)
     if outputs_problem:
         problems.append(outputs_problem)

@@ -21,6 +21,7 @@ from typing import Iterator
 
 from .events import (Event, Info, JobFailed, PhaseStarted, is_terminal)
 from .failures import failure_event
+from .hardware import HardwareProfile
 from .models import ModelError, precheck_model
 from .request import GenerationRequest, InputError, check_inputs
 
@@ -90,6 +91,7 @@ class WorkerClient:
         self._worker: _Worker | None = None
         self._ids = itertools.count(1)
         self.restarts = 0
+        self._hardware_profile: HardwareProfile | None = None
 
     # ----- process management -------------------------------------------
     def _ensure_worker(self) -> _Worker:
@@ -150,6 +152,12 @@ class WorkerClient:
 
     def hardware(self) -> dict:
         return self._call(("hardware",), "hardware")[1]
+
+    def hardware_profile(self) -> HardwareProfile:
+        """The engine process's hardware, asked once and cached (the app never probes the GPU itself)."""
+        if self._hardware_profile is None:
+            self._hardware_profile = HardwareProfile.from_dict(self.hardware())
+        return self._hardware_profile
 
     # ----- jobs ----------------------------------------------------------
     def new_job_id(self) -> str:

@@ -25,3 +25,7 @@ class AppContext:
                 if self.presets[name].model == self.default_model:
                     return name
         return names[0]
+
+    def preset_or_default(self, name: str | None, mode: str) -> Preset:
+        """The named preset, or the mode's default when the name is unknown or empty."""
+        return self.presets.get(name or "") or self.presets[self.default_preset(mode)]

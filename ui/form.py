@@ -1,4 +1,4 @@
-"""The settings form shared by the generation tabs."""
+"""The settings form shared by the generation tabs, and its memory-plan panel."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,6 +9,10 @@ from engine.presets import Preset
 from engine.request import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE
 
 from .context import AppContext
+from .plan_panel import AUTO, STRATEGY_CHOICES, TEXT_ENCODER_CHOICES, VAE_TILING_CHOICES, form_plan_markdown
+
+# Width, height, frames and steps share one row of a half-width column (gradio's default minimum is 160 px).
+NUMBER_MIN_WIDTH = 100
 
 
 @dataclass
@@ -26,7 +30,7 @@ class Form:
     seed: gr.Number
 
     def settings(self) -> list:
-        """Components in the order build_request takes them (after mode)."""
+        """Components in the order build_request takes them (after mode; the plan overrides follow)."""
         return [self.preset, self.prompt, self.negative_prompt, self.model, self.width, self.height,
                 self.frames, self.steps, self.guidance, self.shift, self.seed]
 
@@ -38,6 +42,18 @@ class Form:
 def preset_values(preset: Preset, model_override: str | None = None) -> list:
     return [model_override or preset.model, preset.negative_prompt, preset.width, preset.height,
             preset.frames, preset.steps, preset.guidance, preset.shift]
+
+
+@dataclass
+class PlanPanel:
+    strategy: gr.Dropdown
+    text_encoder: gr.Dropdown
+    vae_tiling: gr.Dropdown
+    plan: gr.Markdown
+
+    def overrides(self) -> list:
+        """The override dropdowns, in the order build_request takes them (after the form's settings)."""
+        return [self.strategy, self.text_encoder, self.vae_tiling]
 
 
 def build_form(ctx: AppContext, mode: str, prefix: str) -> Form:
@@ -56,13 +72,14 @@ def build_form(ctx: AppContext, mode: str, prefix: str) -> Form:
                           elem_id=f"{prefix}-negative")
     with gr.Row():
         width = gr.Number(value=preset.width, label="Width", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
-                          step=16, elem_id=f"{prefix}-width")
+                          step=16, elem_id=f"{prefix}-width", min_width=NUMBER_MIN_WIDTH)
         height = gr.Number(value=preset.height, label="Height", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
-                           step=16, elem_id=f"{prefix}-height")
+                           step=16, elem_id=f"{prefix}-height", min_width=NUMBER_MIN_WIDTH)
         frames = gr.Number(value=preset.frames, label="Frames (4k+1)", precision=0, minimum=1,
-                           maximum=MAX_FRAMES, step=4, elem_id=f"{prefix}-frames")
+                           maximum=MAX_FRAMES, step=4, elem_id=f"{prefix}-frames",
+                           min_width=NUMBER_MIN_WIDTH)
         steps = gr.Number(value=preset.steps, label="Steps", precision=0, minimum=1, maximum=MAX_STEPS,
-                          elem_id=f"{prefix}-steps")
+                          elem_id=f"{prefix}-steps", min_width=NUMBER_MIN_WIDTH)
     with gr.Row():
         guidance = gr.Number(value=preset.guidance, label="Guidance", step=0.5, elem_id=f"{prefix}-guidance")
         shift = gr.Number(value=preset.shift, label="Shift", step=0.5, elem_id=f"{prefix}-shift")
@@ -71,3 +88,33 @@ def build_form(ctx: AppContext, mode: str, prefix: str) -> Form:
     preset_box.change(lambda name: preset_values(ctx.presets[name]), preset_box, form.preset_fields(),
                       api_visibility="private")
     return form
+
+
+def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
+                     api_name: str | None = None) -> PlanPanel:
+    """The memory plan for the form's settings, with overrides; ``api_name`` makes it a public endpoint."""
+    with gr.Accordion("Memory plan", open=True, elem_id=f"{prefix}-plan-panel"):
+        with gr.Row():
+            strategy = gr.Dropdown(list(STRATEGY_CHOICES), value=AUTO, label="Strategy",
+                                   elem_id=f"{prefix}-strategy", scale=2)
+            text_encoder = gr.Dropdown(list(TEXT_ENCODER_CHOICES), value=AUTO, label="Text encoder",
+                                       elem_id=f"{prefix}-text-encoder", scale=1)
+            vae_tiling = gr.Dropdown(list(VAE_TILING_CHOICES), value=AUTO, label="VAE tiling",
+                                     elem_id=f"{prefix}-vae-tiling", scale=1)
+        plan = gr.Markdown("Working out the memory plan...", elem_id=f"{prefix}-plan")
+    panel = PlanPanel(strategy, text_encoder, vae_tiling, plan)
+
+    def show_plan(preset, model, width, height, frames, strategy, text_encoder, vae_tiling):
+        """The memory plan for these settings on the engine's hardware, as markdown."""
+        try:
+            hardware = ctx.client.hardware_profile()
+        except (EOFError, OSError) as exc:
+            return f"**No plan yet:** the engine process did not answer ({exc}); try again in a moment."
+        return form_plan_markdown(ctx, hardware, mode, preset, model, width, height, frames,
+                                  strategy, text_encoder, vae_tiling)
+
+    # No triggers: runs on page load and whenever an input changes (a preset filling the form included).
+    inputs = [form.preset, form.model, form.width, form.height, form.frames, *panel.overrides()]
+    gr.on(None, show_plan, inputs, plan, api_name=api_name, api_visibility="public" if api_name else "private",
+          concurrency_id="plan", trigger_mode="always_last", show_progress="hidden")
+    return panel

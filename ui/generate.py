@@ -10,6 +10,7 @@ from engine.request import GenerationRequest
 
 from .context import AppContext
 from .job_view import JobView
+from .plan_panel import AUTO, override_fields
 
 # Every event that runs the engine shares this queue, so jobs run one at a time in order.
 GPU_QUEUE = "gpu"
@@ -17,14 +18,15 @@ GPU_QUEUE = "gpu"
 
 def build_request(ctx: AppContext, mode: str, preset_name: str, prompt: str, negative_prompt: str,
                   model: str, width, height, frames, steps, guidance, shift, seed,
+                  strategy: str | None = AUTO, text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO,
                   image: str | None = None, last_image: str | None = None) -> GenerationRequest:
-    preset = ctx.presets.get(preset_name) or ctx.presets[ctx.default_preset(mode)]
+    preset = ctx.preset_or_default(preset_name, mode)
     return GenerationRequest.from_preset(
         preset, prompt or "", mode=mode, model=(model or preset.model).strip(),
         negative_prompt=negative_prompt, width=width, height=height,
         frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
         seed=-1 if seed is None else seed, image=image, last_image=last_image,
-        outputs_dir=ctx.outputs_dir)
+        outputs_dir=ctx.outputs_dir, **override_fields(strategy, text_encoder, vae_tiling))
 
 
 def stream(ctx: AppContext, request: GenerationRequest, progress: gr.Progress) -> Iterator[tuple]:

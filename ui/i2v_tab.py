@@ -4,9 +4,10 @@ from __future__ import annotations
 import gradio as gr
 
 from .context import AppContext
-from .form import Form, build_form
+from .form import Form, build_form, build_plan_panel
 from .generate import GPU_QUEUE, build_request, stream
 from .job_view import TIMING_HEADERS
+from .plan_panel import AUTO
 
 
 def build(ctx: AppContext) -> Form:
@@ -21,6 +22,7 @@ def build(ctx: AppContext) -> Form:
             with gr.Row():
                 run_btn = gr.Button("Generate video", variant="primary", elem_id="i2v-generate")
                 cancel_btn = gr.Button("Cancel", variant="stop", elem_id="i2v-cancel")
+            panel = build_plan_panel(ctx, form, "i2v", "i2v")
         with gr.Column(scale=1):
             video = gr.Video(label="Result video", elem_id="i2v-video", autoplay=True, loop=True)
             status = gr.Markdown(elem_id="i2v-status")
@@ -28,13 +30,17 @@ def build(ctx: AppContext) -> Form:
             timings = gr.Dataframe(headers=TIMING_HEADERS, label="Phase timings", interactive=False,
                                    elem_id="i2v-timings", type="array")
 
+    # The plan overrides come last, so callers that leave them out get Auto.
     def image_to_video(image, last_image, preset, prompt, negative_prompt, model, width, height, frames, steps,
-                       guidance, shift, seed, progress=gr.Progress()):
+                       guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO,
+                       progress=gr.Progress()):
         request = build_request(ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames,
-                                steps, guidance, shift, seed, image=image, last_image=last_image)
+                                steps, guidance, shift, seed, strategy, text_encoder, vae_tiling,
+                                image=image, last_image=last_image)
         yield from stream(ctx, request, progress)
 
-    run_btn.click(image_to_video, [image, last_image, *form.settings()], [video, status, timings, seed_used],
+    run_btn.click(image_to_video, [image, last_image, *form.settings(), *panel.overrides()],
+                  [video, status, timings, seed_used],
                   api_name="image_to_video", concurrency_id=GPU_QUEUE)
     cancel_btn.click(ctx.client.cancel, None, None, api_visibility="private", queue=False)
     return form

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.events import (DownloadProgress, Event, Info, JobCancelled, JobFailed, JobFinished,
-                           JobStarted, PhaseFinished, PhaseStarted, StepFinished)
+                           JobStarted, PhaseFinished, PhaseStarted, PlanReady, StepFinished)
 
 PHASE_LABELS = {
     "download": "Download", "load": "Load (disk to RAM)", "transfer": "Transfer (to device)",
@@ -30,6 +30,7 @@ class JobView:
     eta: float | None = None
     notes: list = field(default_factory=list)
     download: str = ""
+    plan: dict | None = None          # the engine's latest PlanReady (again after an out-of-memory step-down)
     result: JobFinished | None = None
     failure: JobFailed | None = None
     cancelled: JobCancelled | None = None
@@ -39,6 +40,8 @@ class JobView:
             self.status = "Started: " + event.description
         elif isinstance(event, Info):
             self.notes.append(event.message)
+        elif isinstance(event, PlanReady):
+            self.plan = event.plan
         elif isinstance(event, PhaseStarted):
             self.running_phase = event.phase
             self.status = PHASE_LABELS.get(event.phase, event.phase) + "..."
@@ -100,8 +103,18 @@ class JobView:
 
     def markdown(self) -> str:
         lines = [f"**{self.status}**"]
+        if self.plan:
+            lines += ["", plan_line(self.plan)]
         lines += [f"- {note}" for note in self.notes]
         return "\n".join(lines)
+
+
+def plan_line(plan: dict) -> str:
+    """'Plan: group_offload (predicted peak ...)' from a Plan.to_dict()."""
+    ram = f"{plan.get('predicted_peak_ram_gb', 0):.2f} GB RAM"
+    peak = ram if plan.get("device") == "cpu" else f"{plan.get('predicted_peak_vram_gb', 0):.2f} GB device, {ram}"
+    fits = "" if plan.get("fits", True) else "; predicted not to fit"
+    return f"Plan: {plan.get('strategy')} (predicted peak {peak}{fits})"
 
 
 def _memory_detail(result: JobFinished) -> str:

@@ -180,3 +180,22 @@ def test_earlier_outputs_are_untouched_by_later_runs_and_failures(engine, model_
     for path, data in snapshot.items():
         assert path.read_bytes() == data
     assert not list(outputs.rglob(".*partial*")), "temporary files were left behind"
+
+
+def test_the_old_model_is_gone_before_the_new_one_loads(model_dirs, presets, outputs, tmp_path, image_file):
+    """A swap must never hold both pipelines at once (a 14B model beside another would not fit)."""
+    seen = {}
+
+    class Watching(Engine):
+        def _from_pretrained(self, resolved, plan):
+            if "old" in seen:
+                gc.collect()
+                seen["old_alive_during_load"] = seen["old"]() is not None
+            return super()._from_pretrained(resolved, plan)
+
+    engine = Watching(tmp_path / "m", CPU)
+    run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    seen["old"] = weakref.ref(engine.loaded.pipe)
+    result, _ = run(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v", image=str(image_file)))
+    assert isinstance(result, JobFinished)
+    assert seen["old_alive_during_load"] is False

@@ -56,7 +56,32 @@ def client(server):
 
 def test_api_names_are_stable(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
-    assert {"/text_to_video", "/text_to_image", "/image_to_video", "/cancel"} <= set(endpoints)
+    assert {"/text_to_video", "/text_to_image", "/image_to_video", "/cancel", "/plan"} <= set(endpoints)
+    # The plan overrides are the last inputs and default to Auto, so callers may leave them out.
+    last = endpoints["/text_to_video"]["parameters"][-3:]
+    assert [(p["parameter_name"], p["parameter_default"]) for p in last] == [
+        ("strategy", "Auto"), ("text_encoder", "Auto"), ("vae_tiling", "Auto")]
+
+
+def test_plan_endpoint_shows_the_plan_for_the_settings(client):
+    auto = client.predict("selftest-t2v", "selftest-t2v", 64, 64, 9, "Auto", "Auto", "Auto", api_name="/plan")
+    assert "_For `selftest-t2v`, video 64x64, 9 frames, on " in auto
+    assert "**Strategy: " in auto and "(fits)" in auto and "| Denoise |" in auto
+    forced = client.predict("selftest-t2v", "selftest-t2v", 64, 64, 9, "group_offload", "Auto", "On",
+                            api_name="/plan")
+    assert "**Strategy: group_offload** (fits)" in forced and "px tiles" in forced
+    assert client.predict(api_name="/plan").startswith("_For `selftest-t2v`")   # every input has a default
+    bad = client.predict("selftest-t2v", "selftest-t2v", 70, 64, 9, "Auto", "Auto", "Auto", api_name="/plan")
+    assert bad.startswith("**No plan yet:** width 70 is not a multiple of 16")
+
+
+def test_a_forced_strategy_runs_and_is_recorded_in_the_sidecar(client, server):
+    video, status, _, _ = client.predict(*T2V, strategy="group_offload", api_name="/text_to_video")
+    assert "Plan: group_offload (" in status
+    written = list(server["outputs"].rglob(Path(video).name))
+    assert len(written) == 1
+    sidecar = json.loads(written[0].with_suffix(".json").read_text())
+    assert sidecar["plan"]["strategy"] == "group_offload"
 
 
 def test_text_to_video_returns_a_video_and_timings(client, server):

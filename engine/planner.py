@@ -1,0 +1,373 @@
+"""The memory planner: a pure function of (model spec, request, hardware) -> Plan.
+
+It walks a ladder of strategies, fastest first, predicts the device and host
+memory of every phase for each, and picks the first that fits the budget with
+a safety margin. Every choice comes with a sentence saying why.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from . import memory as mem
+from .hardware import HardwareProfile
+from .modelspec import ModelSpec
+
+# Rungs of the ladder, fastest (and highest quality) first.
+LADDER = ("all_on_device", "text_encoder_offload", "group_offload", "fp8_storage", "fp8_group_offload",
+          "leaf_offload")
+RUNG_TEXT = {
+    "all_on_device": "everything on the device",
+    "text_encoder_offload": "text encoder kept off the device except while it encodes",
+    "group_offload": "transformer streamed block by block from RAM (group offload)",
+    "fp8_storage": "transformer weights stored in fp8 on the device",
+    "fp8_group_offload": "fp8 transformer weights streamed block by block from RAM",
+    "leaf_offload": "transformer streamed layer by layer from RAM (slowest, least device memory)",
+}
+TEXT_ENCODER_PLACES = ("device", "offload", "cpu")
+# Device memory kept free for the desktop, the driver and the allocator's slack.
+DEVICE_MARGIN_FRACTION = 0.05
+DEVICE_MARGIN_MIN_GB = 0.75
+# Host memory kept free for the OS and the desktop.
+RAM_MARGIN_FRACTION = 0.05
+RAM_MARGIN_MIN_GB = 1.5
+# GGUF Q4 weights take about this many bytes per parameter (used in suggestions).
+GGUF_Q4_BYTES = 0.56
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    width: int
+    height: int
+    frames: int
+    image_to_video: bool = False
+
+
+@dataclass(frozen=True)
+class Override:
+    """What the user forces; None leaves the choice to the planner."""
+    strategy: str | None = None
+    text_encoder: str | None = None       # "device", "offload" or "cpu"
+    vae_tiling: bool | None = None
+
+    def __post_init__(self):
+        if self.strategy is not None and self.strategy not in LADDER:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(LADDER)}")
+        if self.text_encoder is not None and self.text_encoder not in TEXT_ENCODER_PLACES:
+            raise ValueError(f"text encoder place must be one of {', '.join(TEXT_ENCODER_PLACES)}")
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    phase: str
+    placement: dict            # component -> "device", "cpu", "streamed" or "absent"
+    peak_vram_gb: float
+    peak_ram_gb: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: str
+    fits: bool
+    device: str
+    dtype: str
+    vae_dtype: str
+    attention: str             # "flash" (no tokens^2 buffer) or "math"
+    text_encoder: str          # "device", "offload" or "cpu"
+    transformer: str           # "device", "group" or "leaf"
+    fp8: bool
+    vae_tile: int | None       # tile size in pixels, None = untiled
+    load: str                  # "cpu" (through RAM) or "device_map" (straight to the device)
+    pin_memory: bool
+    use_stream: bool
+    budget_vram_gb: float
+    budget_ram_gb: float
+    predicted_peak_vram_gb: float
+    predicted_peak_ram_gb: float
+    phases: tuple[PhasePlan, ...] = ()
+    decisions: tuple[str, ...] = ()
+    suggestions: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["phases"] = {p["phase"]: {k: v for k, v in p.items() if k != "phase"} for p in data["phases"]}
+        return data
+
+    @property
+    def reload_key(self) -> tuple:
+        """What cannot change on a loaded pipeline without loading it again."""
+        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load)
+
+
+def _round(x: float) -> float:
+    """Round up to 0.01 GiB: a prediction must not drop below what it stands for."""
+    return math.ceil(x * 100 - 1e-9) / 100
+
+
+def budgets(hw: HardwareProfile) -> tuple[float, float]:
+    """(device GiB, RAM GiB) a run may use, after the safety margins."""
+    ram = hw.ram_available_gb - max(RAM_MARGIN_MIN_GB, RAM_MARGIN_FRACTION * hw.ram_total_gb)
+    if hw.device == "cpu":
+        return 0.0, max(ram, 0.0)
+    vram = hw.vram_free_gb - max(DEVICE_MARGIN_MIN_GB, DEVICE_MARGIN_FRACTION * hw.vram_total_gb)
+    return max(vram, 0.0), max(ram, 0.0)
+
+
+def _dtypes(hw: HardwareProfile) -> tuple[str, int]:
+    if hw.backend in ("cuda", "rocm"):
+        return "bfloat16", 2
+    if hw.backend == "mps":
+        return "float16", 2
+    return "float32", 4
+
+
+def _attention(hw: HardwareProfile) -> str:
+    # CUDA SDPA picks flash / memory-efficient kernels for 16-bit inputs; ROCm does too once
+    # AOTriton is enabled (the engine process sets it). MPS falls back to math attention.
+    # On the CPU torch's flash kernel runs for float32 as well.
+    return "math" if hw.backend == "mps" else "flash"
+
+
+@dataclass(frozen=True)
+class _Rung:
+    name: str
+    text_encoder: str
+    transformer: str
+    fp8: bool
+    vae_tile: int | None
+    load: str
+
+
+def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> tuple[PhasePlan, ...]:
+    dtype, nbytes = _dtypes(hw)
+    cpu_only = hw.device == "cpu"
+    te = spec.text_encoder_params * nbytes / mem.GB
+    ie = spec.image_encoder_params * nbytes / mem.GB if req.image_to_video else 0.0
+    vae = spec.vae_params * 4 / mem.GB
+    tr_full = mem.transformer_weights_gb(spec, nbytes, rung.fp8)
+    if rung.transformer == "device":
+        tr_dev, tr_ram = tr_full, 0.0
+    elif rung.transformer == "group":
+        # The shared layers plus the blocks in flight (current, prefetched, being released).
+        tr_dev = mem.shared_gb(spec, nbytes) + mem.GROUP_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8)
+        tr_ram = tr_full
+    else:  # leaf: one layer at a time, the next one prefetched
+        tr_dev = max(mem.LEAF_RESIDENT_MIN_GB, mem.LEAF_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8))
+        tr_ram = tr_full
+    te_dev_always = te if rung.text_encoder == "device" else 0.0
+    te_ram_idle = te if rung.text_encoder in ("offload", "cpu") else 0.0
+    ie_dev_always = ie if rung.text_encoder == "device" else 0.0
+    ie_ram_idle = ie if rung.text_encoder in ("offload", "cpu") else 0.0
+    base_ram = mem.BASE_RAM_CPU_ONLY_GB if cpu_only else mem.BASE_RAM_GB
+    tokens = spec.tokens(req.width, req.height, req.frames)
+    act = mem.denoise_activations_gb(spec, tokens, nbytes, _attention(hw) == "math")
+    decode = mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile)
+    frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
+    # A streamed transformer is on the device only while it runs (denoise); a resident one always.
+    tr_idle = tr_dev if rung.transformer == "device" else 0.0
+    resident = tr_idle + vae + te_dev_always + ie_dev_always     # on the device between phases
+    idle_ram = base_ram + tr_ram + te_ram_idle + ie_ram_idle     # in RAM between phases
+    te_place = {"device": "device", "offload": "device", "cpu": "cpu"}[rung.text_encoder]
+    tr_place = {"device": "device", "group": "streamed", "leaf": "streamed"}[rung.transformer]
+    places = {"text_encoder": te_place, "transformer": tr_place, "vae": "device"}
+    if req.image_to_video and spec.image_encoder_params:
+        places["image_encoder"] = te_place
+
+    if rung.load == "device_map":
+        # Straight to the device; an fp8 transformer is briefly held in 16-bit while it is cast.
+        load_dev = max(resident, resident - tr_full + mem.transformer_weights_gb(spec, nbytes)) if rung.fp8 else resident
+        load_ram = base_ram + tr_ram + te_ram_idle + ie_ram_idle
+    else:
+        load_dev = 0.0
+        load_ram = base_ram + te + ie + vae + tr_full
+    phases = [PhasePlan("load", {k: ("cpu" if rung.load == "cpu" else v) for k, v in places.items()},
+                        load_dev, load_ram)]
+    if rung.load == "cpu":
+        phases.append(PhasePlan("transfer", places, resident, idle_ram))
+
+    encode_dev = resident + (te if rung.text_encoder == "offload" else 0.0)
+    encode_ram = idle_ram - (te if rung.text_encoder == "offload" else 0.0)
+    if rung.text_encoder != "cpu":
+        encode_dev += mem.text_encode_gb(spec)
+    else:
+        encode_ram += mem.text_encode_gb(spec)
+    phases.append(PhasePlan("text_encode", {**places, "text_encoder": te_place}, encode_dev, encode_ram))
+    if "image_encoder" in places:
+        img_dev = resident + (ie if rung.text_encoder == "offload" else 0.0) + mem.IMAGE_ENCODE_ACT_GB
+        phases.append(PhasePlan("image_encode", places, img_dev, idle_ram))
+    denoise_places = {**places, "text_encoder": "cpu" if rung.text_encoder != "device" else "device"}
+    if "image_encoder" in places:
+        denoise_places["image_encoder"] = denoise_places["text_encoder"]
+    phases.append(PhasePlan("denoise", denoise_places, resident - tr_idle + tr_dev + act + mem.RUN_OVERHEAD_GB,
+                            idle_ram))
+    phases.append(PhasePlan("vae_decode", denoise_places, resident + decode + mem.RUN_OVERHEAD_GB,
+                            idle_ram + frames_ram))
+    phases.append(PhasePlan("export", denoise_places, resident, idle_ram + frames_ram))
+    if cpu_only:
+        # Everything lives in RAM: fold device figures into the host's.
+        phases = [PhasePlan(p.phase, {k: "cpu" for k in p.placement}, 0.0,
+                            p.peak_ram_gb + p.peak_vram_gb + (tr_full + te + ie + vae if p.phase != "load" else 0.0))
+                  for p in phases]
+    return tuple(PhasePlan(p.phase, p.placement, _round(p.peak_vram_gb), _round(p.peak_ram_gb)) for p in phases)
+
+
+def _rung(name: str, text_encoder: str, vae_tile: int | None, load: str) -> _Rung:
+    transformer = {"group_offload": "group", "fp8_group_offload": "group", "leaf_offload": "leaf"}.get(name, "device")
+    return _Rung(name, text_encoder, transformer, name.startswith("fp8"), vae_tile, load)
+
+
+def _fits(phases, vram_budget: float, ram_budget: float, hw: HardwareProfile) -> bool:
+    if hw.unified_memory and hw.backend == "mps":
+        # One pool: what sits on the "device" and in "RAM" comes from the same memory.
+        return all(p.peak_vram_gb + p.peak_ram_gb <= ram_budget for p in phases)
+    return all(p.peak_vram_gb <= vram_budget and p.peak_ram_gb <= ram_budget for p in phases)
+
+
+def _candidates(name: str, override: Override, hw: HardwareProfile):
+    """Text-encoder places, tiles and load methods to try for one rung, best first."""
+    if name == "all_on_device":
+        te_places = ["device"]
+    elif name == "leaf_offload":
+        te_places = ["cpu"]
+    else:
+        te_places = ["offload", "cpu"] if name == "text_encoder_offload" else ["device", "offload", "cpu"]
+    if override.text_encoder:
+        te_places = [override.text_encoder]
+    if override.vae_tiling is True:
+        tiles = list(mem.VAE_TILES)
+    elif override.vae_tiling is False:
+        tiles = [None]
+    else:
+        tiles = [None, *mem.VAE_TILES]
+    loads = ["cpu"] if hw.device == "cpu" else ["cpu", "device_map"]
+    if name in ("group_offload", "fp8_group_offload", "leaf_offload"):
+        loads = ["cpu"]   # offloaded weights live in RAM anyway
+    for te in te_places:
+        for tile in tiles:
+            for load in loads:
+                yield te, tile, load
+
+
+def _choose(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override):
+    """(rung, phases, fits): the first rung and settings that fit, else the closest miss."""
+    vram_budget, ram_budget = budgets(hw)
+    ladder = LADDER if hw.device != "cpu" else ("all_on_device",)
+    if override.strategy:
+        ladder = (override.strategy,)
+    chosen = None
+    first = None
+    for name in ladder:
+        for te, tile, load in _candidates(name, override, hw):
+            rung = _rung(name, te, tile, load)
+            phases = _phases(spec, req, hw, rung)
+            first = first or (rung, phases)
+            if _fits(phases, vram_budget, ram_budget, hw):
+                chosen = (rung, phases)
+                break
+        if chosen:
+            break
+    if chosen:
+        return (*chosen, True)
+    return (*(_fallback(spec, req, hw, ladder, override) or first), False)
+
+
+def fits(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override = Override()) -> bool:
+    return _choose(spec, req, hw, override)[2]
+
+
+def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override = Override()) -> Plan:
+    """Choose the fastest strategy whose every phase fits the budgets."""
+    vram_budget, ram_budget = budgets(hw)
+    dtype, _ = _dtypes(hw)
+    rung, phases, fits_ = _choose(spec, req, hw, override)
+    peak_vram = max(p.peak_vram_gb for p in phases)
+    peak_ram = max(p.peak_ram_gb for p in phases)
+    unified = hw.unified_memory
+    plan = Plan(
+        strategy=rung.name, fits=fits_, device=hw.device, dtype=dtype,
+        vae_dtype="float32", attention=_attention(hw), text_encoder=rung.text_encoder,
+        transformer=rung.transformer, fp8=rung.fp8, vae_tile=rung.vae_tile, load=rung.load,
+        pin_memory=not unified and hw.backend in ("cuda", "rocm"),
+        use_stream=not unified and hw.backend in ("cuda", "rocm"),
+        budget_vram_gb=_round(vram_budget), budget_ram_gb=_round(ram_budget),
+        predicted_peak_vram_gb=_round(peak_vram), predicted_peak_ram_gb=_round(peak_ram), phases=phases)
+    decisions = _explain(spec, req, hw, plan, override)
+    suggestions = () if fits_ else _suggest(spec, req, hw, override)
+    return replace(plan, decisions=tuple(decisions), suggestions=tuple(suggestions))
+
+
+def _fallback(spec, req, hw, ladder, override):
+    """When nothing fits, the last rung with its smallest settings (so the user sees the closest plan)."""
+    name = ladder[-1]
+    options = list(_candidates(name, override, hw))
+    if not options:
+        return None
+    te, tile, load = options[-1]
+    rung = _rung(name, te, tile, load)
+    return rung, _phases(spec, req, hw, rung)
+
+
+def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan, override: Override) -> list[str]:
+    _, nbytes = _dtypes(hw)
+    te_gb = spec.text_encoder_params * nbytes / mem.GB
+    tr_gb = mem.transformer_weights_gb(spec, nbytes)
+    said = []
+    if hw.device == "cpu":
+        said.append(f"No GPU found: everything runs on the CPU in float32, using up to "
+                    f"{plan.predicted_peak_ram_gb:.1f} of {plan.budget_ram_gb:.1f} GB RAM (slow, but it works).")
+        return said
+    said.append(f"{hw.device_name} ({hw.backend.upper()}): {plan.budget_vram_gb:.1f} GB of device memory and "
+                f"{plan.budget_ram_gb:.1f} GB of RAM may be used after the safety margins; computing in {plan.dtype}.")
+    if override.strategy:
+        said.append(f"Strategy forced to '{plan.strategy}': {RUNG_TEXT[plan.strategy]}.")
+    else:
+        said.append(f"Chose '{plan.strategy}' ({RUNG_TEXT[plan.strategy]}): the fastest rung whose every phase "
+                    f"fits, peaking at {plan.predicted_peak_vram_gb:.1f} GB on the device and "
+                    f"{plan.predicted_peak_ram_gb:.1f} GB of RAM.")
+    if plan.text_encoder == "offload":
+        said.append(f"The text encoder ({te_gb:.1f} GB) moves to the device only to encode the prompt, then back to RAM, "
+                    f"so it never sits beside the {tr_gb:.1f} GB transformer while it denoises.")
+    elif plan.text_encoder == "cpu":
+        said.append(f"The text encoder ({te_gb:.1f} GB) runs on the CPU: it would not fit on the device beside the rest.")
+    if plan.transformer in ("group", "leaf"):
+        said.append(f"The {tr_gb:.1f} GB transformer stays in RAM and streams to the device "
+                    f"{'block by block' if plan.transformer == 'group' else 'layer by layer'}"
+                    + (" with pinned memory and a copy stream, overlapping copies with compute." if plan.use_stream
+                       else " (no pinned memory or copy stream: memory is unified)."))
+    if plan.fp8:
+        said.append("Transformer weights are stored in fp8 and computed in 16-bit, halving their memory "
+                    "at a small cost in quality.")
+    if plan.load == "device_map":
+        said.append("Weights load straight to the device: there is not enough RAM to stage them on the CPU first.")
+    if plan.vae_tile:
+        said.append(f"The VAE decodes in {plan.vae_tile}px tiles: an untiled decode of "
+                    f"{req.frames}x{req.height}x{req.width} would not fit.")
+    if plan.attention == "math":
+        tokens = spec.tokens(req.width, req.height, req.frames)
+        said.append(f"This backend uses math attention: its score buffer grows with tokens^2 ({tokens} tokens).")
+    if hw.unified_memory and hw.backend == "rocm":
+        said.append("Unified memory: the device carve-out and the RAM left to the OS are budgeted separately.")
+    if not plan.fits:
+        said.append(f"Nothing fits: even '{plan.strategy}' needs {plan.predicted_peak_vram_gb:.1f} GB on the device "
+                    f"and {plan.predicted_peak_ram_gb:.1f} GB of RAM.")
+    return said
+
+
+def _suggest(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override) -> list[str]:
+    tips = []
+    for frames in range(req.frames - 4, 0, -4):
+        if fits(spec, replace(req, frames=frames), hw, override):
+            tips.append(f"Use {frames} frames instead of {req.frames}.")
+            break
+    for scale in (0.75, 0.5):
+        w = max(spec.size_multiple, int(req.width * scale) // spec.size_multiple * spec.size_multiple)
+        h = max(spec.size_multiple, int(req.height * scale) // spec.size_multiple * spec.size_multiple)
+        if fits(spec, replace(req, width=w, height=h), hw, override):
+            tips.append(f"Use {w}x{h} instead of {req.width}x{req.height}.")
+            break
+    if override.strategy and override.strategy != "leaf_offload":
+        tips.append("Set the strategy back to Auto to let the planner step down the ladder.")
+    q4 = spec.transformer.params * spec.experts * GGUF_Q4_BYTES / mem.GB
+    tips.append(f"Use a GGUF Q4 file of the transformer (about {q4:.1f} GB instead of "
+                f"{mem.transformer_weights_gb(spec, 2):.1f} GB), or a smaller model.")
+    return tips

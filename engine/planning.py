@@ -1,0 +1,54 @@
+"""Planning a request before anything is loaded: find the model's spec, then ask the planner."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .hardware import HardwareProfile
+from .models import ModelError, classify_ref, hub_cache_dir
+from .modelspec import ModelSpec, spec_for
+from .planner import Override, Plan, PlanRequest, plan_memory
+from .request import GenerationRequest
+from .selftest import ensure_selftest_model
+
+
+def cached_snapshot(repo_id: str) -> Path | None:
+    """The newest downloaded snapshot of ``repo_id`` in the hub cache, without any network access."""
+    snapshots = hub_cache_dir() / ("models--" + repo_id.replace("/", "--")) / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    candidates = [p for p in snapshots.iterdir() if (p / "model_index.json").is_file()]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+def find_spec(ref: str, models_dir: Path) -> ModelSpec:
+    """The model's spec: from its files when they are here, else from the table of known models."""
+    kind = classify_ref(ref)
+    folder = {"selftest": lambda: ensure_selftest_model(ref, models_dir), "local": lambda: Path(ref).expanduser(),
+              "hub": lambda: cached_snapshot(ref)}[kind]()
+    spec = spec_for(ref, folder)
+    if spec is None:
+        raise ModelError(f"{ref} is not downloaded and not one of the known Wan models, so its size is unknown; "
+                         "download it first or give a local folder")
+    return spec
+
+
+def plan_request(request: GenerationRequest, hardware: HardwareProfile, models_dir: Path) -> Plan:
+    spec = find_spec(request.model, models_dir)
+    override = Override(strategy=request.strategy, text_encoder=request.text_encoder, vae_tiling=request.vae_tiling)
+    size = PlanRequest(request.width, request.height, request.frames, request.mode == "i2v")
+    return plan_memory(spec, size, hardware, override)
+
+
+def plan_table(plan: Plan) -> str:
+    """The plan as a readable text table (the CLI's output without --json)."""
+    lines = [f"Strategy: {plan.strategy}   fits: {'yes' if plan.fits else 'NO'}",
+             f"Predicted peak: {plan.predicted_peak_vram_gb:.2f} GB device (budget {plan.budget_vram_gb:.2f}), "
+             f"{plan.predicted_peak_ram_gb:.2f} GB RAM (budget {plan.budget_ram_gb:.2f})",
+             "", f"{'phase':<12} {'device GB':>10} {'RAM GB':>8}  where each component lives"]
+    for phase in plan.phases:
+        where = ", ".join(f"{k}={v}" for k, v in phase.placement.items())
+        lines.append(f"{phase.phase:<12} {phase.peak_vram_gb:>10.2f} {phase.peak_ram_gb:>8.2f}  {where}")
+    lines += ["", "Why:"] + [f"  - {d}" for d in plan.decisions]
+    if plan.suggestions:
+        lines += ["", "To make it fit:"] + [f"  - {s}" for s in plan.suggestions]
+    return "\n".join(lines)

@@ -1,0 +1,159 @@
+"""The planner, table-driven: the articles' and comparable apps' machines against the Wan models."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.hardware import HardwareProfile
+from engine.modelspec import KNOWN_MODELS
+from engine.planner import LADDER, Override, PlanRequest, budgets, plan_memory
+
+HARDWARE = {
+    # 64 GB unified memory split 48/16 by the BIOS (seed 002): RAM left to Windows is tiny.
+    "strix-halo-48-16": HardwareProfile(backend="rocm", device_name="AMD Radeon 8060S", arch="gfx1151",
+                                        vram_total_gb=48, vram_free_gb=47.5, ram_total_gb=16, ram_available_gb=12.5,
+                                        unified_memory=True, os="windows"),
+    "rtx3060-12-32": HardwareProfile(backend="cuda", device_name="RTX 3060", arch="sm_86", vram_total_gb=12,
+                                     vram_free_gb=11.3, ram_total_gb=32, ram_available_gb=27, os="windows"),
+    "rtx4060-laptop-8-32": HardwareProfile(backend="cuda", device_name="RTX 4060 Laptop", arch="sm_89",
+                                           vram_total_gb=8, vram_free_gb=7.4, ram_total_gb=32, ram_available_gb=26,
+                                           os="windows"),
+    "m1-max-64": HardwareProfile(backend="mps", device_name="Apple M1 Max", arch="apple", vram_total_gb=64,
+                                 vram_free_gb=50, ram_total_gb=64, ram_available_gb=50, unified_memory=True,
+                                 os="macos"),
+    "24gb-64": HardwareProfile(backend="cuda", device_name="RTX 4090", arch="sm_89", vram_total_gb=24,
+                               vram_free_gb=23.2, ram_total_gb=64, ram_available_gb=58),
+    "h200": HardwareProfile(backend="cuda", device_name="NVIDIA H200", arch="sm_90", vram_total_gb=139.8,
+                            vram_free_gb=139, ram_total_gb=128, ram_available_gb=120),
+}
+T2V_13 = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+FASTWAN = "FastVideo/FastWan2.1-T2V-1.3B-Diffusers"
+I2V_14 = "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"
+TI2V_5 = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
+A14B = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
+REQUESTS = {
+    "wan21-1.3b-832x480x81": (T2V_13, PlanRequest(832, 480, 81)),
+    "fastwan-480x480x25": (FASTWAN, PlanRequest(480, 480, 25)),
+    "i2v-14b-480x480x33": (I2V_14, PlanRequest(480, 480, 33, image_to_video=True)),
+    "i2v-14b-832x480x81": (I2V_14, PlanRequest(832, 480, 81, image_to_video=True)),
+    "ti2v-5b-1280x704x121": (TI2V_5, PlanRequest(1280, 704, 121)),
+    "a14b-832x480x81": (A14B, PlanRequest(832, 480, 81)),
+}
+CASES = [(h, r) for h in HARDWARE for r in REQUESTS]
+
+
+def plan(hw_name, request_name, **override):
+    ref, request = REQUESTS[request_name]
+    return plan_memory(KNOWN_MODELS[ref], request, HARDWARE[hw_name], Override(**override))
+
+
+@pytest.mark.parametrize("hw_name, request_name", CASES)
+def test_a_fitting_plan_stays_inside_the_budget_with_the_margin(hw_name, request_name):
+    chosen = plan(hw_name, request_name)
+    hw = HARDWARE[hw_name]
+    vram_budget, ram_budget = budgets(hw)
+    assert vram_budget < hw.vram_free_gb and ram_budget < hw.ram_available_gb  # a margin is kept
+    if not chosen.fits:
+        assert chosen.suggestions and any("GGUF" in s for s in chosen.suggestions)
+        return
+    for phase in chosen.phases:
+        if hw.backend == "mps":
+            assert phase.peak_vram_gb + phase.peak_ram_gb <= ram_budget + 1e-6
+        else:
+            assert phase.peak_vram_gb <= vram_budget + 1e-6, phase
+            assert phase.peak_ram_gb <= ram_budget + 1e-6, phase
+    assert chosen.predicted_peak_vram_gb == max(p.peak_vram_gb for p in chosen.phases)
+
+
+@pytest.mark.parametrize("hw_name, request_name", CASES)
+def test_the_fastest_fitting_rung_is_chosen(hw_name, request_name):
+    chosen = plan(hw_name, request_name)
+    if not chosen.fits:
+        assert all(not plan(hw_name, request_name, strategy=s).fits for s in LADDER)
+        return
+    for faster in LADDER[:LADDER.index(chosen.strategy)]:
+        assert not plan(hw_name, request_name, strategy=faster).fits, f"{faster} also fits"
+
+
+def test_uma_split_keeps_14b_on_the_device_and_loads_it_straight_there():
+    # Seed 002: CPU-side loading of 28 GB segfaulted with 16 GB RAM; enable_model_cpu_offload was impossible.
+    for request_name in ("i2v-14b-480x480x33", "i2v-14b-832x480x81"):
+        chosen = plan("strix-halo-48-16", request_name)
+        assert chosen.fits
+        assert chosen.transformer == "device" and chosen.load == "device_map"
+        assert chosen.strategy in ("all_on_device", "fp8_storage")
+        assert chosen.pin_memory is False and chosen.use_stream is False
+        assert all(p.placement["transformer"] == "device" for p in chosen.phases)
+        assert any("straight to the device" in d for d in chosen.decisions)
+
+
+def test_12gb_card_runs_14b_only_with_offload_or_fp8():
+    for request_name in ("i2v-14b-480x480x33", "i2v-14b-832x480x81", "a14b-832x480x81"):
+        chosen = plan("rtx3060-12-32", request_name)
+        assert not chosen.fits or chosen.strategy not in ("all_on_device", "text_encoder_offload")
+    roomy = HardwareProfile(backend="cuda", device_name="RTX 3060", vram_total_gb=12, vram_free_gb=11.3,
+                            ram_total_gb=64, ram_available_gb=58)
+    chosen = plan_memory(KNOWN_MODELS[I2V_14], REQUESTS["i2v-14b-480x480x33"][1], roomy)
+    assert chosen.fits and chosen.strategy in ("group_offload", "fp8_storage", "fp8_group_offload", "leaf_offload")
+
+
+def test_h200_runs_everything_on_the_device():
+    for request_name in REQUESTS:
+        chosen = plan("h200", request_name)
+        assert chosen.fits and chosen.strategy == "all_on_device" and chosen.vae_tile is None
+
+
+def test_math_attention_buffer_is_predicted():
+    # 832x480x33 on 14B with math attention wants ~29.4 GiB for the scores alone (seed 002).
+    spec = KNOWN_MODELS[I2V_14]
+    from engine.memory import denoise_activations_gb
+    tokens = spec.tokens(832, 480, 33)
+    assert tokens == 14040
+    extra = denoise_activations_gb(spec, tokens, 2, True) - denoise_activations_gb(spec, tokens, 2, False)
+    assert abs(extra - 29.37) < 0.05
+
+
+def test_vae_tiling_only_when_the_untiled_decode_does_not_fit():
+    assert plan("h200", "wan21-1.3b-832x480x81").vae_tile is None
+    small = plan("rtx4060-laptop-8-32", "wan21-1.3b-832x480x81")
+    assert small.fits and small.vae_tile is not None
+    assert any("tiles" in d for d in small.decisions)
+
+
+def test_text_encoder_never_sits_beside_the_transformer_on_a_small_card():
+    chosen = plan("rtx4060-laptop-8-32", "wan21-1.3b-832x480x81")
+    denoise = next(p for p in chosen.phases if p.phase == "denoise")
+    assert denoise.placement["text_encoder"] == "cpu"
+    assert any("text encoder" in d.lower() for d in chosen.decisions)
+
+
+def test_a_request_that_fits_nowhere_says_what_would_make_it_fit():
+    tiny = HardwareProfile(backend="cuda", device_name="old card", vram_total_gb=4, vram_free_gb=3.5,
+                           ram_total_gb=8, ram_available_gb=6)
+    chosen = plan_memory(KNOWN_MODELS[I2V_14], PlanRequest(832, 480, 81, True), tiny)
+    assert not chosen.fits and chosen.strategy == LADDER[-1]
+    assert any("GGUF" in s for s in chosen.suggestions)
+    assert any("Nothing fits" in d for d in chosen.decisions)
+
+
+def test_overrides_are_honoured():
+    forced = plan("h200", "wan21-1.3b-832x480x81", strategy="group_offload", vae_tiling=True, text_encoder="cpu")
+    assert forced.strategy == "group_offload" and forced.vae_tile is not None and forced.text_encoder == "cpu"
+    assert any("forced" in d for d in forced.decisions)
+    with pytest.raises(ValueError, match="unknown strategy"):
+        Override(strategy="warp-drive")
+
+
+def test_plan_serialises_to_the_documented_json_shape():
+    data = json.loads(json.dumps(plan("rtx3060-12-32", "fastwan-480x480x25").to_dict()))
+    for key in ("fits", "strategy", "predicted_peak_vram_gb", "predicted_peak_ram_gb", "phases", "decisions"):
+        assert key in data
+    assert {"text_encode", "denoise", "vae_decode"} <= set(data["phases"])
+    assert {"placement", "peak_vram_gb", "peak_ram_gb"} <= set(data["phases"]["denoise"])
+
+
+def test_cpu_only_machine_plans_in_ram():
+    cpu = HardwareProfile(backend="cpu", device_name="x86", ram_total_gb=24, ram_available_gb=22)
+    chosen = plan_memory(KNOWN_MODELS[T2V_13], PlanRequest(480, 480, 25), cpu)
+    assert chosen.device == "cpu" and chosen.dtype == "float32" and chosen.predicted_peak_vram_gb == 0

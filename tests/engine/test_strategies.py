@@ -1,0 +1,91 @@
+"""Every rung of the ladder runs end to end on the CPU, and out-of-memory steps down."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.engine import Engine
+from engine.events import Info, JobFinished, PhaseFinished, PlanReady
+from engine.export import read_video
+from engine.hardware import HardwareProfile
+from engine.planner import LADDER
+from tests.conftest import tiny_request
+
+CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
+
+
+def run(engine, request):
+    events = []
+    result = engine.run(request, "job", events.append)
+    return result, events
+
+
+@pytest.fixture(scope="module")
+def reference(model_dirs, presets, tmp_path_factory):
+    """The all-on-device video for the same request, to compare every rung against."""
+    engine = Engine(tmp_path_factory.mktemp("m"), CPU)
+    out = tmp_path_factory.mktemp("ref")
+    result, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], out, seed=5))
+    return read_video(result.paths[0])[0]
+
+
+@pytest.mark.parametrize("strategy", LADDER)
+def test_each_rung_produces_the_video(strategy, model_dirs, presets, outputs, tmp_path, reference):
+    engine = Engine(tmp_path / "m", CPU)
+    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5, strategy=strategy))
+    assert isinstance(result, JobFinished), result
+    plan = next(e.plan for e in events if isinstance(e, PlanReady))
+    assert plan["strategy"] == strategy
+    frames = read_video(result.paths[0])[0]
+    assert frames.shape == reference.shape
+    if strategy.startswith("fp8"):
+        # fp8 weights change the numbers a little, never the shape or the range.
+        assert np.abs(frames.astype(int) - reference.astype(int)).mean() < 64
+    else:
+        assert np.abs(frames.astype(int) - reference.astype(int)).max() <= 2
+    sidecar = json.loads(Path(result.sidecar).read_text())
+    assert sidecar["plan"]["strategy"] == strategy
+
+
+def test_out_of_memory_in_denoise_steps_down_one_rung(model_dirs, presets, outputs, tmp_path):
+    engine = Engine(tmp_path / "m", CPU, inject_oom={"denoise": 1})
+    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    assert isinstance(result, JobFinished), result
+    messages = [e.message for e in events if isinstance(e, Info)]
+    assert any("Out of memory during denoise with 'all_on_device'" in m and "'text_encoder_offload'" in m
+               for m in messages)
+    assert any("'text_encoder_offload' worked" in m for m in messages)
+    sidecar = json.loads(Path(result.sidecar).read_text())
+    assert sidecar["step_downs"] == [{"phase": "denoise", "from": "all_on_device", "to": "text_encoder_offload"}]
+    assert sidecar["plan"]["strategy"] == "text_encoder_offload"
+    assert len(sidecar["step_seconds"]) == sidecar["parameters"]["steps"]
+
+
+def test_repeated_out_of_memory_walks_further_down(model_dirs, presets, outputs, tmp_path):
+    engine = Engine(tmp_path / "m", CPU, inject_oom={"text_encode": 2})
+    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    assert isinstance(result, JobFinished), result
+    sidecar = json.loads(Path(result.sidecar).read_text())
+    assert [s["to"] for s in sidecar["step_downs"]] == ["text_encoder_offload", "group_offload"]
+
+
+def test_out_of_memory_in_decode_retries_the_decode_only(model_dirs, presets, outputs, tmp_path):
+    engine = Engine(tmp_path / "m", CPU, inject_oom={"vae_decode": 1})
+    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=3))
+    assert isinstance(result, JobFinished), result
+    denoise_runs = [e for e in events if isinstance(e, PhaseFinished) and e.phase == "denoise"]
+    assert len(denoise_runs) == 1, "the denoise must not be repeated"
+    messages = [e.message for e in events if isinstance(e, Info)]
+    assert any("retrying tiled from the same latents" in m for m in messages)
+    sidecar = json.loads(Path(result.sidecar).read_text())
+    assert sidecar["decode_fallback"] == "tiled" and sidecar["step_downs"] == []
+
+
+def test_out_of_memory_everywhere_fails_with_a_clear_message(model_dirs, presets, outputs, tmp_path):
+    engine = Engine(tmp_path / "m", CPU, inject_oom={"denoise": 99})
+    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    assert result.kind == "runtime" and result.message.startswith("Out of device memory during denoise")
+    assert not list(outputs.rglob("*.mp4"))

@@ -1,0 +1,135 @@
+"""The memory plan on the page: its markdown, the plan for the form's values, and the plan a run used."""
+from __future__ import annotations
+
+import pytest
+
+from engine.events import Info, PlanReady
+from engine.hardware import HardwareProfile
+from engine.modelspec import KNOWN_MODELS
+from engine.planner import PlanRequest, plan_memory
+from engine.worker import WorkerClient
+from ui.context import AppContext
+from ui.job_view import JobView
+from ui.plan_panel import AUTO, form_plan_markdown, override_fields, plan_markdown
+
+RTX_3060 = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce RTX 3060", arch="sm_86",
+                           vram_total_gb=12.0, vram_free_gb=11.5, ram_total_gb=32.0, ram_available_gb=28.0)
+CARD_4GB = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce GTX 1650", arch="sm_75",
+                           vram_total_gb=4.0, vram_free_gb=3.8, ram_total_gb=16.0, ram_available_gb=12.0)
+CPU = HardwareProfile(backend="cpu", device_name="x86_64", ram_total_gb=16.0, ram_available_gb=12.0, cpu_count=4)
+
+
+@pytest.fixture
+def ctx(presets, selftest_models_dir, outputs):
+    # The client is never started: the plan only reads its models folder.
+    return AppContext(WorkerClient(selftest_models_dir), presets, str(outputs))
+
+
+def test_a_fitting_plan_shows_strategy_peaks_phases_and_reasons():
+    plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"], PlanRequest(832, 480, 81), RTX_3060)
+    assert plan.fits
+    text = plan_markdown(plan)
+    assert text.startswith(f"**Strategy: {plan.strategy}** (fits)")
+    assert (f"Predicted peak: {plan.predicted_peak_vram_gb:.2f} of {plan.budget_vram_gb:.2f} GB device memory, "
+            f"{plan.predicted_peak_ram_gb:.2f} of {plan.budget_ram_gb:.2f} GB RAM.") in text
+    assert "| Phase | Device GB | RAM GB | Where the components live |" in text
+    denoise = next(p for p in plan.phases if p.phase == "denoise")
+    assert f"| Denoise | {denoise.peak_vram_gb:.2f} | {denoise.peak_ram_gb:.2f} | device: " in text
+    assert all(f"- {sentence}" in text for sentence in plan.decisions)
+    assert "To make it fit" not in text
+
+
+def test_a_plan_that_does_not_fit_says_so_and_what_to_change():
+    plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-14B-Diffusers"], PlanRequest(832, 480, 81), CARD_4GB)
+    assert not plan.fits and plan.suggestions
+    text = plan_markdown(plan)
+    assert "(does NOT fit)" in text
+    assert "**To make it fit**" in text
+    assert all(f"- {tip}" in text for tip in plan.suggestions)
+    assert "streamed: transformer" in text
+
+
+def test_a_cpu_plan_has_no_device_column():
+    plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"], PlanRequest(480, 480, 25), CPU)
+    text = plan_markdown(plan)
+    assert "(CPU only)" in text and "| Phase | RAM GB |" in text and "Device GB" not in text
+
+
+def test_dropdowns_become_request_overrides():
+    assert override_fields() == {"strategy": None, "text_encoder": None, "vae_tiling": None}
+    assert override_fields(None, None, None) == override_fields(AUTO, AUTO, AUTO)
+    assert override_fields("group_offload", "cpu", "On") == {
+        "strategy": "group_offload", "text_encoder": "cpu", "vae_tiling": True}
+    assert override_fields(AUTO, "offload", "Off")["vae_tiling"] is False
+
+
+def test_form_values_plan_the_selftest_model(ctx):
+    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
+    assert "_For `selftest-t2v`, video 64x64, 9 frames, on CPU only (4 cores)" in text
+    assert "**Strategy: all_on_device** (fits)" in text
+
+
+def test_form_values_with_overrides(ctx):
+    text = form_plan_markdown(ctx, RTX_3060, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9,
+                              "group_offload", "cpu", "On")
+    assert "**Strategy: group_offload** (fits)" in text
+    assert "text encoder: cpu" in text and "decodes in " in text and "px tiles" in text
+    assert "Strategy forced to 'group_offload'" in text
+
+
+def test_image_to_video_form_plans_the_image_encoder(ctx):
+    text = form_plan_markdown(ctx, RTX_3060, "i2v", "selftest-i2v", "selftest-i2v", 96, 64, 9)
+    assert "image to video 96x64" in text and "| Image encode |" in text
+
+
+def test_an_empty_field_falls_back_to_the_preset(ctx):
+    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "", None, None, None)
+    assert "_For `selftest-t2v`, video 64x64, 9 frames" in text
+
+
+@pytest.mark.parametrize("model, message", [
+    ("/no/such/model-folder", "model folder '/no/such/model-folder' does not exist; check the path"),
+    ("someone/not-downloaded", "someone/not-downloaded is not downloaded and not one of the known Wan models"),
+])
+def test_a_model_that_cannot_be_planned_is_one_line(ctx, monkeypatch, tmp_path, model, message):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", model, 64, 64, 9)
+    assert text.startswith("**No plan yet:**") and message in text and "\n" not in text
+
+
+def test_a_folder_that_is_not_a_model_is_one_line(ctx, tmp_path):
+    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", str(tmp_path), 64, 64, 9)
+    assert text.startswith("**No plan yet:**") and "not downloaded and not one of the known" in text
+
+
+def test_bad_sizes_say_what_to_change(ctx):
+    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 70, 64, 10)
+    assert text == ("**No plan yet:** width 70 is not a multiple of 16: try 64 or 80; frames must be 4k+1 "
+                    "(1, 5, 9, ..., 81): 10 is not; try 9 or 13")
+    assert "whole number" in form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64.5, 64, 9)
+
+
+def test_a_bad_override_is_one_line(ctx):
+    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, "turbo")
+    assert text.startswith("**No plan yet:** unknown strategy 'turbo'")
+
+
+def test_the_status_shows_the_plan_the_engine_used():
+    spec = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
+    plan = plan_memory(spec, PlanRequest(832, 480, 81), RTX_3060).to_dict()
+    view = JobView().apply(PlanReady("j", plan)).apply(Info("j", "Plan: why"))
+    shown = view.markdown()
+    assert f"Plan: {plan['strategy']} (predicted peak {plan['predicted_peak_vram_gb']:.2f} GB device" in shown
+    assert shown.index(f"Plan: {plan['strategy']} (") < shown.index("- Plan: why")
+    # After an out-of-memory step-down the engine announces the lower rung: the status follows it.
+    assert plan["strategy"] != "leaf_offload"
+    view.apply(PlanReady("j", {**plan, "strategy": "leaf_offload"}))
+    assert "Plan: leaf_offload (" in view.markdown() and f"Plan: {plan['strategy']} (" not in view.markdown()
+
+
+def test_the_hardware_is_asked_once(monkeypatch):
+    client = WorkerClient("models")
+    calls = []
+    monkeypatch.setattr(client, "hardware", lambda: calls.append(1) or CPU.to_dict())
+    assert client.hardware_profile() == CPU and client.hardware_profile() == CPU
+    assert len(calls) == 1
