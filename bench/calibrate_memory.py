@@ -93,7 +93,6 @@ def strategies(name, model, kwargs):
         peak, sec = measure(lambda: model(**kwargs))
         log(f"strategy/{name}/{kind}", {"peak_gb": peak, "resident_gb": gb(torch.cuda.memory_allocated()),
                                          "forward_s": sec})
-        from diffusers.hooks import HookRegistry
         for module in model.modules():
             registry = getattr(module, "_diffusers_hook", None)
             if registry is not None:

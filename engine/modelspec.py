@@ -87,6 +87,16 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 }
 
 
+# The built-in self-test models (engine/selftest.py), so a plan needs no build; a test checks
+# these against the built folders.
+_TINY = TransformerShape(2, 2, 12, 32, 16, 28_328, 6_680)
+SELFTEST_SPECS: dict[str, ModelSpec] = {
+    "selftest-t2v": ModelSpec("selftest-t2v", _TINY, text_encoder_params=23_872, vae_params=13_861),
+    "selftest-i2v": ModelSpec("selftest-i2v", replace(_TINY, in_channels=36, params=30_444),
+                              text_encoder_params=23_872, image_encoder_params=4_620, vae_params=13_861),
+}
+
+
 def spec_from_folder(folder: Path, name: str | None = None) -> ModelSpec:
     """Read shapes from the configs and sizes from the safetensors headers (no weights loaded)."""
     folder = Path(folder)
@@ -123,5 +133,5 @@ def spec_for(ref: str, folder: Path | None = None) -> ModelSpec | None:
     """The spec of a model reference: from its files when present, else the known table."""
     if folder is not None and (Path(folder) / "transformer" / "config.json").is_file():
         return spec_from_folder(folder, ref)
-    known = KNOWN_MODELS.get(ref)
+    known = KNOWN_MODELS.get(ref) or SELFTEST_SPECS.get(ref)
     return replace(known) if known else None

@@ -320,6 +320,8 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
                 f"{plan.budget_ram_gb:.1f} GB of RAM may be used after the safety margins; computing in {plan.dtype}.")
     if override.strategy:
         said.append(f"Strategy forced to '{plan.strategy}': {RUNG_TEXT[plan.strategy]}.")
+    elif not plan.fits:
+        said.append(f"No rung fits; the closest is '{plan.strategy}' ({RUNG_TEXT[plan.strategy]}).")
     else:
         said.append(f"Chose '{plan.strategy}' ({RUNG_TEXT[plan.strategy]}): the fastest rung whose every phase "
                     f"fits, peaking at {plan.predicted_peak_vram_gb:.1f} GB on the device and "

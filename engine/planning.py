@@ -8,7 +8,6 @@ from .models import ModelError, classify_ref, hub_cache_dir
 from .modelspec import ModelSpec, spec_for
 from .planner import Override, Plan, PlanRequest, plan_memory
 from .request import GenerationRequest
-from .selftest import ensure_selftest_model
 
 
 def cached_snapshot(repo_id: str) -> Path | None:
@@ -23,7 +22,8 @@ def cached_snapshot(repo_id: str) -> Path | None:
 def find_spec(ref: str, models_dir: Path) -> ModelSpec:
     """The model's spec: from its files when they are here, else from the table of known models."""
     kind = classify_ref(ref)
-    folder = {"selftest": lambda: ensure_selftest_model(ref, models_dir), "local": lambda: Path(ref).expanduser(),
+    # A self-test model is never built here (the engine process does that): its spec is known.
+    folder = {"selftest": lambda: None, "local": lambda: Path(ref).expanduser(),
               "hub": lambda: cached_snapshot(ref)}[kind]()
     spec = spec_for(ref, folder)
     if spec is None:

@@ -7,6 +7,7 @@ import tempfile
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from .planner import LADDER, TEXT_ENCODER_PLACES
 from .presets import Preset
 
 MODES = ("t2v", "i2v", "t2i")
@@ -154,6 +155,30 @@ def check_outputs_dir(path: str) -> str | None:
     return None
 
 
+def _shape(request: GenerationRequest, problems: list[str]):
+    """Width, height and frames as whole numbers, each checked; problems are appended."""
+    multiple = _as_int("size_multiple", request.size_multiple, problems) or 16
+    width = _as_int("width", request.width, problems)
+    height = _as_int("height", request.height, problems)
+    frames = _as_int("frames", request.frames, problems)
+    if width is not None:
+        _check_size("width", width, multiple, problems)
+    if height is not None:
+        _check_size("height", height, multiple, problems)
+    if frames is not None:
+        _check_frames(frames, request.mode, problems)
+    return width, height, frames, multiple
+
+
+def check_shape(request: GenerationRequest) -> GenerationRequest:
+    """Only the size checks (what a memory plan depends on), with the same messages as a run."""
+    problems: list[str] = []
+    width, height, frames, _ = _shape(request, problems)
+    if problems:
+        raise InputError("; ".join(problems))
+    return replace(request, width=width, height=height, frames=frames)
+
+
 def check_inputs(request: GenerationRequest) -> GenerationRequest:
     """Validate ``request`` and return it with numbers normalised.
 
@@ -170,22 +195,13 @@ def check_inputs(request: GenerationRequest) -> GenerationRequest:
     if not isinstance(request.model, str) or not request.model.strip():
         problems.append("no model chosen: pick a preset or give a model (repo id, folder or selftest-t2v)")
 
-    multiple = _as_int("size_multiple", request.size_multiple, problems) or 16
-    width = _as_int("width", request.width, problems)
-    height = _as_int("height", request.height, problems)
-    frames = _as_int("frames", request.frames, problems)
+    width, height, frames, multiple = _shape(request, problems)
     steps = _as_int("steps", request.steps, problems)
     seed = _as_int("seed", request.seed, problems)
     fps = _as_int("fps", request.fps, problems)
     guidance = _as_float("guidance", request.guidance, problems)
     shift = _as_float("shift", request.shift, problems)
 
-    if width is not None:
-        _check_size("width", width, multiple, problems)
-    if height is not None:
-        _check_size("height", height, multiple, problems)
-    if frames is not None:
-        _check_frames(frames, request.mode, problems)
     if steps is not None and not 1 <= steps <= MAX_STEPS:
         problems.append(f"steps {steps} is out of range: use 1 to {MAX_STEPS}")
     if guidance is not None and not 0 <= guidance <= MAX_GUIDANCE:
@@ -206,8 +222,6 @@ def check_inputs(request: GenerationRequest) -> GenerationRequest:
             _check_image("last image", request.last_image, problems)
     elif request.image:
         problems.append("an image was given but the mode is text-to-video; use image-to-video")
-
-    from .planner import LADDER, TEXT_ENCODER_PLACES
 
     if request.strategy not in (None, *LADDER):
         problems.append(f"strategy {request.strategy!r} is unknown: use auto or one of {', '.join(LADDER)}")

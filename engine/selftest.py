@@ -89,11 +89,23 @@ def build_selftest_pipeline(ref: str):
 
 def ensure_selftest_model(ref: str, models_dir: Path) -> Path:
     """Return the folder of a self-test model, building and saving it on first use."""
+    import shutil
+    import tempfile
+
     folder = Path(models_dir) / ref
     if (folder / "model_index.json").is_file():
         return folder
-    pipe = build_selftest_pipeline(ref)
-    tmp = folder.with_name(folder.name + ".building")
-    pipe.save_pretrained(tmp)
-    tmp.replace(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Build in a private folder and rename it into place: two processes building at once
+    # never see each other's half-written files; the loser's copy is discarded.
+    tmp = Path(tempfile.mkdtemp(prefix=f".{ref}-", dir=folder.parent))
+    try:
+        build_selftest_pipeline(ref).save_pretrained(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:
+            if not (folder / "model_index.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -5,13 +5,12 @@ engine process reported (``WorkerClient.hardware_profile()``).
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 
 from engine.hardware import HardwareProfile
 from engine.planner import LADDER, RUNG_TEXT, TEXT_ENCODER_PLACES, Plan
 from engine.planning import plan_request
-from engine.request import GenerationRequest, InputError, _as_int, _check_frames, _check_size
+from engine.request import GenerationRequest, check_shape
 
 from .context import AppContext
 from .job_view import PHASE_LABELS
@@ -39,7 +38,8 @@ def plan_markdown(plan: Plan) -> str:
     """Headline, peaks against budgets, a table of phases, the reasons and (when it does not fit) what to change."""
     verdict = "fits" if plan.fits else "does NOT fit"
     cpu = plan.device == "cpu"   # no device memory to show
-    lines = [f"**Strategy: {plan.strategy}** ({verdict}): {RUNG_TEXT.get(plan.strategy, plan.strategy)}.",
+    what = "everything in RAM, computed on the CPU" if cpu else RUNG_TEXT.get(plan.strategy, plan.strategy)
+    lines = [f"**Strategy: {plan.strategy}** ({verdict}): {what}.",
              "", _peaks(plan), "", _settings(plan), "",
              "| Phase |" + ("" if cpu else " Device GB |") + " RAM GB | Where the components live |",
              "|---|" + ("" if cpu else "--:|") + "--:|---|"]
@@ -102,12 +102,4 @@ def _plan_request(ctx: AppContext, mode: str, preset_name: str | None, model: st
     request = GenerationRequest.from_preset(
         preset, "", mode=mode, model=(model or preset.model).strip(), width=width, height=height, frames=frames,
         outputs_dir=ctx.outputs_dir, **overrides)
-    problems: list[str] = []
-    width, height, frames = [_as_int(name, getattr(request, name), problems) for name in ("width", "height", "frames")]
-    if not problems:
-        _check_size("width", width, request.size_multiple, problems)
-        _check_size("height", height, request.size_multiple, problems)
-        _check_frames(frames, mode, problems)
-    if problems:
-        raise InputError("; ".join(problems))
-    return replace(request, width=width, height=height, frames=frames)
+    return check_shape(request)

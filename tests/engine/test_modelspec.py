@@ -59,3 +59,24 @@ def test_spec_from_files_reads_headers_and_configs(model_dirs):
     assert spec_for("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") == KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
     assert spec_for("someone/unknown") is None
     assert torch.is_tensor(next(model.parameters()))
+
+
+@pytest.mark.parametrize("ref", ["selftest-t2v", "selftest-i2v"])
+def test_selftest_specs_match_the_built_models(ref, selftest_models_dir):
+    from engine.modelspec import SELFTEST_SPECS
+
+    built = spec_from_folder(selftest_models_dir / ref, ref)
+    assert SELFTEST_SPECS[ref] == built
+
+
+def test_two_processes_building_the_selftest_model_at_once(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    code = "import sys; from engine.selftest import ensure_selftest_model; ensure_selftest_model('selftest-t2v', sys.argv[1])"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT) for _ in range(2)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["selftest-t2v"]
+    assert (tmp_path / "selftest-t2v" / "model_index.json").is_file()

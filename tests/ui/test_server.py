@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 from pathlib import Path
