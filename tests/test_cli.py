@@ -107,3 +107,46 @@ def test_doctor_reports_hardware_and_versions():
     assert Path(report["ffmpeg"]).exists()
     text = subprocess.run(app_command("doctor"), capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
     assert text.returncode == 0 and "Hardware:" in text.stdout and "backend" in text.stdout
+
+
+def _hardware_file(tmp_path, **fields):
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps({"backend": "cuda", "device_name": "test card", **fields}))
+    return path
+
+
+def test_plan_json_for_a_described_machine(tmp_path):
+    hw = _hardware_file(tmp_path, vram_total_gb=24, vram_free_gb=23, ram_total_gb=64, ram_available_gb=58)
+    done = subprocess.run(app_command("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--json"),
+                          capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(done.stdout)
+    assert plan["fits"] is True and plan["strategy"] == "group_offload"
+    assert plan["predicted_peak_vram_gb"] <= plan["budget_vram_gb"]
+    assert {"text_encode", "image_encode", "denoise", "vae_decode"} <= set(plan["phases"])
+    assert any("streams to the device" in d for d in plan["decisions"])
+
+
+def test_plan_that_fits_nowhere_exits_non_zero_and_says_what_would_fit(tmp_path):
+    hw = _hardware_file(tmp_path, vram_total_gb=4, vram_free_gb=3.5, ram_total_gb=8, ram_available_gb=6)
+    done = subprocess.run(app_command("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--frames", "81",
+                                      "--width", "832"), capture_output=True, text=True, timeout=120,
+                          env=app_env(), cwd=ROOT)
+    assert done.returncode == 1
+    assert "fits: NO" in done.stdout and "To make it fit:" in done.stdout and "GGUF" in done.stdout
+    as_json = subprocess.run(app_command("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--json"),
+                             capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    assert as_json.returncode == 1 and json.loads(as_json.stdout)["fits"] is False
+
+
+@pytest.mark.parametrize("content, expected", [
+    ('{"backend": "cuda", "device_name": "x", "vram_total_gb": "lots"}', "'vram_total_gb' must be float"),
+    ('{"backend": "cuda", "device_name": "x", "colour": 1}', "unknown hardware field(s): colour"),
+    ('not json', "cannot read hardware file"),
+])
+def test_plan_refuses_a_bad_hardware_file(tmp_path, content, expected):
+    path = tmp_path / "hw.json"
+    path.write_text(content)
+    done = subprocess.run(app_command("plan", "--preset", "wan21-t2v-1.3b", "--hardware", str(path)),
+                          capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    assert done.returncode == 2 and expected in done.stderr
