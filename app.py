@@ -15,7 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUTPUTS = ROOT / "outputs"
 DEFAULT_MODELS = Path(os.environ.get("WAN_MODELS_DIR", ROOT / "models"))
-COMMANDS = ("serve", "generate", "plan", "doctor")
+COMMANDS = ("serve", "generate", "plan", "decode", "doctor")
 
 # Exit codes of `generate`.
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_CANCELLED = 0, 1, 2, 130
@@ -24,6 +24,8 @@ EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_CANCELLED = 0, 1, 2, 130
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outputs", default=str(DEFAULT_OUTPUTS), help="folder for videos, images and sidecars")
     parser.add_argument("--models-dir", default=str(DEFAULT_MODELS), help="folder for built-in self-test models")
+    parser.add_argument("--latents-hours", type=float, default=24.0,
+                        help="keep the denoised latents of finished runs this long (0: remove at once)")
 
 
 def _overrides(parser: argparse.ArgumentParser) -> None:
@@ -46,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--auth", help="user:password required to open the page")
     serve.add_argument("--model", help="model to select at start (repo id, folder, selftest-t2v, selftest-i2v)")
     serve.add_argument("--no-browser", action="store_true", help="do not open the page in a browser")
+    serve.add_argument("--allow-model-paths", action="store_true",
+                       help="let the page and the API use model folders anywhere on this machine "
+                            "(default: repo ids, self-test models and folders inside the models folder)")
+    serve.add_argument("--max-queue", type=int, metavar="N",
+                       help="jobs that may wait in the queue before new ones are refused (default 16)")
     _common(serve)
 
     gen = sub.add_parser("generate", help="generate one video or image without the page")
@@ -71,6 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     _overrides(plan)
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     _common(plan)
+
+    decode = sub.add_parser("decode", help="decode saved latents again (after a failed decode), without denoising")
+    decode.add_argument("latents", help="a *.latents.safetensors file beside the outputs")
+    decode.add_argument("--tiled", action="store_true", help="decode in tiles (less memory)")
+    decode.add_argument("--cpu", action="store_true", help="decode on the CPU (slow, but needs no device memory)")
+    _common(decode)
 
     doctor = sub.add_parser("doctor", help="print the detected hardware and software (paste it into bug reports)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
@@ -125,20 +138,32 @@ def _print_timings(view, out) -> None:
 
 
 def generate(args) -> int:
-    from engine.events import (Info, JobCancelled, JobFailed, JobFinished, PhaseStarted, StepFinished)
     from engine.presets import PresetError
     from engine.worker import WorkerClient
-    from ui.job_view import PHASE_LABELS, JobView
 
     try:
         request = _build_request(args)
     except PresetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    client = WorkerClient(args.models_dir)
+    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours)
+    return _follow(client, client.submit(request))
+
+
+def decode(args) -> int:
+    from engine.worker import WorkerClient
+
+    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours)
+    return _follow(client, client.decode(args.latents, tiled=args.tiled, on_cpu=args.cpu))
+
+
+def _follow(client, events) -> int:
+    """Print a job's progress and timings; the exit code says how it ended."""
+    from engine.events import (Info, JobCancelled, JobFailed, JobFinished, PhaseStarted, StepFinished)
+    from ui.job_view import PHASE_LABELS, JobView
+
     view = JobView()
     tty = sys.stderr.isatty()
-    events = client.submit(request)
     try:
         while True:
             try:
@@ -178,6 +203,9 @@ def generate(args) -> int:
     failure = view.failure
     assert isinstance(failure, JobFailed)
     print(f"error: {failure.message}\n{failure.hint}", file=sys.stderr)
+    if failure.latents:
+        print(f"Latents saved: {failure.latents}\nDecode them again with: python app.py decode {failure.latents} "
+              "--tiled (or --cpu)", file=sys.stderr)
     return EXIT_BAD_INPUT if failure.kind in ("input", "model") else EXIT_FAILED
 
 
@@ -265,13 +293,23 @@ def doctor(args) -> int:
 
 # ----- serve --------------------------------------------------------------
 def resolve_auth(args) -> tuple[str, str] | None:
-    """The (user, password) the page needs; generated once when listening or sharing without --auth."""
+    """The (user, password) the page needs; generated once when reachable from other machines without --auth.
+
+    Reachable: --listen, --share, or a --host that is not a loopback address (0.0.0.0, a LAN address).
+    """
     if args.auth:
         user, sep, password = args.auth.partition(":")
         if not sep or not user or not password:
             raise SystemExit("error: --auth must look like user:password")
         return user, password
-    if args.listen or args.share:
+    import ipaddress
+
+    try:
+        loopback = ipaddress.ip_address(args.host).is_loopback
+    except ValueError:
+        loopback = args.host == "localhost"
+    # --host 0.0.0.0 or a LAN address is as reachable as --listen.
+    if args.listen or args.share or not loopback:
         password = secrets.token_urlsafe(12)
         print(f"The page is reachable from other machines, so it needs a password.\n"
               f"  user: wan   password: {password}\n(pass --auth user:password to choose your own)", flush=True)
@@ -285,12 +323,15 @@ def serve(args) -> int:
     from ui.app_ui import build_app
     from ui.context import AppContext
 
+    if args.max_queue is not None and args.max_queue < 1:
+        raise SystemExit("error: --max-queue must be at least 1")
     auth = resolve_auth(args)
     Path(args.outputs).mkdir(parents=True, exist_ok=True)
-    client = WorkerClient(args.models_dir)
+    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours)
     client.start()  # the engine process warms up while the page loads
-    ctx = AppContext(client, load_presets(), args.outputs, args.model)
-    demo = build_app(ctx)
+    ctx = AppContext(client, load_presets(), args.outputs, args.model,
+                     allow_model_paths=args.allow_model_paths, models_dir=args.models_dir)
+    demo = build_app(ctx, max_queue=args.max_queue)
     try:
         demo.launch(server_name="0.0.0.0" if args.listen else args.host, server_port=args.port,
                     share=args.share, auth=auth, inbrowser=not args.no_browser,
@@ -303,7 +344,8 @@ def serve(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    return {"serve": serve, "generate": generate, "plan": plan, "doctor": doctor}[args.command](args)
+    return {"serve": serve, "generate": generate, "plan": plan, "decode": decode,
+            "doctor": doctor}[args.command](args)
 
 
 if __name__ == "__main__":

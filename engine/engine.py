@@ -8,8 +8,10 @@ the decode retries the decode alone, tiled, then on the CPU.
 """
 from __future__ import annotations
 
+import os
 import platform
 import secrets
+import signal
 from collections import OrderedDict
 import time
 from contextlib import contextmanager
@@ -20,11 +22,13 @@ from typing import Callable
 from . import __version__
 from .apply import (bring_encoder, encoder_device, from_pretrained_kwargs, place_components, send_encoder_back,
                     set_vae_tiling, torch_dtype)
-from .events import (DownloadProgress, Event, Info, JobCancelled, JobFinished, JobStarted, PhaseFinished,
-                     PhaseStarted, PlanReady, StepFinished)
+from .events import (DownloadProgress, Event, Info, JobCancelled, JobFinished, JobStarted, LatentsSaved,
+                     PhaseFinished, PhaseStarted, PlanReady, StepFinished)
 from .export import output_stem, to_uint8, write_json, write_mp4, write_png
 from .failures import failure_event, is_out_of_memory
 from .hardware import HardwareProfile, detect_hardware
+from .latents import (DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, latents_path, load_latents,
+                      save_latents, stem_of)
 from .memory import VAE_TILES
 from .models import ResolvedModel, classify_ref, resolve_model, size_multiple_of
 from .modelspec import ModelSpec, spec_for
@@ -67,16 +71,22 @@ class _Job:
     step_seconds: list = field(default_factory=list)
     step_downs: list = field(default_factory=list)
     decode_fallback: str | None = None
+    latents: str | None = None
 
 
 class Engine:
     def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
-                 inject_oom: dict[str, int] | None = None):
+                 inject_oom: dict[str, int] | None = None, crash_in: str | None = None,
+                 latents_hours: float = DEFAULT_KEEP_HOURS):
         self.models_dir = Path(models_dir)
         self._hardware = hardware
         self.loaded: LoadedModel | None = None
-        # Test hook: phase name -> how many times to fail it with out-of-memory.
+        # How long the latents of a finished run are kept (0: removed as soon as the video is written).
+        self.latents_hours = latents_hours
+        # Test hooks: phase name -> how many times to fail it with out-of-memory; a phase in which
+        # the whole process dies (SIGKILL), as a driver fault would kill it.
         self._inject_oom = dict(inject_oom or {})
+        self._crash_in = crash_in
         # Recent prompt encodings, kept on the CPU: a new seed with the same prompt skips the text encoder.
         self._prompt_cache: OrderedDict[tuple, tuple] = OrderedDict()
 
@@ -106,6 +116,8 @@ class Engine:
     def _phase(self, job: _Job, name: str):
         job.phase = name
         job.emit(PhaseStarted(job.id, name))
+        if self._crash_in == name:
+            os.kill(os.getpid(), signal.SIGKILL)
         if self._inject_oom.get(name, 0) > 0:
             self._inject_oom[name] -= 1
             raise InjectedOutOfMemory(f"out of memory (injected into {name} for a test)")
@@ -181,6 +193,8 @@ class Engine:
             result = JobCancelled(job_id, len(job.step_seconds), request.steps)
         except Exception as exc:  # every failure reaches the page as an event
             result = failure_event(job_id, exc, job.phase)
+            if job.latents:
+                result = replace(result, latents=job.latents, hint=f"{result.hint} {DECODE_AGAIN_HINT}")
         emit(result)
         return result
 
@@ -218,9 +232,19 @@ class Engine:
         if job.step_downs:
             job.emit(Info(job.id, f"'{plan.strategy}' worked after stepping down from "
                                   f"'{job.step_downs[0]['from']}'."))
-        frames = self._decode(loaded, latents, job)
+        cleanup_latents(Path(request.outputs_dir), self.latents_hours)
+        stem = output_stem(Path(request.outputs_dir), request.mode, request.prompt, request.seed)
+        job.phase = "saving latents"
+        job.latents = str(save_latents(latents, latents_path(stem), {
+            "request": request.to_dict(), "model": {"ref": loaded.model.ref, "revision": loaded.model.revision},
+            "strategy": loaded.plan.strategy, "keep": request.keep_latents}))
+        job.emit(LatentsSaved(job.id, job.latents))
+        frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
         with self._phase(job, "export"):
-            media = self._write_media(request, frames)
+            media = self._write_media(request, frames, stem)
+        if self.latents_hours <= 0 and not request.keep_latents:
+            Path(job.latents).unlink(missing_ok=True)
+            job.latents = None
         sidecar = self._write_sidecar(loaded, request, job, media, frames, ram)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
@@ -288,7 +312,8 @@ class Engine:
 
         pipe, plan = loaded.pipe, loaded.plan
         image = fit_image(request.image, request.width, request.height)
-        last = fit_image(request.last_image, request.width, request.height) if request.last_image else None
+        last = (fit_image(request.last_image, request.width, request.height, name="last image")
+                if request.last_image else None)
         inputs = {"image": image, "last_image": last}
         if getattr(pipe, "image_encoder", None) is not None:
             with self._phase(job, "image_encode"):
@@ -347,9 +372,8 @@ class Engine:
         return output.frames
 
     # ----- decode, with its own fallbacks --------------------------------------
-    def _decode(self, loaded: LoadedModel, latents, job: _Job):
+    def _decode(self, vae, video_processor, plan: Plan, latents, job: _Job):
         """Decode as planned; on out-of-memory retry tiled, then on the CPU. The denoise is never repeated."""
-        plan = loaded.plan
         smaller = [t for t in VAE_TILES if plan.vae_tile is None or t < plan.vae_tile]
         attempts = [("as planned", plan.vae_tile, plan.device)]
         if plan.device != "cpu" or smaller:
@@ -358,7 +382,7 @@ class Engine:
             attempts.append(("on the CPU", smaller[0] if smaller else plan.vae_tile, "cpu"))
         for number, (how, tile, device) in enumerate(attempts):
             try:
-                frames = self._decode_once(loaded.pipe, latents, job, tile, device)
+                frames = self._decode_once(vae, video_processor, latents, job, tile, device)
                 if number:
                     job.decode_fallback = how
                     job.emit(Info(job.id, f"The VAE decode worked {how}."))
@@ -371,13 +395,12 @@ class Engine:
                                       "from the same latents."))
             finally:
                 if device != plan.device:
-                    loaded.pipe.vae.to(plan.device)
-                set_vae_tiling(loaded.pipe.vae, plan.vae_tile)
+                    vae.to(plan.device)
+                set_vae_tiling(vae, plan.vae_tile)
 
-    def _decode_once(self, pipe, latents, job: _Job, tile: int | None, device: str):
+    def _decode_once(self, vae, video_processor, latents, job: _Job, tile: int | None, device: str):
         import torch
 
-        vae = pipe.vae
         set_vae_tiling(vae, tile)
         if device != str(vae.device.type):
             vae.to(device)
@@ -387,13 +410,69 @@ class Engine:
             mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
             inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
             video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
-            frames = pipe.video_processor.postprocess_video(video, output_type="np")[0]
+            frames = video_processor.postprocess_video(video, output_type="np")[0]
         return to_uint8(frames)
+
+    # ----- decode again, from saved latents ------------------------------------
+    def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False) -> Event:
+        """Decode saved latents into a new video (no denoising); the terminal event is also emitted."""
+        job = _Job(job_id, emit, lambda: False)
+        emit(JobStarted(job_id, f"decode again from {Path(path).name}"))
+        ram = RamPeakSampler()
+        try:
+            with ram.running():
+                result = self._decode_saved(Path(path), job, tiled, on_cpu, ram)
+        except Exception as exc:  # the page shows it like any failure
+            result = replace(failure_event(job_id, exc, job.phase), latents=str(path))
+        emit(result)
+        return result
+
+    def _decode_saved(self, path: Path, job: _Job, tiled: bool, on_cpu: bool, ram: RamPeakSampler) -> Event:
+        latents, meta = load_latents(path)
+        fields = dict(meta["request"])
+        fields["sigmas"] = tuple(fields["sigmas"]) if fields.get("sigmas") else None
+        request = GenerationRequest(**fields)
+        reset_peak_vram()
+        resolved = self._resolve(request.model, job)
+        vae, video_processor = self._vae_for(resolved, job)
+        plan = self.plan_for(request, spec_for(resolved.ref, resolved.folder))
+        device = "cpu" if on_cpu else plan.device
+        tile = (plan.vae_tile or VAE_TILES[2]) if tiled else plan.vae_tile
+        job.device = device
+        vae.to(device)
+        frames = self._decode_once(vae, video_processor, latents, job, tile, device)
+        if device != plan.device and self.loaded is not None and vae is self.loaded.pipe.vae:
+            vae.to(plan.device)
+        stem = stem_of(path)   # the failed run's own name, unless a decode already filled it
+        if any(stem.with_suffix(s).exists() for s in (".mp4", ".png", ".json")):
+            stem = output_stem(path.parent.parent, request.mode, request.prompt, request.seed)
+        with self._phase(job, "export"):
+            media = self._write_media(request, frames, stem)
+        how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
+        sidecar = write_json({
+            "app": {"name": "wan-studio", "version": __version__}, "file": media.name,
+            "decoded_from": str(path), "decoded": how, "prompt": request.prompt, "seed": request.seed,
+            "model": meta.get("model"), "parameters": fields, "timings": dict(job.timings),
+            "peak_vram_gb": peak_vram_gb(), "peak_ram_gb": ram.peak_gb, "versions": _versions(),
+            "hardware": self.hardware.to_dict()}, media.with_suffix(".json"))
+        return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
+                           ram.peak_gb, f"Decoded again ({how}) from saved latents.")
+
+    def _vae_for(self, resolved: ResolvedModel, job: _Job):
+        """The loaded model's VAE, or the VAE alone from the model's files (nothing else is loaded)."""
+        if self.loaded is not None and self.loaded.model.ref == resolved.ref:
+            return self.loaded.pipe.vae, self.loaded.pipe.video_processor
+        import torch
+        from diffusers import AutoencoderKLWan
+        from diffusers.video_processor import VideoProcessor
+
+        with self._phase(job, "load"):
+            vae = AutoencoderKLWan.from_pretrained(resolved.folder, subfolder="vae", dtype=torch.float32)
+        return vae, VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
 
     # ----- export -------------------------------------------------------------
     @staticmethod
-    def _write_media(request: GenerationRequest, frames) -> Path:
-        stem = output_stem(Path(request.outputs_dir), request.mode, request.prompt, request.seed)
+    def _write_media(request: GenerationRequest, frames, stem: Path) -> Path:
         if request.mode == "t2i":
             return write_png(frames[0], stem.with_suffix(".png"))
         return write_mp4(frames, stem.with_suffix(".mp4"), request.fps)
@@ -417,6 +496,7 @@ class Engine:
                        "width": int(frames.shape[2]), "fps": request.fps if request.mode != "t2i" else None},
             "plan": loaded.plan.to_dict(),
             "step_downs": list(job.step_downs),
+            "latents": job.latents,
             "decode_fallback": job.decode_fallback,
             "model_reused": "load" not in job.timings,
             "timings": dict(job.timings),

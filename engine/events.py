@@ -63,6 +63,12 @@ class StepFinished(Event):
 
 
 @dataclass(frozen=True)
+class LatentsSaved(Event):
+    """The denoised latents are safe on disk; a failed decode can start again from them."""
+    path: str
+
+
+@dataclass(frozen=True)
 class JobFinished(Event):
     paths: tuple[str, ...]
     sidecar: str
@@ -85,6 +91,7 @@ class JobFailed(Event):
     hint: str
     phase: str | None = None
     kind: str = "runtime"   # "input" (settings), "model", "runtime" or "crash" (worker died)
+    latents: str | None = None   # saved latents to decode again, when the denoising had finished
 
 
 TERMINAL_EVENTS = (JobFinished, JobCancelled, JobFailed)

@@ -24,7 +24,7 @@ def output_stem(outputs_dir: Path, mode: str, prompt: str, seed: int, now: float
     words = _SLUG.sub("-", prompt.lower()).strip("-")[:40].strip("-") or "untitled"
     base = f"{time.strftime('%H%M%S', time.localtime(now))}_{mode}_{words}_{seed}"
     stem, n = day / base, 1
-    while any(stem.with_suffix(s).exists() for s in (".mp4", ".png", ".json")):
+    while any(stem.with_name(stem.name + s).exists() for s in (".mp4", ".png", ".json", ".latents.safetensors")):
         n += 1
         stem = day / f"{base}_{n}"
     return stem
@@ -62,6 +62,10 @@ def write_mp4(frames: np.ndarray, path: Path, fps: int) -> Path:
         writer.close()
         tmp.unlink(missing_ok=True)
         raise
+    written, _ = imageio_ffmpeg.count_frames_and_secs(str(tmp))
+    if written != len(frames):
+        tmp.unlink(missing_ok=True)
+        raise OSError(f"the video encoder wrote {written} of {len(frames)} frames; nothing was saved")
     os.replace(tmp, path)
     return path
 

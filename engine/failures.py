@@ -1,6 +1,8 @@
 """Turning an exception into a message a user can act on."""
 from __future__ import annotations
 
+import errno
+
 from .events import JobFailed
 from .models import ModelError
 from .request import InputError
@@ -34,7 +36,7 @@ def describe_failure(exc: BaseException, phase: str | None) -> tuple[str, str]:
     if is_out_of_memory(exc):
         return (f"Out of device memory{where}.",
                 "Lower the size or the number of frames, or pick a smaller model; then try again.")
-    if isinstance(exc, OSError) and getattr(exc, "errno", None) == 28:
+    if getattr(exc, "errno", None) == errno.ENOSPC or "no space left on device" in text.lower():
         return f"The disk is full{where}.", "Free some disk space or choose another outputs folder."
     return (f"{exc.__class__.__name__}{where}: {text}",
             "Try again; if it repeats, run 'python app.py doctor' and report the error with its output.")

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from .selftest import SELFTEST_REFS, ensure_selftest_model
+from .weights import WeightFileError, read_header
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
@@ -67,6 +68,8 @@ def check_model_folder(folder: Path) -> tuple[str, tuple[str, ...]]:
         index = json.loads(index_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"{index_file} is not valid JSON ({exc}); download the model again") from exc
+    if not isinstance(index, dict):
+        raise ModelError(f"{index_file} is not a JSON object; download the model again")
     pipeline_class = index.get("_class_name", "")
     if pipeline_class not in PIPELINES:
         raise ModelError(
@@ -82,9 +85,53 @@ def check_model_folder(folder: Path) -> tuple[str, tuple[str, ...]]:
         if name in WEIGHTED:
             if not (part / "config.json").is_file():
                 raise ModelError(f"{folder.name}: component '{name}' has no config.json; download the model again")
+            _check_json(folder, part / "config.json")
             if not any(f.name.endswith(WEIGHT_SUFFIXES) for f in part.iterdir()):
                 raise ModelError(f"{folder.name}: component '{name}' has no weight files; download the model again")
+            check_weight_files(folder, part)
     return pipeline_class, components
+
+
+def _damaged(folder: Path, file: Path, reason: str) -> ModelError:
+    where = file.relative_to(folder) if file.is_relative_to(folder) else file
+    # A hub download is a link into the cache's blobs: that file is the one to delete.
+    stored = f" (stored at {file.resolve()})" if file.is_symlink() else ""
+    return ModelError(f"{folder.name}: weight file {where} is damaged: {reason}. "
+                      f"Delete {file}{stored} and download the model again")
+
+
+def _check_json(folder: Path, file: Path) -> object:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = file.relative_to(folder) if file.is_relative_to(folder) else file
+        raise ModelError(f"{folder.name}: {where} is not valid JSON ({exc.__class__.__name__}); "
+                         "download the model again") from exc
+
+
+def check_weight_files(folder: Path, part: Path) -> None:
+    """Refuse a component whose safetensors files are truncated or have a garbage header.
+
+    Cheap: reads each file's header and size only, never a tensor. A sharded component's index
+    must name only shards that exist.
+    """
+    for index_file in sorted(part.glob("*.safetensors.index.json")):
+        index = _check_json(folder, index_file)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise ModelError(f"{folder.name}: {index_file.relative_to(folder)} has no weight_map; "
+                             "download the model again")
+        for shard in sorted(set(map(str, weight_map.values()))):
+            if not (part / shard).is_file():
+                raise ModelError(f"{folder.name}: weight file {part.name}/{shard} is missing "
+                                 f"(named in {index_file.name}); download the model again")
+    for file in sorted(part.glob("*.safetensors")):
+        try:
+            read_header(file)
+        except WeightFileError as exc:
+            raise _damaged(folder, file, str(exc)) from None
+        except OSError as exc:
+            raise _damaged(folder, file, f"it cannot be read ({exc.strerror or exc})") from None
 
 
 def _progress_class(on_progress: Callable[[float, float | None, str], None]):

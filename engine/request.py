@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import math
+import numbers
 import os
+import re
 import tempfile
+import unicodedata
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -22,6 +25,68 @@ MAX_PROMPT_CHARS = 4000
 
 class InputError(ValueError):
     """The request cannot run; the message says what to change."""
+
+
+# Control characters that separate words: turned into whitespace, not counted as removed.
+_SEPARATORS = {"\t": " ", "\x0b": "\n", "\x0c": "\n", "\x1c": "\n", "\x1d": "\n", "\x1e": "\n", "\x1f": " ",
+               "\x85": "\n", "\u2028": "\n", "\u2029": "\n", "\r": "\n"}
+# Invisible formatting characters that only confuse a tokenizer (zero-width space, byte-order mark,
+# word joiner, soft hyphen, direction marks and overrides). ZWJ/ZWNJ are kept: emoji and scripts need them.
+_INVISIBLE = set("\u200b\ufeff\u2060\u00ad\u200e\u200f\u061c") | {chr(c) for c in range(0x202A, 0x202F)} \
+    | {chr(c) for c in range(0x2066, 0x206A)}
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def clean_prompt(text: str) -> tuple[str, list[str]]:
+    """``text`` without control or invisible characters and with tidy whitespace, plus warnings.
+
+    Removed (and counted in the warnings): control characters such as NUL or ESC (a terminal colour
+    code counts as one), invisible formatting characters (zero-width space, byte-order mark,
+    direction marks) and broken surrogates. Kept: newlines (CR LF and CR become LF; at most one
+    blank line in a row) and ordinary text, Unicode-normalised (NFC). Tabs and runs of spaces
+    (including no-break and other Unicode spaces) become one space; each line and the whole text
+    are stripped.
+    """
+    if not isinstance(text, str):
+        return "", []
+    text = text.replace("\r\n", "\n")
+    # A terminal colour code pasted from a console ("\x1b[31m") goes whole, counted as one character.
+    text, control = re.subn(r"\x1b\[[0-9;?]*[ -/]*[@-~]", "", text)
+    kept: list[str] = []
+    invisible = broken = 0
+    for char in text:
+        if char in _SEPARATORS:
+            kept.append(_SEPARATORS[char])
+        elif char == "\n":
+            kept.append(char)
+        elif char in _INVISIBLE:
+            invisible += 1
+        else:
+            category = unicodedata.category(char)
+            if category == "Cc":
+                control += 1
+            elif category == "Cs":
+                broken += 1
+            elif category == "Zs":
+                kept.append(" ")
+            else:
+                kept.append(char)
+    cleaned = unicodedata.normalize("NFC", "".join(kept))
+    cleaned = re.sub(r" +", " ", cleaned)
+    cleaned = "\n".join(line.strip() for line in cleaned.split("\n"))
+    cleaned = re.sub(r"\n{3,}", "\n\n", cleaned).strip()
+    warnings = []
+    if control:
+        warnings.append(f"removed {_plural(control, 'control character')}")
+    if invisible:
+        warnings.append(f"removed {_plural(invisible, 'invisible character')} "
+                        "(zero-width space, byte-order mark or direction mark)")
+    if broken:
+        warnings.append(f"removed {_plural(broken, 'broken character')} (unpaired surrogate)")
+    return cleaned, warnings
 
 
 @dataclass(frozen=True)
@@ -49,6 +114,7 @@ class GenerationRequest:
     strategy: str | None = None
     text_encoder: str | None = None
     vae_tiling: bool | None = None
+    keep_latents: bool = False        # keep the denoised latents after a successful decode
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -71,41 +137,62 @@ class GenerationRequest:
         return request
 
 
+def _show(number: int) -> str:
+    """A whole number for a message: exact unless absurdly long (1e+30 rather than 31 digits)."""
+    return f"{number:.3g}" if abs(number) >= 10**12 else str(number)
+
+
 def _as_int(name: str, value, problems: list[str]) -> int | None:
+    """``value`` as an int: ints, integral floats (64.0) and numeric strings ("64", " 64.0 ") pass.
+
+    None or an empty string is missing; booleans, fractions, NaN and infinities are refused.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        problems.append(f"{name} is missing: give a whole number")
+        return None
     if isinstance(value, bool):
         problems.append(f"{name} must be a whole number, got {value!r}")
         return None
-    if isinstance(value, float):
-        if not math.isfinite(value) or value != int(value):
-            problems.append(f"{name} must be a whole number, got {value!r}")
-            return None
+    if isinstance(value, numbers.Integral):   # int and numpy integers
         return int(value)
+    number = value
     if isinstance(value, str):
         try:
             return int(value.strip())
         except ValueError:
+            try:
+                number = float(value.strip())
+            except ValueError:
+                problems.append(f"{name} must be a whole number, got {value!r}")
+                return None
+    if isinstance(number, numbers.Real):      # float and numpy floats
+        number = float(number)
+        if not math.isfinite(number) or number != int(number):
             problems.append(f"{name} must be a whole number, got {value!r}")
             return None
-    if isinstance(value, int):
-        return value
+        return int(number)
     problems.append(f"{name} must be a whole number, got {type(value).__name__}")
     return None
 
 
 def _as_float(name: str, value, problems: list[str]) -> float | None:
+    """``value`` as a finite float (numbers and numeric strings; -0.0 becomes 0.0)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        problems.append(f"{name} is missing: give a number")
+        return None
     try:
-        number = float(value) if not isinstance(value, bool) else None
-    except (TypeError, ValueError):
+        number = float(value.strip() if isinstance(value, str) else value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError, OverflowError):
         number = None
     if number is None or not math.isfinite(number):
         problems.append(f"{name} must be a number, got {value!r}")
         return None
-    return number
+    return number + 0.0   # turns -0.0 into 0.0
 
 
 def _check_size(name: str, value: int, multiple: int, problems: list[str]) -> None:
     if value < MIN_SIDE or value > MAX_SIDE:
-        problems.append(f"{name} {value} is out of range: use {MIN_SIDE} to {MAX_SIDE} pixels")
+        problems.append(f"{name} {_show(value)} is out of range: use {MIN_SIDE} to {MAX_SIDE} pixels")
     elif value % multiple:
         lower = max(multiple, value // multiple * multiple)
         problems.append(f"{name} {value} is not a multiple of {multiple}: try {lower} or {lower + multiple}")
@@ -114,32 +201,34 @@ def _check_size(name: str, value: int, multiple: int, problems: list[str]) -> No
 def _check_frames(frames: int, mode: str, problems: list[str]) -> None:
     if mode == "t2i":
         if frames != 1:
-            problems.append(f"text-to-image makes 1 frame, got frames={frames}")
+            problems.append(f"text-to-image makes 1 frame, got frames={_show(frames)}")
         return
     if frames < 1 or frames > MAX_FRAMES:
-        problems.append(f"frames {frames} is out of range: use 1 to {MAX_FRAMES}")
+        problems.append(f"frames {_show(frames)} is out of range: use 1 to {MAX_FRAMES}")
     elif (frames - 1) % 4:
         lower = (frames - 1) // 4 * 4 + 1
         problems.append(f"frames must be 4k+1 (1, 5, 9, ..., 81): {frames} is not; try {lower} or {lower + 4}")
 
 
-def _check_image(name: str, path: str, problems: list[str]) -> None:
-    from PIL import Image, UnidentifiedImageError
+def _check_image(name: str, path, problems: list[str], notes: list[str] | None = None,
+                 width: int | None = None, height: int | None = None) -> None:
+    """Append why the image at ``path`` cannot be used, or its notes (animated, CMYK, ...) to ``notes``.
 
-    file = Path(path)
-    if not file.is_file():
-        problems.append(f"{name} {path!r} does not exist; check the path or upload it again")
-        return
-    if file.stat().st_size == 0:
-        problems.append(f"{name} {file.name!r} is empty (0 bytes); upload a PNG, JPEG or WebP image")
+    Missing, empty, not an image, cut short, damaged or above images.MAX_IMAGE_PIXELS: refused,
+    naming the file. The header is read before any decoding, so a decompression bomb is never decoded.
+    """
+    from .images import check_image
+
+    if not isinstance(path, (str, os.PathLike)):
+        problems.append(f"{name} must be a file path, got {type(path).__name__}; upload the image again")
         return
     try:
-        with Image.open(file) as img:
-            img.verify()
-    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as exc:
-        problems.append(f"{name} {file.name!r} is not a readable image ({exc.__class__.__name__}); upload a PNG, JPEG or WebP image")
-    except Image.DecompressionBombError:
-        problems.append(f"{name} {file.name!r} is far too large; use an image under 80 megapixels")
+        found = check_image(path, name, width, height)
+    except InputError as exc:
+        problems.append(str(exc))
+        return
+    if notes is not None:
+        notes.extend(f"{name} {Path(path).name!r}: {note}" for note in found)
 
 
 def check_outputs_dir(path: str) -> str | None:
@@ -179,61 +268,94 @@ def check_shape(request: GenerationRequest) -> GenerationRequest:
     return replace(request, width=width, height=height, frames=frames)
 
 
+def _check_prompt(name: str, value, required: bool, problems: list[str], notes: list[str]) -> str:
+    """``value`` cleaned (see clean_prompt); problems and notes name the field ("prompt", ...)."""
+    if value is not None and not isinstance(value, str):
+        problems.append(f"the {name} must be text, got {type(value).__name__}")
+        return ""
+    text, warnings = clean_prompt(value or "")
+    if required and not text:
+        removed = " once control characters are removed" if warnings else ""
+        problems.append(f"the {name} is empty{removed}: describe what the video should show")
+    elif len(text) > MAX_PROMPT_CHARS:
+        problems.append(f"the {name} has {len(text)} characters; keep it under {MAX_PROMPT_CHARS}")
+    notes.extend(f"{name}: {warning}" for warning in warnings)
+    return text
+
+
 def check_inputs(request: GenerationRequest) -> GenerationRequest:
-    """Validate ``request`` and return it with numbers normalised.
+    """Validate ``request`` and return it with numbers normalised and prompts cleaned.
 
     Raises InputError listing every problem, each saying what to change.
     """
+    return check_inputs_with_notes(request)[0]
+
+
+def check_inputs_with_notes(request: GenerationRequest) -> tuple[GenerationRequest, list[str]]:
+    """check_inputs, plus notes for the user about what was changed or will be.
+
+    Notes are sentences such as "prompt: removed 3 control characters" or
+    "image 'cat.gif': animated image: the first of 12 frames is used". Emit them as Info
+    events before anything heavy; they are empty for a request that was already checked
+    (its prompts are clean by then), except for the image notes.
+    """
     problems: list[str] = []
+    notes: list[str] = []
     if request.mode not in MODES:
         raise InputError(f"mode must be one of {', '.join(MODES)}, got {request.mode!r}")
-    prompt = request.prompt if isinstance(request.prompt, str) else ""
-    if not prompt.strip():
-        problems.append("the prompt is empty: describe what the video should show")
-    elif len(prompt) > MAX_PROMPT_CHARS:
-        problems.append(f"the prompt has {len(prompt)} characters; keep it under {MAX_PROMPT_CHARS}")
+    prompt = _check_prompt("prompt", request.prompt, True, problems, notes)
+    negative = _check_prompt("negative prompt", request.negative_prompt, False, problems, notes)
     if not isinstance(request.model, str) or not request.model.strip():
         problems.append("no model chosen: pick a preset or give a model (repo id, folder or selftest-t2v)")
 
     width, height, frames, multiple = _shape(request, problems)
     steps = _as_int("steps", request.steps, problems)
-    seed = _as_int("seed", request.seed, problems)
+    seed = -1 if request.seed is None else _as_int("seed", request.seed, problems)   # None: random
     fps = _as_int("fps", request.fps, problems)
     guidance = _as_float("guidance", request.guidance, problems)
     shift = _as_float("shift", request.shift, problems)
 
     if steps is not None and not 1 <= steps <= MAX_STEPS:
-        problems.append(f"steps {steps} is out of range: use 1 to {MAX_STEPS}")
+        problems.append(f"steps {_show(steps)} is out of range: use 1 to {MAX_STEPS}")
     if guidance is not None and not 0 <= guidance <= MAX_GUIDANCE:
         problems.append(f"guidance {guidance} is out of range: use 0 to {MAX_GUIDANCE} (1 or less turns guidance off)")
     if shift is not None and not 0 < shift <= MAX_SHIFT:
         problems.append(f"shift {shift} is out of range: use a value above 0 and at most {MAX_SHIFT}")
     if seed is not None and not -1 <= seed <= MAX_SEED:
-        problems.append(f"seed {seed} is out of range: use -1 for random or 0 to {MAX_SEED}")
+        problems.append(f"seed {_show(seed)} is out of range: use -1 for random or 0 to {MAX_SEED}")
     if fps is not None and not 1 <= fps <= 120:
-        problems.append(f"fps {fps} is out of range: use 1 to 120")
+        problems.append(f"fps {_show(fps)} is out of range: use 1 to 120")
 
     if request.mode == "i2v":
         if not request.image:
             problems.append("image-to-video needs an image: upload one, or use the Text to Video tab")
         else:
-            _check_image("image", request.image, problems)
+            _check_image("image", request.image, problems, notes, width, height)
         if request.last_image:
-            _check_image("last image", request.last_image, problems)
-    elif request.image:
-        problems.append("an image was given but the mode is text-to-video; use image-to-video")
+            _check_image("last image", request.last_image, problems, notes, width, height)
+    elif request.image or request.last_image:
+        which = "an image" if request.image else "a last image"
+        kind = "text-to-image" if request.mode == "t2i" else "text-to-video"
+        problems.append(f"{which} was given but the mode is {kind}; use image-to-video")
 
     if request.strategy not in (None, *LADDER):
         problems.append(f"strategy {request.strategy!r} is unknown: use auto or one of {', '.join(LADDER)}")
     if request.text_encoder not in (None, *TEXT_ENCODER_PLACES):
         problems.append(f"text encoder place {request.text_encoder!r} is unknown: use {', '.join(TEXT_ENCODER_PLACES)}")
-    outputs_problem = check_outputs_dir(request.outputs_dir)
-    if outputs_problem:
-        problems.append(outputs_problem)
+    vae_tiling = request.vae_tiling
+    if vae_tiling is not None and not isinstance(vae_tiling, bool):
+        problems.append(f"VAE tiling must be on, off or auto, got {vae_tiling!r}")
+    if not isinstance(request.outputs_dir, (str, os.PathLike)) or not str(request.outputs_dir).strip():
+        problems.append("no outputs folder given: choose one with --outputs")
+    else:
+        outputs_problem = check_outputs_dir(request.outputs_dir)
+        if outputs_problem:
+            problems.append(outputs_problem)
 
     if problems:
         raise InputError("; ".join(problems))
-    return replace(
-        request, prompt=prompt.strip(), width=width, height=height, frames=frames, steps=steps,
-        seed=seed, fps=fps, guidance=guidance, shift=shift, size_multiple=multiple,
+    checked = replace(
+        request, prompt=prompt, negative_prompt=negative, width=width, height=height, frames=frames,
+        steps=steps, seed=seed, fps=fps, guidance=guidance, shift=shift, size_multiple=multiple,
     )
+    return checked, notes

@@ -8,10 +8,72 @@ from pathlib import Path
 WEIGHTED_COMPONENTS = ("transformer", "transformer_2", "text_encoder", "image_encoder", "vae")
 
 
-def _header(path: Path) -> dict:
+# The safetensors library refuses headers above 100 MB; a length beyond that is garbage.
+MAX_HEADER_BYTES = 100_000_000
+# Bytes per element of the safetensors dtypes (F4/F6 and other packed types are not size-checked).
+DTYPE_BYTES = {
+    "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
+    "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1,
+}
+
+
+class WeightFileError(ValueError):
+    """A weight file is damaged (truncated, or its header is garbage); the message says how."""
+
+
+def read_header(path: Path) -> dict:
+    """The JSON header of a ``.safetensors`` file, checked against the file's size (no tensor is read).
+
+    Raises WeightFileError saying what is wrong: too short, an impossible header length, a header
+    that is not JSON, a tensor entry that makes no sense, or data that ends past (or before) the
+    end of the file, as a truncated download does.
+    """
+    path = Path(path)
+    size = path.stat().st_size
+    if size < 8:
+        raise WeightFileError(f"it is {size} bytes long, too short for a safetensors file")
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
-        return json.loads(f.read(length))
+        if length > MAX_HEADER_BYTES or 8 + length > size:
+            raise WeightFileError(
+                f"its header claims {length:,} bytes but the file has {size:,} bytes; it is cut short or not "
+                "a safetensors file")
+        raw = f.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise WeightFileError(f"its header is not valid JSON ({exc.__class__.__name__})") from None
+    if not isinstance(header, dict):
+        raise WeightFileError("its header is not a JSON object")
+    data_end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        shape = info.get("shape") if isinstance(info, dict) else None
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not isinstance(shape, list)
+                or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (*offsets, *shape))
+                or offsets[0] > offsets[1]):
+            raise WeightFileError(f"its header entry for tensor {name!r} is malformed")
+        per_element = DTYPE_BYTES.get(info.get("dtype"))
+        if per_element is not None:
+            count = 1
+            for dim in shape:
+                count *= dim
+            if offsets[1] - offsets[0] != count * per_element:
+                raise WeightFileError(f"its header entry for tensor {name!r} does not match the tensor's shape")
+        data_end = max(data_end, offsets[1])
+    expected = 8 + length + data_end
+    if expected > size:
+        raise WeightFileError(
+            f"it is {size:,} bytes but its header says the data ends at byte {expected:,}; the file is cut short")
+    if expected < size:
+        raise WeightFileError(f"it has {size - expected:,} bytes more than its header describes")
+    return header
+
+
+def _header(path: Path) -> dict:
+    return read_header(path)
 
 
 def safetensors_tensor_params(folder: Path) -> dict[str, int]:

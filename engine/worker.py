@@ -19,11 +19,12 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Iterator
 
-from .events import (Event, Info, JobFailed, PhaseStarted, is_terminal)
+from .events import Event, Info, JobFailed, LatentsSaved, PhaseStarted, is_terminal
 from .failures import failure_event
+from .latents import DECODE_AGAIN_HINT
 from .hardware import HardwareProfile
 from .models import ModelError, precheck_model
-from .request import GenerationRequest, InputError, check_inputs
+from .request import GenerationRequest, InputError, check_inputs_with_notes
 
 _SPAWN = mp.get_context("spawn")
 # Applied in the worker before torch loads: flash attention on ROCm (AOTriton) and an
@@ -34,7 +35,7 @@ PLATFORM_ENV = {
 }
 
 
-def _worker_main(conn, cancel_event, models_dir: str, hardware_json: str | None) -> None:
+def _worker_main(conn, cancel_event, models_dir: str, hardware_json: str | None, options: dict) -> None:
     """Entry point of the worker process: serve requests until told to stop."""
     # Platform settings must be in place before torch initialises the device.
     for name, value in PLATFORM_ENV.items():
@@ -43,7 +44,7 @@ def _worker_main(conn, cancel_event, models_dir: str, hardware_json: str | None)
     from .hardware import HardwareProfile
 
     hardware = HardwareProfile.from_dict(json.loads(hardware_json)) if hardware_json else None
-    engine = Engine(models_dir, hardware)
+    engine = Engine(models_dir, hardware, **options)
     while True:
         try:
             message = conn.recv()
@@ -53,6 +54,9 @@ def _worker_main(conn, cancel_event, models_dir: str, hardware_json: str | None)
         if kind == "run":
             _, request, job_id = message
             engine.run(request, job_id, conn.send, cancel_event.is_set)
+        elif kind == "decode":
+            _, path, job_id, tiled, on_cpu = message
+            engine.decode_saved(path, job_id, conn.send, tiled=tiled, on_cpu=on_cpu)
         elif kind == "unload":
             engine.unload()
             conn.send(("unloaded",))
@@ -82,8 +86,14 @@ class _Worker:
 class WorkerClient:
     """Owns the worker process; runs one job at a time; restarts the worker when it dies."""
 
-    def __init__(self, models_dir: Path | str = "models", hardware_json: str | None = None):
+    def __init__(self, models_dir: Path | str = "models", hardware_json: str | None = None,
+                 latents_hours: float | None = None, crash_in: str | None = None):
+        """``latents_hours``: how long finished runs' latents are kept; ``crash_in``: a test hook
+        that makes the engine process die (SIGKILL) when it enters that phase."""
         self.models_dir = str(models_dir)
+        self.options = {"crash_in": crash_in}
+        if latents_hours is not None:
+            self.options["latents_hours"] = latents_hours
         self.hardware_json = hardware_json
         self._cancel = _SPAWN.Event()
         self._job_lock = threading.Lock()
@@ -102,11 +112,13 @@ class WorkerClient:
                     self.restarts += 1
                 parent, child = _SPAWN.Pipe()
                 process = _SPAWN.Process(
-                    target=_worker_main, args=(child, self._cancel, self.models_dir, self.hardware_json),
+                    target=_worker_main, args=(child, self._cancel, self.models_dir, self.hardware_json, self.options),
                     name="wan-engine", daemon=True)
                 process.start()
                 child.close()
                 self._worker = _Worker(process, parent)
+                # The crash test hook applies to the first engine process only.
+                self.options = {**self.options, "crash_in": None}
             return self._worker
 
     @property
@@ -170,23 +182,34 @@ class WorkerClient:
         """
         job_id = job_id or self.new_job_id()
         try:
-            request = check_inputs(request)
+            request, notes = check_inputs_with_notes(request)
             precheck_model(request.model)
         except (InputError, ModelError) as exc:
             yield failure_event(job_id, exc, None)
             return
+        for note in notes:   # cleaned prompts, converted images: said before the job starts
+            yield Info(job_id, note)
+        yield from self._exchange(("run", request, job_id), job_id)
+
+    def decode(self, latents: str, tiled: bool = False, on_cpu: bool = False,
+               job_id: str | None = None) -> Iterator[Event]:
+        """Decode saved latents again (tiled, or on the CPU) into a new video, without denoising."""
+        job_id = job_id or self.new_job_id()
+        yield from self._exchange(("decode", str(latents), job_id, tiled, on_cpu), job_id)
+
+    def _exchange(self, message, job_id: str) -> Iterator[Event]:
         with self._job_lock:
             self._cancel.clear()
             worker = self._ensure_worker()
             try:
-                worker.conn.send(("run", request, job_id))
+                worker.conn.send(message)
             except (BrokenPipeError, OSError):
                 worker = self._ensure_worker()
-                worker.conn.send(("run", request, job_id))
+                worker.conn.send(message)
             yield from self._read_events(worker, job_id)
 
     def _read_events(self, worker: _Worker, job_id: str) -> Iterator[Event]:
-        phase = None
+        phase = latents = None
         while True:
             ready = wait([worker.conn, worker.process.sentinel])
             if worker.conn in ready:
@@ -197,6 +220,8 @@ class WorkerClient:
                 if event is not None:
                     if isinstance(event, PhaseStarted):
                         phase = event.phase
+                    elif isinstance(event, LatentsSaved):
+                        latents = event.path
                     yield event
                     if is_terminal(event):
                         return
@@ -207,8 +232,10 @@ class WorkerClient:
             where = f" during {phase.replace('_', ' ')}" if phase else ""
             self._ensure_worker()  # a fresh worker, ready for the next job
             yield Info(job_id, "A fresh engine process was started.")
-            yield JobFailed(
-                job_id, f"The engine process stopped unexpectedly{where} ({reason}).",
-                "Nothing else was lost; the next job runs in a fresh engine process. If it happens again, "
-                "lower the size or frames and run 'python app.py doctor'.", phase, "crash")
+            hint = ("Nothing else was lost; the next job runs in a fresh engine process. If it happens again, "
+                    "lower the size or frames and run 'python app.py doctor'.")
+            if latents:
+                hint += f" {DECODE_AGAIN_HINT}"
+            yield JobFailed(job_id, f"The engine process stopped unexpectedly{where} ({reason}).", hint, phase,
+                            "crash", latents)
             return

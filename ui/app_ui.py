@@ -5,15 +5,16 @@ import gradio as gr
 
 from engine import APP_NAME, __version__
 
-from . import i2v_tab, presets_tab, t2v_tab
+from . import decode_tab, i2v_tab, presets_tab, t2v_tab
 from .context import AppContext
 from .generate import GPU_QUEUE
 
-# Jobs waiting beyond this are refused with a "queue full" message.
+# Jobs waiting beyond this are refused with a "queue full" message (serve --max-queue N changes it).
 MAX_QUEUE = 16
 
 
-def build_app(ctx: AppContext) -> gr.Blocks:
+def build_app(ctx: AppContext, max_queue: int | None = None) -> gr.Blocks:
+    """The page; ``max_queue`` jobs may wait (default MAX_QUEUE), beyond that a submission is refused."""
     with gr.Blocks(title=APP_NAME) as demo:
         gr.Markdown(f"# {APP_NAME}\nWan video generation on your own machine. v{__version__}")
         with gr.Tabs() as tabs:
@@ -23,6 +24,8 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                 i2v_form = i2v_tab.build(ctx)
             with gr.Tab("Presets", id="presets-tab"):
                 presets_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form})
+            with gr.Tab("Decode again", id="decode-tab"):
+                decode_tab.build(ctx)
         with gr.Row():
             unload_btn = gr.Button("Unload model (free its memory)", size="sm", elem_id="unload")
             unload_status = gr.Markdown(elem_id="unload-status")
@@ -33,5 +36,5 @@ def build_app(ctx: AppContext) -> gr.Blocks:
 
         unload_btn.click(unload_model, None, unload_status, api_name="unload", concurrency_id=GPU_QUEUE)
     # One GPU job at a time; cancel (queue=False) runs beside it.
-    demo.queue(max_size=MAX_QUEUE, default_concurrency_limit=1)
+    demo.queue(max_size=max_queue or MAX_QUEUE, default_concurrency_limit=1)
     return demo

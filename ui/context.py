@@ -1,10 +1,87 @@
-"""What every tab needs: the worker client, the presets, and where outputs go."""
+"""What every tab needs: the worker client, the presets, where outputs go, and which model folders it may use."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
 
+from engine.models import ModelError
 from engine.presets import Preset
+from engine.selftest import SELFTEST_REFS
 from engine.worker import WorkerClient
+
+# The end of the message that refuses a model path from the page or the API.
+ALLOW_PATHS_HINT = "start the app with --allow-model-paths to use folders outside models/"
+
+
+def _looks_like_path(ref: str) -> bool:
+    """Written as a filesystem path (absolute, home-relative, dotted or with backslashes), not a repo id."""
+    return (os.path.isabs(ref) or ref.startswith(("~", ".")) or "\\" in ref or ":" in ref
+            or any(part in (".", "..") for part in ref.split("/")))
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    """True when ``path`` is ``folder`` or below it, lexically or once links are followed."""
+    pairs = ((Path(os.path.abspath(path)), Path(os.path.abspath(folder))), (path.resolve(), folder.resolve()))
+    return any(p == f or f in p.parents for p, f in pairs)
+
+
+def checked_model_ref(ref: str | None, models_dir: str | Path, allow_paths: bool = False,
+                      trusted: tuple[str, ...] = ()) -> str:
+    """The model reference a page or API caller may use, or ModelError saying why not.
+
+    Accepted: a built-in self-test model, a Hugging Face repo id (org/name), a folder inside
+    ``models_dir`` (by its name or its path, returned as an absolute path), and the references in
+    ``trusted`` (what the operator chose: --model and the presets). Any other filesystem path
+    (absolute, ``..``, ``~``, or a folder that exists elsewhere) is refused unless ``allow_paths``,
+    with the same message whether it exists or not, so the page cannot be used to probe the disk.
+    Touches nothing but ``stat``; the engine still checks the model itself.
+    """
+    ref = (ref or "").strip()
+    if not ref or allow_paths or ref in SELFTEST_REFS or ref in trusted:
+        return ref
+    models = Path(models_dir)
+    refused = ModelError(
+        f"model {ref!r} is a path outside the app's models folder, which the page does not accept; use a "
+        f"Hugging Face repo id (org/name), {' or '.join(SELFTEST_REFS)}, or a folder inside the models "
+        f"folder, or {ALLOW_PATHS_HINT}")
+    if _looks_like_path(ref):
+        if ".." in ref.replace("\\", "/").split("/"):
+            raise refused
+        path = Path(ref).expanduser()
+        if _inside(path, models):
+            return str(Path(os.path.abspath(path)))
+        raise refused
+    by_name = models / ref
+    if by_name.is_dir():     # a folder inside the models folder, named as the page shows it
+        return str(Path(os.path.abspath(by_name)))
+    local = Path(ref)
+    if local.exists():       # the engine would take this relative path as a local folder
+        if _inside(local, models):
+            return str(Path(os.path.abspath(local)))
+        raise refused
+    return ref               # a repo id (or nonsense, which the engine refuses with its own message)
+
+
+class RunningJob:
+    """Which page session started the job the engine is running (so only it may cancel)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._session: str | None = None
+
+    def start(self, session: str | None) -> None:
+        with self._lock:
+            self._session = session
+
+    def finish(self) -> None:
+        with self._lock:
+            self._session = None
+
+    def owned_by(self, session: str | None) -> bool:
+        with self._lock:
+            return self._session is not None and self._session == session
 
 
 @dataclass(frozen=True)
@@ -13,6 +90,11 @@ class AppContext:
     presets: dict[str, Preset]
     outputs_dir: str
     default_model: str | None = None
+    # Page and API callers may name any folder on this machine (serve --allow-model-paths).
+    allow_model_paths: bool = False
+    # Folders inside it are accepted as models; default: the worker's models folder.
+    models_dir: str | None = None
+    running: RunningJob = field(default_factory=RunningJob)
 
     def presets_for(self, mode: str) -> list[str]:
         wanted = "i2v" if mode == "i2v" else "t2v"
@@ -29,3 +111,8 @@ class AppContext:
     def preset_or_default(self, name: str | None, mode: str) -> Preset:
         """The named preset, or the mode's default when the name is unknown or empty."""
         return self.presets.get(name or "") or self.presets[self.default_preset(mode)]
+
+    def model_ref(self, ref: str | None) -> str:
+        """A model reference from the page or the API, checked (ModelError when refused); see checked_model_ref."""
+        trusted = tuple(p.model for p in self.presets.values()) + ((self.default_model,) if self.default_model else ())
+        return checked_model_ref(ref, self.models_dir or self.client.models_dir, self.allow_model_paths, trusted)

@@ -1,11 +1,13 @@
 """Running a job from the page: build the request, stream events, render updates."""
 from __future__ import annotations
 
+import html
 from typing import Iterator
 
 import gradio as gr
 
-from engine.events import JobCancelled, JobFailed, JobFinished
+from engine.events import JobCancelled, JobFailed, JobFinished, JobStarted
+from engine.models import ModelError
 from engine.request import GenerationRequest
 
 from .context import AppContext
@@ -20,16 +22,31 @@ def build_request(ctx: AppContext, mode: str, preset_name: str, prompt: str, neg
                   model: str, width, height, frames, steps, guidance, shift, seed,
                   strategy: str | None = AUTO, text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO,
                   image: str | None = None, last_image: str | None = None) -> GenerationRequest:
+    """The request for a page or API call; a model path the app does not accept is refused here, before any work."""
     preset = ctx.preset_or_default(preset_name, mode)
+    try:
+        model = ctx.model_ref(model or preset.model)
+    except ModelError as exc:
+        # The page renders error text as HTML; the reference is the caller's own text.
+        raise gr.Error(html.escape(str(exc), quote=False), duration=None, title="Model refused") from None
     return GenerationRequest.from_preset(
-        preset, prompt or "", mode=mode, model=(model or preset.model).strip(),
+        preset, prompt or "", mode=mode, model=model,
         negative_prompt=negative_prompt, width=width, height=height,
         frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
         seed=-1 if seed is None else seed, image=image, last_image=last_image,
         outputs_dir=ctx.outputs_dir, **override_fields(strategy, text_encoder, vae_tiling))
 
 
-def stream(ctx: AppContext, request: GenerationRequest, progress: gr.Progress) -> Iterator[tuple]:
+def cancel(ctx: AppContext, session: gr.Request | None) -> str:
+    """Stop the running job at its next step, if the caller's session started it."""
+    if ctx.running.owned_by(getattr(session, "session_hash", None)):
+        ctx.client.cancel()
+        return "Cancelling at the next step..."
+    return "Nothing of yours is running: only the person who started the running job can cancel it."
+
+
+def stream(ctx: AppContext, request: GenerationRequest, progress: gr.Progress,
+           session: gr.Request | None = None) -> Iterator[tuple]:
     """Yield (result, status markdown, timing rows, seed used) after each event.
 
     The result slot stays unchanged (gr.skip) until a new file exists, so an
@@ -37,7 +54,19 @@ def stream(ctx: AppContext, request: GenerationRequest, progress: gr.Progress) -
     shows and API clients receive as an exception.
     """
     view = JobView()
-    for event in ctx.client.submit(request):
+    events = ctx.client.submit(request)
+    try:
+        for item in _render(view, events, progress, ctx, session):
+            yield item
+    finally:
+        events.close()   # releases the engine at once, even when a failure ends the stream early
+        ctx.running.finish()
+
+
+def _render(view: JobView, events, progress, ctx: AppContext, session) -> Iterator[tuple]:
+    for event in events:
+        if isinstance(event, JobStarted):
+            ctx.running.start(getattr(session, "session_hash", None))
         view.apply(event)
         progress(view.progress, desc=view.status)
         rows = view.timing_rows()

@@ -5,7 +5,7 @@ import gradio as gr
 
 from .context import AppContext
 from .form import Form, build_form, build_plan_panel
-from .generate import GPU_QUEUE, build_request, stream
+from .generate import GPU_QUEUE, build_request, cancel, stream
 from .job_view import TIMING_HEADERS
 from .plan_panel import AUTO
 
@@ -33,14 +33,17 @@ def build(ctx: AppContext) -> Form:
     # The plan overrides come last, so callers that leave them out get Auto.
     def image_to_video(image, last_image, preset, prompt, negative_prompt, model, width, height, frames, steps,
                        guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO,
-                       progress=gr.Progress()):
+                       progress=gr.Progress(), session: gr.Request = None):
         request = build_request(ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames,
                                 steps, guidance, shift, seed, strategy, text_encoder, vae_tiling,
                                 image=image, last_image=last_image)
-        yield from stream(ctx, request, progress)
+        yield from stream(ctx, request, progress, session)
 
     run_btn.click(image_to_video, [image, last_image, *form.settings(), *panel.overrides()],
                   [video, status, timings, seed_used],
                   api_name="image_to_video", concurrency_id=GPU_QUEUE)
-    cancel_btn.click(ctx.client.cancel, None, None, api_visibility="private", queue=False)
+    def cancel_mine(session: gr.Request):
+        return cancel(ctx, session)
+
+    cancel_btn.click(cancel_mine, None, status, api_visibility="private", queue=False)
     return form

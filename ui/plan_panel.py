@@ -100,6 +100,6 @@ def _plan_request(ctx: AppContext, mode: str, preset_name: str | None, model: st
     """A request holding what the plan depends on, with its sizes checked as a run checks them."""
     preset = ctx.preset_or_default(preset_name, mode)
     request = GenerationRequest.from_preset(
-        preset, "", mode=mode, model=(model or preset.model).strip(), width=width, height=height, frames=frames,
+        preset, "", mode=mode, model=ctx.model_ref(model or preset.model), width=width, height=height, frames=frames,
         outputs_dir=ctx.outputs_dir, **overrides)
     return check_shape(request)

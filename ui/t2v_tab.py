@@ -5,7 +5,7 @@ import gradio as gr
 
 from .context import AppContext
 from .form import Form, build_form, build_plan_panel
-from .generate import GPU_QUEUE, build_request, stream
+from .generate import GPU_QUEUE, build_request, cancel, stream
 from .job_view import TIMING_HEADERS
 from .plan_panel import AUTO
 
@@ -29,21 +29,24 @@ def build(ctx: AppContext) -> Form:
 
     # The plan overrides come last, so callers that leave them out get Auto.
     def text_to_video(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
-                      seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, progress=gr.Progress()):
+                      seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, progress=gr.Progress(), session: gr.Request = None):
         request = build_request(ctx, "t2v", preset, prompt, negative_prompt, model, width, height, frames,
                                 steps, guidance, shift, seed, strategy, text_encoder, vae_tiling)
-        yield from stream(ctx, request, progress)
+        yield from stream(ctx, request, progress, session)
 
     def text_to_image(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
-                      seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, progress=gr.Progress()):
+                      seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, progress=gr.Progress(), session: gr.Request = None):
         request = build_request(ctx, "t2i", preset, prompt, negative_prompt, model, width, height, frames,
                                 steps, guidance, shift, seed, strategy, text_encoder, vae_tiling)
-        yield from stream(ctx, request, progress)
+        yield from stream(ctx, request, progress, session)
 
     inputs = [*form.settings(), *panel.overrides()]
     video_btn.click(text_to_video, inputs, [video, status, timings, seed_used], api_name="text_to_video",
                     concurrency_id=GPU_QUEUE)
     image_btn.click(text_to_image, inputs, [image, status, timings, seed_used], api_name="text_to_image",
                     concurrency_id=GPU_QUEUE)
-    cancel_btn.click(ctx.client.cancel, None, None, api_name="cancel", queue=False)
+    def cancel_mine(session: gr.Request):
+        return cancel(ctx, session)
+
+    cancel_btn.click(cancel_mine, None, status, api_name="cancel", queue=False)
     return form

@@ -79,3 +79,19 @@ def test_unload_frees_the_model_and_the_next_run_loads_it_again(client, presets,
     again = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
     assert isinstance(again[-1], JobFinished)
     assert "load" in [e.phase for e in again if isinstance(e, PhaseFinished)]
+
+
+def test_notes_about_the_input_are_said_before_the_job(client, presets, outputs, tmp_path):
+    from PIL import Image
+
+    image = tmp_path / "transparent.png"
+    rgba = Image.new("RGBA", (80, 64), (200, 30, 30, 255))
+    rgba.paste((0, 0, 0, 0), (0, 0, 40, 64))
+    rgba.save(image)
+    request = tiny_request(presets, "selftest-i2v", outputs, mode="i2v", image=str(image), steps=2,
+                           prompt="a red\x07 fox\x1b[31m in snow")
+    events = collect(client.submit(request))
+    notes = [e.message for e in events if isinstance(e, Info)]
+    assert any("transparent areas filled with white" in n for n in notes), notes
+    assert any("prompt: removed" in n and "control character" in n for n in notes), notes
+    assert isinstance(events[-1], JobFinished), events[-1]

@@ -88,7 +88,7 @@ def test_an_empty_field_falls_back_to_the_preset(ctx):
 
 
 @pytest.mark.parametrize("model, message", [
-    ("/no/such/model-folder", "model folder '/no/such/model-folder' does not exist; check the path"),
+    ("/no/such/model-folder", "is a path outside the app's models folder"),
     ("someone/not-downloaded", "someone/not-downloaded is not downloaded and not one of the known Wan models"),
 ])
 def test_a_model_that_cannot_be_planned_is_one_line(ctx, monkeypatch, tmp_path, model, message):
@@ -99,7 +99,7 @@ def test_a_model_that_cannot_be_planned_is_one_line(ctx, monkeypatch, tmp_path, 
 
 def test_a_folder_that_is_not_a_model_is_one_line(ctx, tmp_path):
     text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", str(tmp_path), 64, 64, 9)
-    assert text.startswith("**No plan yet:**") and "not downloaded and not one of the known" in text
+    assert text.startswith("**No plan yet:**") and "outside the app's models folder" in text
 
 
 def test_bad_sizes_say_what_to_change(ctx):

@@ -169,3 +169,32 @@ def test_sidecars_sit_beside_outputs(server):
     for video in server["outputs"].rglob("*.mp4"):
         sidecar = json.loads(video.with_suffix(".json").read_text())
         assert sidecar["file"] == video.name
+
+
+def test_decode_again_tab_lists_failed_runs_and_decodes_them(client, server, selftest_models_dir, presets):
+    """Latents left by a failed decode show up on the Decode again tab and become a video."""
+    from engine.engine import Engine
+    from engine.hardware import HardwareProfile
+    from tests.conftest import tiny_request
+
+    cpu = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
+    failing = Engine(selftest_models_dir, cpu, inject_oom={"vae_decode": 2})
+    failed = failing.run(tiny_request(presets, "selftest-t2v", server["outputs"], seed=31), "x", lambda e: None)
+    assert failed.latents
+    video, status = client.predict(failed.latents, api_name="/decode_again")
+    frames, _ = read_video(video)
+    assert frames.shape == (9, 64, 64, 3) and "Decoded again (tiled)" in status
+    with pytest.raises(Exception, match="Pick saved latents from the list"):
+        client.predict("/etc/passwd", api_name="/decode_again")
+
+
+def test_only_the_owner_can_cancel_a_running_job(client, server):
+    job = client.submit(*_long_job(), api_name="/text_to_video")
+    _wait_for_step(job)
+    stranger = Client(server["url"], verbose=False)
+    assert "only the person who started" in stranger.predict(api_name="/cancel")
+    time.sleep(1.0)
+    assert not job.done(), "a stranger's cancel stopped the job"
+    assert "Cancelling" in client.predict(api_name="/cancel")
+    _, status, _, _ = job.result(timeout=60)
+    assert "Cancelled after step" in status

@@ -1,0 +1,165 @@
+"""Faults in every phase, decode-again from saved latents, a full disk, and memory across runs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+import pytest
+
+from engine.engine import Engine
+from engine.events import JobFailed, JobFinished, LatentsSaved
+from engine.export import read_video
+from engine.hardware import HardwareProfile
+from engine.latents import cleanup_latents, read_metadata
+from engine.worker import WorkerClient
+from tests.conftest import ROOT, app_command, app_env, tiny_request
+
+CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
+
+
+def collect(events):
+    return list(events)
+
+
+@pytest.mark.parametrize("phase", ["load", "transfer", "text_encode", "denoise", "vae_decode", "export"])
+def test_a_crash_in_any_phase_ends_only_that_job(phase, selftest_models_dir, presets, outputs):
+    earlier = outputs / "earlier.txt"
+    earlier.write_text("an earlier output")
+    client = WorkerClient(selftest_models_dir, crash_in=phase)
+    try:
+        events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
+        failure = events[-1]
+        assert isinstance(failure, JobFailed) and failure.kind == "crash" and failure.phase == phase
+        assert f"during {phase.replace('_', ' ')}" in failure.message and "SIGKILL" in failure.message
+        assert not list(outputs.rglob("*.mp4")) and not list(outputs.rglob(".*partial*"))
+        if phase in ("vae_decode", "export"):
+            # The denoising had finished: its latents are on disk and the page can decode them again.
+            assert failure.latents and Path(failure.latents).is_file() and "Decode again" in failure.hint
+            again = collect(client.decode(failure.latents))
+            assert isinstance(again[-1], JobFinished), again[-1]
+            assert read_video(again[-1].paths[0])[0].shape == (9, 64, 64, 3)
+        else:
+            assert failure.latents is None
+        after = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
+        assert isinstance(after[-1], JobFinished), after[-1]
+        assert earlier.read_text() == "an earlier output"
+    finally:
+        client.close()
+
+
+def test_decode_again_reproduces_the_original_frames(model_dirs, presets, outputs, tmp_path):
+    engine = Engine(tmp_path / "m", CPU)
+    request = tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=77, keep_latents=True)
+    events = []
+    first = engine.run(request, "a", events.append)
+    assert isinstance(first, JobFinished)
+    latents = next(e.path for e in events if isinstance(e, LatentsSaved))
+    assert read_metadata(latents)["keep"] is True
+    assert json.loads(Path(first.sidecar).read_text())["latents"] == latents
+    fresh = Engine(tmp_path / "m", CPU)   # nothing loaded: the VAE alone is read from the model folder
+    again = fresh.decode_saved(latents, "b", lambda e: None)
+    assert isinstance(again, JobFinished), again
+    assert fresh.loaded is None
+    assert np.array_equal(read_video(first.paths[0])[0], read_video(again.paths[0])[0])
+    tiled = engine.decode_saved(latents, "c", lambda e: None, tiled=True)
+    assert isinstance(tiled, JobFinished) and "tiled" in tiled.note
+    assert read_video(tiled.paths[0])[0].shape == read_video(first.paths[0])[0].shape
+
+
+def test_a_decode_that_fails_keeps_the_latents_for_later(model_dirs, presets, outputs, tmp_path):
+    engine = Engine(tmp_path / "m", CPU, inject_oom={"vae_decode": 2})
+    failed = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5), "a", lambda e: None)
+    assert isinstance(failed, JobFailed) and failed.phase == "vae_decode" and failed.latents
+    assert "Decode again" in failed.hint
+    later = engine.decode_saved(failed.latents, "b", lambda e: None)
+    assert isinstance(later, JobFinished), later
+    reference = Engine(tmp_path / "m", CPU).run(tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5), "c",
+                                                lambda e: None)
+    assert np.array_equal(read_video(later.paths[0])[0], read_video(reference.paths[0])[0])
+
+
+def test_cli_decode_again(model_dirs, presets, outputs, tmp_path, selftest_models_dir):
+    engine = Engine(selftest_models_dir, CPU, inject_oom={"vae_decode": 2})
+    failed = engine.run(tiny_request(presets, "selftest-t2v", outputs), "a", lambda e: None)
+    done = subprocess.run(app_command("decode", failed.latents, "--tiled", "--models-dir", str(selftest_models_dir)),
+                          capture_output=True, text=True, timeout=180, env=app_env(), cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    assert "Wrote" in done.stdout and "Decoded again (tiled)" in done.stdout
+    bad = subprocess.run(app_command("decode", str(tmp_path / "nope.latents.safetensors")), capture_output=True,
+                         text=True, timeout=180, env=app_env(), cwd=ROOT)
+    assert bad.returncode != 0 and "not a saved latents file" in bad.stderr
+
+
+def test_latents_of_finished_runs_expire_and_failed_ones_stay(model_dirs, presets, outputs, tmp_path):
+    engine = Engine(tmp_path / "m", CPU)
+    done = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs), "a", lambda e: None)
+    kept = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs, keep_latents=True), "b", lambda e: None)
+    failing = Engine(tmp_path / "m", CPU, inject_oom={"vae_decode": 2})
+    failed = failing.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs), "c", lambda e: None)
+    latents = {name: json.loads(Path(r.sidecar).read_text())["latents"] for name, r in (("done", done), ("kept", kept))}
+    latents["failed"] = failed.latents
+    assert all(Path(p).is_file() for p in latents.values())
+    removed = cleanup_latents(outputs, keep_hours=24, now=time.time() + 25 * 3600)
+    assert [str(p) for p in removed] == [latents["done"]]
+    assert Path(latents["kept"]).is_file() and Path(latents["failed"]).is_file()
+    immediate = Engine(tmp_path / "m", CPU, latents_hours=0)
+    result = immediate.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs), "d", lambda e: None)
+    assert json.loads(Path(result.sidecar).read_text())["latents"] is None
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root)")
+    yield mount
+    subprocess.run(["umount", str(mount)], check=False)
+
+
+def test_a_full_disk_fails_clearly_and_keeps_earlier_outputs(small_disk, model_dirs, presets, tmp_path):
+    engine = Engine(tmp_path / "m", CPU)
+    first = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], small_disk), "a", lambda e: None)
+    assert isinstance(first, JobFinished)
+    before = {p: p.read_bytes() for p in small_disk.rglob("*") if p.is_file()}
+    filler = small_disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    os.truncate(filler, max(0, filler.stat().st_size - 2048))   # a little room: the probe passes, the run does not
+    failed = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], small_disk, width=128, height=128),
+                        "b", lambda e: None)
+    assert isinstance(failed, JobFailed) and "disk is full" in failed.message.lower()
+    assert "Free some disk space" in failed.hint
+    for path, data in before.items():
+        assert path.read_bytes() == data
+    leftovers = [p.name for p in small_disk.rglob("*") if p.is_file() and p not in before and p != filler]
+    assert leftovers == [], leftovers
+
+
+def test_memory_does_not_grow_over_runs_and_model_swaps(selftest_models_dir, presets, outputs, image_file):
+    client = WorkerClient(selftest_models_dir, latents_hours=0)
+    t2v = tiny_request(presets, "selftest-t2v", outputs, steps=2)
+    i2v = tiny_request(presets, "selftest-i2v", outputs, mode="i2v", image=str(image_file), steps=2)
+    try:
+        for request in (t2v, i2v, t2v):   # warm up both models and the allocator
+            assert isinstance(collect(client.submit(request))[-1], JobFinished)
+        start = psutil.Process(client.pid).memory_info().rss
+        order = [t2v] * 3 + [i2v] * 3 + [t2v] * 2 + [i2v] * 2   # 10 runs, 3 model swaps
+        for request in order:
+            assert isinstance(collect(client.submit(request))[-1], JobFinished)
+        growth = psutil.Process(client.pid).memory_info().rss - start
+        print(f"engine RSS growth over 10 runs and 3 swaps: {growth / 1024 ** 2:.1f} MB")
+        assert growth < 300 * 1024 ** 2, f"RSS grew by {growth / 1024 ** 2:.0f} MB"
+    finally:
+        client.close()
