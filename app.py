@@ -65,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     for name, kind in (("width", int), ("height", int), ("frames", int), ("steps", int),
                        ("guidance", float), ("shift", float), ("seed", int), ("fps", int)):
         gen.add_argument(f"--{name}", type=kind)
+    gen.add_argument("--keep-latents", action="store_true",
+                     help="keep the denoised latents after the video is written (for decoding again later)")
     _overrides(gen)
     _common(gen)
 
@@ -124,7 +126,7 @@ def _build_request(args):
         frames=args.frames, steps=args.steps, guidance=getattr(args, "guidance", None),
         shift=getattr(args, "shift", None), seed=getattr(args, "seed", None), fps=getattr(args, "fps", None),
         image=getattr(args, "image", None), last_image=getattr(args, "last_image", None), outputs_dir=args.outputs,
-        strategy=args.strategy, text_encoder=args.text_encoder,
+        strategy=args.strategy, text_encoder=args.text_encoder, keep_latents=getattr(args, "keep_latents", False),
         vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on")
 
 

@@ -290,6 +290,7 @@ class Engine:
                 self._prompt_cache.move_to_end(key)
                 positive, negative = self._prompt_cache[key]
             else:
+                self._warn_if_truncated(pipe, request, job)
                 bring_encoder(pipe, "text_encoder", plan)
                 positive, negative = pipe.encode_prompt(
                     prompt=request.prompt, negative_prompt=request.negative_prompt or "",
@@ -304,6 +305,17 @@ class Engine:
             positive = positive.to(plan.device)
             negative = negative.to(plan.device) if negative is not None else None
         return positive, negative
+
+    @staticmethod
+    def _warn_if_truncated(pipe, request: GenerationRequest, job: _Job) -> None:
+        """Say so when the text encoder will see only the first TEXT_TOKENS tokens of a prompt."""
+        for name, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
+            if not text:
+                continue
+            count = len(pipe.tokenizer(text, add_special_tokens=True, truncation=False).input_ids)
+            if count > TEXT_TOKENS:
+                job.emit(Info(job.id, f"The {name} is {count} tokens long; only the first {TEXT_TOKENS} are used, "
+                                      "so its end has no effect. Shorten it to keep every part."))
 
     def _encode_image(self, loaded: LoadedModel, request: GenerationRequest, job: _Job) -> dict:
         if request.mode != "i2v":

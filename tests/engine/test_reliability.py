@@ -163,3 +163,28 @@ def test_memory_does_not_grow_over_runs_and_model_swaps(selftest_models_dir, pre
         assert growth < 300 * 1024 ** 2, f"RSS grew by {growth / 1024 ** 2:.0f} MB"
     finally:
         client.close()
+
+
+def test_a_prompt_beyond_the_token_limit_is_warned_about(model_dirs, presets, outputs, tmp_path):
+    from engine.events import Info
+
+    engine = Engine(tmp_path / "m", CPU)
+    long_prompt = " ".join(["a red fox jumps over the snowy hill"] * 40)   # far more than 512 tokens
+    events = []
+    result = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs, prompt=long_prompt), "a", events.append)
+    assert isinstance(result, JobFinished)
+    warnings = [e.message for e in events if isinstance(e, Info) and "tokens long" in e.message]
+    assert len(warnings) == 1 and "only the first 512 are used" in warnings[0]
+    events.clear()
+    engine.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs, prompt="a short prompt"), "b", events.append)
+    assert not [e for e in events if isinstance(e, Info) and "tokens long" in e.message]
+
+
+def test_cli_keeps_latents_on_request(selftest_models_dir, outputs):
+    done = subprocess.run(app_command("generate", "--model", "selftest-t2v", "--prompt", "a cat", "--keep-latents",
+                                      "--latents-hours", "0", "--models-dir", str(selftest_models_dir),
+                                      "--outputs", str(outputs)),
+                          capture_output=True, text=True, timeout=180, env=app_env(), cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    kept = list(outputs.rglob("*.latents.safetensors"))
+    assert len(kept) == 1 and read_metadata(kept[0])["keep"] is True
