@@ -1,9 +1,15 @@
 """Shared fixtures: tiny random-weight Wan pipelines saved to disk, loaded the way users load models."""
 from __future__ import annotations
 
+import contextlib
 import shutil
+import signal
 import socket
+import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -88,3 +94,34 @@ def app_env(**extra: str) -> dict:
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
     env.update(extra)
     return env
+
+
+@contextlib.contextmanager
+def running_app(log_path: Path, *args: str, env: dict | None = None, startup_s: float = 120):
+    """Start ``app.py --no-browser --port P *args``; yield (url, process); stop it with Ctrl-C."""
+    port = free_port()
+    with open(log_path, "w+") as log:
+        proc = subprocess.Popen(app_command("--no-browser", "--port", str(port), *args), stdout=log,
+                                stderr=subprocess.STDOUT, env=app_env(**(env or {})), cwd=ROOT)
+        url = f"http://127.0.0.1:{port}/"
+        try:
+            deadline = time.time() + startup_s
+            while True:
+                try:
+                    urllib.request.urlopen(url, timeout=2)
+                    break
+                except urllib.error.HTTPError:   # answering (a login page, say): it is up
+                    break
+                except OSError:
+                    if proc.poll() is not None or time.time() > deadline:
+                        log.seek(0)
+                        pytest.fail(f"the app did not start:\n{log.read()}")
+                    time.sleep(0.3)
+            yield url, proc
+        finally:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()

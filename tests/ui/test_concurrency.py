@@ -10,7 +10,8 @@ import pytest
 from gradio_client import Client
 from gradio_client.utils import QueueError, Status
 
-from tests.ui.test_security import OVERRIDES, running_app
+from tests.conftest import running_app
+from tests.ui.test_security import OVERRIDES
 
 USERS = 8
 JOINED = {Status.IN_QUEUE, Status.PROCESSING, Status.PROGRESS, Status.ITERATING, Status.FINISHED}

@@ -4,14 +4,11 @@ Every request goes to 127.0.0.1, to an app started as a user starts it.
 """
 from __future__ import annotations
 
-import contextlib
 import http.client
 import json
 import os
 import secrets
 import shutil
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.parse
@@ -24,7 +21,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from tests.conftest import ROOT, app_command, app_env, free_port
+from tests.conftest import ROOT, running_app
 from ui.context import ALLOW_PATHS_HINT
 
 T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 2, 5.0, 3.0, 7]
@@ -32,37 +29,6 @@ I2V_TAIL = ["selftest-i2v", "waves", "", "selftest-i2v", 64, 64, 9, 2, 5.0, 3.0,
 PASSWD = Path("/etc/passwd")
 # The raw API wants every input, the plan overrides included (gradio_client fills them in itself).
 OVERRIDES = ["Auto", "Auto", "Auto"]
-
-
-@contextlib.contextmanager
-def running_app(log_path: Path, *args: str, env: dict | None = None, startup_s: float = 120):
-    """Start ``app.py --no-browser --port P *args``; yield (url, process); stop it with Ctrl-C."""
-    port = free_port()
-    with open(log_path, "w+") as log:
-        proc = subprocess.Popen(app_command("--no-browser", "--port", str(port), *args), stdout=log,
-                                stderr=subprocess.STDOUT, env=app_env(**(env or {})), cwd=ROOT)
-        url = f"http://127.0.0.1:{port}/"
-        try:
-            deadline = time.time() + startup_s
-            while True:
-                try:
-                    urllib.request.urlopen(url, timeout=2)
-                    break
-                except urllib.error.HTTPError:   # answering (a login page, say): it is up
-                    break
-                except OSError:
-                    if proc.poll() is not None or time.time() > deadline:
-                        log.seek(0)
-                        pytest.fail(f"the app did not start:\n{log.read()}")
-                    time.sleep(0.3)
-            yield url, proc
-        finally:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
 
 
 @pytest.fixture(scope="module")

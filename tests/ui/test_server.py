@@ -4,9 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import time
-import urllib.request
 from pathlib import Path
 
 import psutil
@@ -14,7 +12,7 @@ import pytest
 from gradio_client import Client, handle_file
 
 from engine.export import read_video
-from tests.conftest import ROOT, app_command, app_env, free_port
+from tests.conftest import running_app
 
 T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 4, 5.0, 3.0, 7]
 
@@ -22,30 +20,10 @@ T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 4, 5.0, 3.0, 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, selftest_models_dir):
     outputs = tmp_path_factory.mktemp("server-outputs")
-    port = free_port()
-    log = open(tmp_path_factory.mktemp("logs") / "server.log", "w+")
-    proc = subprocess.Popen(
-        app_command("--no-browser", "--port", str(port), "--model", "selftest-t2v", "--outputs", str(outputs),
-                    "--models-dir", str(selftest_models_dir)),
-        stdout=log, stderr=subprocess.STDOUT, env=app_env(), cwd=ROOT)
-    url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 120
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                log.seek(0)
-                pytest.fail(f"the app did not start:\n{log.read()}")
-            time.sleep(0.5)
-    yield {"url": url, "proc": proc, "outputs": outputs}
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-    log.close()
+    log = tmp_path_factory.mktemp("logs") / "server.log"
+    with running_app(log, "--model", "selftest-t2v", "--outputs", str(outputs),
+                     "--models-dir", str(selftest_models_dir)) as (url, proc):
+        yield {"url": url, "proc": proc, "outputs": outputs}
 
 
 @pytest.fixture(scope="module")
