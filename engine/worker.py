@@ -178,7 +178,8 @@ class WorkerClient:
     def submit(self, request: GenerationRequest, job_id: str | None = None) -> Iterator[Event]:
         """Run ``request`` in the worker, yielding its events; the last one is terminal.
 
-        Bad input is refused here, before the worker does anything heavy.
+        Bad input is refused here, before the worker does anything heavy. The engine stays
+        reserved for this job until the iterator ends: a caller that stops early must close() it.
         """
         job_id = job_id or self.new_job_id()
         try:
