@@ -5,11 +5,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.events import JobFailed, JobFinished
 from engine.latents import SUFFIX, stem_of
 
 from .context import AppContext
-from .job_view import JobView
+from .generate import stream
 
 
 def pending_latents(outputs_dir: str) -> list[tuple[str, str]]:
@@ -38,24 +37,9 @@ def build(ctx: AppContext) -> None:
     def decode_again(latents: str | None, on_cpu: bool = False, progress=gr.Progress()):
         if not latents or latents not in {path for _, path in pending_latents(ctx.outputs_dir)}:
             raise gr.Error("Pick saved latents from the list (only this app's outputs folder is used).")
-        view = JobView()
         events = ctx.client.decode(latents, tiled=not on_cpu, on_cpu=on_cpu)
-        try:
-            yield from _render(events, view, progress)
-        finally:
-            events.close()   # releases the engine at once, even when a failure ends the stream early
-
-    def _render(events, view, progress):
-        for event in events:
-            view.apply(event)
-            progress(view.progress, desc=view.status)
-            if isinstance(event, JobFinished):
-                yield event.paths[0], view.markdown()
-            elif isinstance(event, JobFailed):
-                yield gr.skip(), view.markdown()
-                raise gr.Error(f"{event.message} {event.hint}", duration=None)
-            else:
-                yield gr.skip(), view.markdown()
+        for video_path, status_text, _, _ in stream(ctx, events, progress):
+            yield video_path, status_text
 
     def decode_on_cpu(latents, progress=gr.Progress()):
         yield from decode_again(latents, True, progress)

@@ -6,7 +6,7 @@ from typing import Iterator
 
 import gradio as gr
 
-from engine.events import JobCancelled, JobFailed, JobFinished, JobStarted
+from engine.events import JobFailed, JobFinished, JobStarted
 from engine.models import ModelError
 from engine.request import GenerationRequest
 
@@ -45,37 +45,28 @@ def cancel(ctx: AppContext, session: gr.Request | None) -> str:
     return "Nothing of yours is running: only the person who started the running job can cancel it."
 
 
-def stream(ctx: AppContext, request: GenerationRequest, progress: gr.Progress,
+def stream(ctx: AppContext, events: Iterator, progress: gr.Progress,
            session: gr.Request | None = None) -> Iterator[tuple]:
-    """Yield (result, status markdown, timing rows, seed used) after each event.
+    """Yield (result, status markdown, timing rows, seed used) after each of a job's ``events``.
 
     The result slot stays unchanged (gr.skip) until a new file exists, so an
     earlier output is never lost. A failure ends with gr.Error, which the page
     shows and API clients receive as an exception.
     """
     view = JobView()
-    events = ctx.client.submit(request)
     try:
-        for item in _render(view, events, progress, ctx, session):
-            yield item
+        for event in events:
+            if isinstance(event, JobStarted):
+                ctx.running.start(getattr(session, "session_hash", None))
+            view.apply(event)
+            progress(view.progress, desc=view.status)
+            rows = view.timing_rows()
+            if isinstance(event, JobFinished):
+                yield event.paths[0], view.markdown(), rows, event.seed
+                continue
+            yield gr.skip(), view.markdown(), rows, gr.skip()
+            if isinstance(event, JobFailed):
+                raise gr.Error(f"{event.message} {event.hint}", duration=None)
     finally:
         events.close()   # releases the engine at once, even when a failure ends the stream early
         ctx.running.finish()
-
-
-def _render(view: JobView, events, progress, ctx: AppContext, session) -> Iterator[tuple]:
-    for event in events:
-        if isinstance(event, JobStarted):
-            ctx.running.start(getattr(session, "session_hash", None))
-        view.apply(event)
-        progress(view.progress, desc=view.status)
-        rows = view.timing_rows()
-        if isinstance(event, JobFinished):
-            yield event.paths[0], view.markdown(), rows, event.seed
-        elif isinstance(event, JobFailed):
-            yield gr.skip(), view.markdown(), rows, gr.skip()
-            raise gr.Error(f"{event.message} {event.hint}", duration=None)
-        elif isinstance(event, JobCancelled):
-            yield gr.skip(), view.markdown(), rows, gr.skip()
-        else:
-            yield gr.skip(), view.markdown(), rows, gr.skip()

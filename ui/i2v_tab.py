@@ -37,7 +37,7 @@ def build(ctx: AppContext) -> Form:
         request = build_request(ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames,
                                 steps, guidance, shift, seed, strategy, text_encoder, vae_tiling,
                                 image=image, last_image=last_image)
-        yield from stream(ctx, request, progress, session)
+        yield from stream(ctx, ctx.client.submit(request), progress, session)
 
     run_btn.click(image_to_video, [image, last_image, *form.settings(), *panel.overrides()],
                   [video, status, timings, seed_used],

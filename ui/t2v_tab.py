@@ -32,13 +32,13 @@ def build(ctx: AppContext) -> Form:
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, progress=gr.Progress(), session: gr.Request = None):
         request = build_request(ctx, "t2v", preset, prompt, negative_prompt, model, width, height, frames,
                                 steps, guidance, shift, seed, strategy, text_encoder, vae_tiling)
-        yield from stream(ctx, request, progress, session)
+        yield from stream(ctx, ctx.client.submit(request), progress, session)
 
     def text_to_image(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, progress=gr.Progress(), session: gr.Request = None):
         request = build_request(ctx, "t2i", preset, prompt, negative_prompt, model, width, height, frames,
                                 steps, guidance, shift, seed, strategy, text_encoder, vae_tiling)
-        yield from stream(ctx, request, progress, session)
+        yield from stream(ctx, ctx.client.submit(request), progress, session)
 
     inputs = [*form.settings(), *panel.overrides()]
     video_btn.click(text_to_video, inputs, [video, status, timings, seed_used], api_name="text_to_video",
