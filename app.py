@@ -15,6 +15,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 DEFAULT_OUTPUTS = ROOT / "outputs"
 DEFAULT_MODELS = Path(os.environ.get("WAN_MODELS_DIR", ROOT / "models"))
+DEFAULT_USER_PRESETS = ROOT / "user_presets"
 COMMANDS = ("serve", "generate", "plan", "decode", "doctor")
 
 # Exit codes of `generate`.
@@ -26,6 +27,8 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models-dir", default=str(DEFAULT_MODELS), help="folder for built-in self-test models")
     parser.add_argument("--latents-hours", type=float, default=24.0,
                         help="keep the denoised latents of finished runs this long (0: remove at once)")
+    parser.add_argument("--preview-every", type=float, default=1.0, metavar="SECONDS",
+                        help="a live preview at most this often while denoising (0: every step; -1: none)")
 
 
 def _overrides(parser: argparse.ArgumentParser) -> None:
@@ -53,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                             "(default: repo ids, self-test models and folders inside the models folder)")
     serve.add_argument("--max-queue", type=int, metavar="N",
                        help="jobs that may wait in the queue before new ones are refused (default 16)")
+    serve.add_argument("--user-presets", default=str(DEFAULT_USER_PRESETS), metavar="DIR",
+                       help="folder for the presets saved from the page (default: user_presets/ here)")
     _common(serve)
 
     gen = sub.add_parser("generate", help="generate one video or image without the page")
@@ -67,6 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
         gen.add_argument(f"--{name}", type=kind)
     gen.add_argument("--keep-latents", action="store_true",
                      help="keep the denoised latents after the video is written (for decoding again later)")
+    gen.add_argument("--user-presets", default=str(DEFAULT_USER_PRESETS), metavar="DIR",
+                     help="folder of the presets saved from the page (--preset finds them too)")
     _overrides(gen)
     _common(gen)
 
@@ -79,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         plan.add_argument(f"--{name}", type=int)
     _overrides(plan)
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
+    plan.add_argument("--user-presets", default=str(DEFAULT_USER_PRESETS), metavar="DIR",
+                      help="folder of the presets saved from the page (--preset finds them too)")
     _common(plan)
 
     decode = sub.add_parser("decode", help="decode saved latents again (after a failed decode), without denoising")
@@ -114,10 +123,9 @@ def _pick_preset(presets, args):
 
 
 def _build_request(args):
-    from engine.presets import load_presets
     from engine.request import GenerationRequest
 
-    preset = _pick_preset(load_presets(), args)
+    preset = _pick_preset(_presets_with_user_folder(args.user_presets)[0], args)
     image = getattr(args, "image", None)
     mode = getattr(args, "mode", None) or ("i2v" if image else ("t2i" if args.frames == 1 else preset.mode))
     return GenerationRequest.from_preset(
@@ -319,8 +327,20 @@ def resolve_auth(args) -> tuple[str, str] | None:
     return None
 
 
+def _presets_with_user_folder(folder: str):
+    """The built-in presets and the user's own from ``folder``; a bad user file is reported and skipped."""
+    from engine.presets import PresetError, UserPresets, load_presets
+
+    try:
+        user = UserPresets(Path(folder), load_presets())
+    except PresetError as exc:
+        raise SystemExit(f"error: --user-presets: {exc}") from None
+    for problem in user.load():
+        print(f"warning: {problem}", file=sys.stderr, flush=True)
+    return user.presets, user
+
+
 def serve(args) -> int:
-    from engine.presets import load_presets
     from engine.worker import WorkerClient
     from ui.app_ui import build_app
     from ui.context import AppContext
@@ -329,10 +349,11 @@ def serve(args) -> int:
         raise SystemExit("error: --max-queue must be at least 1")
     auth = resolve_auth(args)
     Path(args.outputs).mkdir(parents=True, exist_ok=True)
-    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours)
+    presets, user_presets = _presets_with_user_folder(args.user_presets)
+    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, preview_seconds=args.preview_every)
     client.start()  # the engine process warms up while the page loads
-    ctx = AppContext(client, load_presets(), args.outputs, args.model,
-                     allow_model_paths=args.allow_model_paths, models_dir=args.models_dir)
+    ctx = AppContext(client, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
+                     models_dir=args.models_dir, user_presets=user_presets)
     demo = build_app(ctx, max_queue=args.max_queue)
     try:
         demo.launch(server_name="0.0.0.0" if args.listen else args.host, server_port=args.port,

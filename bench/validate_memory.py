@@ -26,6 +26,7 @@ import psutil  # noqa: E402
 import torch  # noqa: E402
 
 import engine.engine as engine_module  # noqa: E402
+import engine.record as record_module  # noqa: E402
 from bench import realsize  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.events import JobFinished, PlanReady  # noqa: E402
@@ -148,7 +149,7 @@ def main() -> None:
     image = work / "first-frame.png"
     from PIL import Image
     Image.new("RGB", (640, 608), (180, 90, 40)).save(image)
-    engine_module.write_mp4 = fake_mp4
+    record_module.write_mp4 = fake_mp4
     ram = psutil.virtual_memory()
     rows = []
     out = Path(args.out)

@@ -8,39 +8,41 @@ the decode retries the decode alone, tiled, then on the CPU.
 """
 from __future__ import annotations
 
+import logging
 import os
-import platform
 import secrets
 import signal
 from collections import OrderedDict
-import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from . import __version__
 from .apply import (bring_encoder, encoder_device, from_pretrained_kwargs, place_components, send_encoder_back,
                     set_vae_tiling, torch_dtype)
 from .events import (DownloadProgress, Event, Info, JobCancelled, JobFinished, JobStarted, LatentsSaved,
                      PhaseFinished, PhaseStarted, PlanReady, StepFinished)
-from .export import output_stem, to_uint8, write_json, write_mp4, write_png
+from .export import output_stem, to_uint8, write_json
+from .inputs import keep_inputs
 from .failures import failure_event, is_out_of_memory
 from .hardware import HardwareProfile, detect_hardware
 from .latents import (DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, latents_path, load_latents,
                       save_latents, stem_of)
 from .memory import VAE_TILES
-from .models import ResolvedModel, classify_ref, resolve_model, size_multiple_of
+from .models import ResolvedModel, classify_ref, resolve_model, size_multiple_of, takes_last_frame
 from .modelspec import ModelSpec, spec_for
 from .planner import LADDER, Override, Plan, PlanRequest, plan_memory
+from .preview import PREVIEW_EVERY_SECONDS, LivePreview, PreviewMap, preview_map_for
 from .request import GenerationRequest, InputError, check_inputs
 from .runtime import RamPeakSampler, clock, free_device_memory, peak_vram_gb, reset_peak_vram, synchronize
+from .record import redecode_record, run_record, write_media
 from .schedulers import make_scheduler
 
 SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
 TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer needs exactly that
 PROMPT_CACHE_SIZE = 4   # encodings are 512 x 4096 x 2 bytes each: 4 MB
 Emit = Callable[[Event], None]
+log = logging.getLogger(__name__)
 
 
 class Cancelled(Exception):
@@ -57,6 +59,7 @@ class LoadedModel:
     pipe: object
     plan: Plan
     scheduler_config: dict
+    preview_map: PreviewMap | None = None   # latent -> RGB for live previews, made at the first one
 
 
 @dataclass
@@ -77,12 +80,14 @@ class _Job:
 class Engine:
     def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
                  inject_oom: dict[str, int] | None = None, crash_in: str | None = None,
-                 latents_hours: float = DEFAULT_KEEP_HOURS):
+                 latents_hours: float = DEFAULT_KEEP_HOURS, preview_seconds: float = PREVIEW_EVERY_SECONDS):
         self.models_dir = Path(models_dir)
         self._hardware = hardware
         self.loaded: LoadedModel | None = None
         # How long the latents of a finished run are kept (0: removed as soon as the video is written).
         self.latents_hours = latents_hours
+        # Live previews while denoising: at most one every this many seconds (0: every step; negative: none).
+        self.preview_seconds = preview_seconds
         # Test hooks: phase name -> how many times to fail it with out-of-memory; a phase in which
         # the whole process dies (SIGKILL), as a driver fault would kill it.
         self._inject_oom = dict(inject_oom or {})
@@ -241,7 +246,7 @@ class Engine:
         job.emit(LatentsSaved(job.id, job.latents))
         frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
         with self._phase(job, "export"):
-            media = self._write_media(request, frames, stem)
+            media = write_media(request, frames, stem)
         if self.latents_hours <= 0 and not request.keep_latents:
             Path(job.latents).unlink(missing_ok=True)
             job.latents = None
@@ -274,6 +279,14 @@ class Engine:
             raise InputError(f"{model.ref} is a text-to-video model; pick an image-to-video model for this tab")
         if request.mode != "i2v" and model.image_to_video:
             raise InputError(f"{model.ref} is an image-to-video model; use the Image to Video tab with an image")
+        if request.mode == "i2v":
+            first_last = takes_last_frame(model.folder)
+            if first_last is False and request.last_image:
+                raise InputError(f"{model.ref} cannot use a last frame (only first-and-last-frame models such as "
+                                 "Wan2.1-FLF2V-14B can); remove the last frame")
+            if first_last and not request.last_image:
+                raise InputError(f"{model.ref} is a first-and-last-frame model and needs a last frame too; "
+                                 "add one")
         multiple = size_multiple_of(model.folder)
         for name, value in (("width", request.width), ("height", request.height)):
             if value % multiple:
@@ -345,27 +358,33 @@ class Engine:
             # latents: shadow its encode_image for this call so the timed encoding is reused.
             pipe.encode_image = lambda *args, **kwargs: cached
         try:
-            return self._denoise_loop(pipe, request, job, embeds, image_inputs)
+            return self._denoise_loop(loaded, request, job, embeds, image_inputs)
         finally:
             if cached is not None:
                 del pipe.encode_image
 
-    def _denoise_loop(self, pipe, request: GenerationRequest, job: _Job, embeds, image_inputs):
+    def _denoise_loop(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
         import torch
 
+        pipe = loaded.pipe
         total = request.steps
         last = [0.0]
+        previews = LivePreview(job.id, total, self.preview_seconds, request.fps / pipe.vae_scale_factor_temporal,
+                               lambda: self._preview_map(loaded))
 
         def on_step_end(pipeline, i, t, tensors):
             synchronize(job.device)
             now = clock()
             seconds = now - last[0]
-            last[0] = now
             job.step_seconds.append(round(seconds, 4))
             mean = sum(job.step_seconds) / len(job.step_seconds)
             job.emit(StepFinished(job.id, i + 1, total, seconds, mean * (total - i - 1)))
             if job.should_cancel():
                 pipeline._interrupt = True
+            else:
+                self._preview(previews, job, pipeline.scheduler, i, tensors["latents"])
+            # A preview's cost is in its event and in the denoise phase, not in the step times.
+            last[0] = clock()
             return {}
 
         positive, negative = embeds
@@ -382,6 +401,27 @@ class Engine:
         if len(job.step_seconds) < total or job.should_cancel():
             raise Cancelled()
         return output.frames
+
+    @staticmethod
+    def _preview(previews: LivePreview, job: _Job, scheduler, step: int, latents) -> None:
+        """Emit a live preview when one is due; a preview never fails a run: the first error turns them off."""
+        try:
+            event = previews.after_step(scheduler, step, latents)
+        except Exception as exc:
+            previews.off = True
+            log.warning("live preview failed at step %d; previews are off for this run", step + 1, exc_info=True)
+            job.emit(Info(job.id, f"The live preview failed at step {step + 1} ({type(exc).__name__}: {exc}); "
+                                  "previews are off for this run, which goes on."))
+            return
+        if event is not None:
+            job.emit(event)
+
+    @staticmethod
+    def _preview_map(loaded: LoadedModel) -> PreviewMap:
+        """The loaded model's latent -> RGB map, made once (a model without known factors decodes a little)."""
+        if loaded.preview_map is None:
+            loaded.preview_map = preview_map_for(loaded.pipe.vae)
+        return loaded.preview_map
 
     # ----- decode, with its own fallbacks --------------------------------------
     def _decode(self, vae, video_processor, plan: Plan, latents, job: _Job):
@@ -459,14 +499,10 @@ class Engine:
         if any(stem.with_suffix(s).exists() for s in (".mp4", ".png", ".json")):
             stem = output_stem(path.parent.parent, request.mode, request.prompt, request.seed)
         with self._phase(job, "export"):
-            media = self._write_media(request, frames, stem)
+            media = write_media(request, frames, stem)
         how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
-        sidecar = write_json({
-            "app": {"name": "wan-studio", "version": __version__}, "file": media.name,
-            "decoded_from": str(path), "decoded": how, "prompt": request.prompt, "seed": request.seed,
-            "model": meta.get("model"), "parameters": fields, "timings": dict(job.timings),
-            "peak_vram_gb": peak_vram_gb(), "peak_ram_gb": ram.peak_gb, "versions": _versions(),
-            "hardware": self.hardware.to_dict()}, media.with_suffix(".json"))
+        sidecar = write_json(redecode_record(request, media, path, how, meta.get("model"), fields, job.timings,
+                                             ram.peak_gb, self.hardware.to_dict()), media.with_suffix(".json"))
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            ram.peak_gb, f"Decoded again ({how}) from saved latents.")
 
@@ -483,50 +519,17 @@ class Engine:
         return vae, VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
 
     # ----- export -------------------------------------------------------------
-    @staticmethod
-    def _write_media(request: GenerationRequest, frames, stem: Path) -> Path:
-        if request.mode == "t2i":
-            return write_png(frames[0], stem.with_suffix(".png"))
-        return write_mp4(frames, stem.with_suffix(".mp4"), request.fps)
-
     def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, media: Path,
                        frames, ram: RamPeakSampler) -> Path:
-        sidecar = {
-            "app": {"name": "wan-studio", "version": __version__},
-            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "file": media.name,
-            "mode": request.mode,
-            "prompt": request.prompt,
-            "negative_prompt": request.negative_prompt,
-            "seed": request.seed,
-            "model": {"ref": loaded.model.ref, "source": loaded.model.source,
-                      "revision": loaded.model.revision, "pipeline": loaded.model.pipeline_class},
-            "preset": request.preset,
-            "parameters": {k: v for k, v in request.to_dict().items()
-                           if k not in ("prompt", "negative_prompt", "outputs_dir")},
-            "output": {"frames": int(frames.shape[0]), "height": int(frames.shape[1]),
-                       "width": int(frames.shape[2]), "fps": request.fps if request.mode != "t2i" else None},
-            "plan": loaded.plan.to_dict(),
-            "step_downs": list(job.step_downs),
-            "latents": job.latents,
-            "decode_fallback": job.decode_fallback,
-            "model_reused": "load" not in job.timings,
-            "timings": dict(job.timings),
-            "step_seconds": list(job.step_seconds),
-            "peak_vram_gb": peak_vram_gb(),
-            "peak_ram_gb": ram.peak_gb,
-            "versions": _versions(),
-            "hardware": self.hardware.to_dict(),
-        }
+        sidecar = run_record(request, media, frames, model=loaded.model, plan=loaded.plan.to_dict(),
+                             step_downs=job.step_downs, latents=job.latents, decode_fallback=job.decode_fallback,
+                             timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=ram.peak_gb,
+                             hardware=self.hardware.to_dict())
+        if request.mode == "i2v":
+            # The upload is a temporary file: keep a copy so the run can be repeated from the History tab.
+            sidecar["inputs"], problems = keep_inputs(request, media.with_suffix(""))
+            for problem in problems:
+                job.emit(Info(job.id, problem))
         if loaded.model.selftest:
             sidecar["note"] = SELFTEST_NOTE
         return write_json(sidecar, media.with_suffix(".json"))
-
-
-def _versions() -> dict:
-    import diffusers
-    import torch
-    import transformers
-
-    return {"app": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
-            "transformers": transformers.__version__, "python": platform.python_version()}

@@ -63,6 +63,21 @@ class StepFinished(Event):
 
 
 @dataclass(frozen=True)
+class PreviewReady(Event):
+    """A live preview while denoising: the model's current guess of the clean video, as a small image."""
+    step: int          # 1-based step after which it was made
+    total: int
+    image: bytes       # an animated image (a still for one latent frame), tens of KB
+    mime: str          # "image/webp" (or "image/gif" where Pillow lacks WebP)
+    width: int
+    height: int
+    frames: int        # latent frames shown, (frames - 1) // 4 + 1 of the video (identical neighbours may
+                       # share one frame of the image)
+    source: str        # colour map: "known" (Wan2.1 factors) or "derived" (fitted to this model's VAE)
+    seconds: float = 0.0   # what making this preview cost, wall time
+
+
+@dataclass(frozen=True)
 class LatentsSaved(Event):
     """The denoised latents are safe on disk; a failed decode can start again from them."""
     path: str

@@ -206,6 +206,17 @@ def describe_image(path, width: int | None = None, height: int | None = None) ->
         return []
 
 
+def upright_rgb(path: str | Path, name: str = "image"):
+    """The image ``fit_image`` starts from, at full size: the first frame, upright, RGB, 8 bits.
+
+    Saved as a PNG and fitted again, it gives the same pixels as the original file.
+    Raises ImageError for an unusable file.
+    """
+    with open_image(path, name) as img:
+        rgb, _ = _first_frame_rgb(img, _label(name, path))
+    return rgb
+
+
 def fit_image(path: str | Path, width: int, height: int, name: str = "image"):
     """Open ``path`` and scale it to cover ``width`` x ``height``, then centre-crop (aspect kept).
 
@@ -214,11 +225,29 @@ def fit_image(path: str | Path, width: int, height: int, name: str = "image"):
     """
     from PIL import Image
 
-    with open_image(path, name) as img:
-        rgb, _ = _first_frame_rgb(img, _label(name, path))
+    rgb = upright_rgb(path, name)
     # Resample only the centred source region that covers the target: never an intermediate image
     # larger than the source (a 8000x1 strip scaled to cover 2048x2048 would be 16 gigapixels).
     scale = max(width / rgb.width, height / rgb.height)
     crop_w, crop_h = min(rgb.width, width / scale), min(rgb.height, height / scale)
     left, top = (rgb.width - crop_w) / 2, (rgb.height - crop_h) / 2
     return rgb.resize((width, height), Image.Resampling.LANCZOS, box=(left, top, left + crop_w, top + crop_h))
+
+
+def size_for_aspect(image_size: tuple[int, int], width: int, height: int, multiple: int = 16,
+                    low: int = 32, high: int = 2048) -> tuple[int, int]:
+    """A video size with the image's aspect and about the pixels of ``width`` x ``height``.
+
+    Both sides are multiples of ``multiple`` within [low, high], so nothing of the image is cropped
+    beyond rounding.
+    """
+    img_w, img_h = image_size
+    area = max(1, width * height)
+    aspect = img_w / max(1, img_h)
+    new_w = (area * aspect) ** 0.5
+    new_h = new_w / aspect
+
+    def snap(value: float) -> int:
+        return int(min(high - high % multiple, max(low + (-low) % multiple, round(value / multiple) * multiple)))
+
+    return snap(new_w), snap(new_h)

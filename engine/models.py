@@ -223,3 +223,13 @@ def size_multiple_of(folder: Path) -> int:
     except (OSError, json.JSONDecodeError):
         return 16
     return int(vae.get("scale_factor_spatial", 8)) * int((transformer.get("patch_size") or [1, 2, 2])[-1])
+
+
+def takes_last_frame(folder: Path) -> bool | None:
+    """Whether an image-to-video model is a first-and-last-frame one (its image embedding has a position
+    table for two images: it then needs a last frame, and other models cannot take one); None if unknown."""
+    try:
+        transformer = json.loads((folder / "transformer" / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return transformer.get("pos_embed_seq_len") is not None

@@ -44,7 +44,11 @@ def _vae():
     )
 
 
-def _transformer(image_to_video: bool):
+# Tokens the tiny CLIP gives per image: a 32x32 image in 1-pixel patches, plus the class token.
+_IMAGE_TOKENS = 32 * 32 + 1
+
+
+def _transformer(image_to_video: bool, first_last: bool = False):
     from diffusers import WanTransformer3DModel
 
     return WanTransformer3DModel(
@@ -53,6 +57,7 @@ def _transformer(image_to_video: bool):
         text_dim=_TEXT_DIM, freq_dim=256, ffn_dim=32, num_layers=2,
         cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32,
         image_dim=4 if image_to_video else None,
+        pos_embed_seq_len=2 * _IMAGE_TOKENS if first_last else None,
     )
 
 
@@ -67,8 +72,9 @@ def _image_encoder():
     return CLIPVisionModel(config), processor
 
 
-def build_selftest_pipeline(ref: str):
-    """Build the tiny pipeline named by ``ref`` in memory (random weights, fixed seed)."""
+def build_selftest_pipeline(ref: str, first_last: bool = False):
+    """Build the tiny pipeline named by ``ref`` in memory (random weights, fixed seed); ``first_last``
+    makes the image-to-video one a first-and-last-frame model (it then needs a last frame)."""
     import torch
     from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
 
@@ -79,7 +85,7 @@ def build_selftest_pipeline(ref: str):
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
     parts = dict(
         tokenizer=_tokenizer(), text_encoder=_text_encoder(), vae=_vae(),
-        transformer=_transformer(image_to_video), scheduler=scheduler,
+        transformer=_transformer(image_to_video, first_last), scheduler=scheduler,
     )
     if image_to_video:
         image_encoder, image_processor = _image_encoder()

@@ -25,6 +25,7 @@ from .latents import DECODE_AGAIN_HINT
 from .hardware import HardwareProfile
 from .models import ModelError, precheck_model
 from .request import GenerationRequest, InputError, check_inputs_with_notes
+from .sysinfo import EngineMemory
 
 _SPAWN = mp.get_context("spawn")
 # Applied in the worker before torch loads: flash attention on ROCm (AOTriton) and an
@@ -35,7 +36,30 @@ PLATFORM_ENV = {
 }
 
 
-def _worker_main(conn, cancel_event, models_dir: str, hardware_json: str | None, options: dict) -> None:
+def _serve_status(conn, engine) -> None:
+    """Answer memory questions from the app while the main thread runs jobs (a daemon thread)."""
+    from .sysinfo import engine_memory
+
+    while True:
+        try:
+            conn.recv()
+        except (EOFError, OSError):
+            return
+        loaded = engine.loaded
+        hardware = engine.hardware
+        try:
+            reply = engine_memory(hardware.backend, hardware.device_name,
+                                  loaded.model.ref if loaded else None, loaded.plan.strategy if loaded else None)
+        except Exception as exc:   # never let a status question take the engine down
+            reply = f"{type(exc).__name__}: {exc}"
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json: str | None,
+                 options: dict) -> None:
     """Entry point of the worker process: serve requests until told to stop."""
     # Platform settings must be in place before torch initialises the device.
     for name, value in PLATFORM_ENV.items():
@@ -45,6 +69,7 @@ def _worker_main(conn, cancel_event, models_dir: str, hardware_json: str | None,
 
     hardware = HardwareProfile.from_dict(json.loads(hardware_json)) if hardware_json else None
     engine = Engine(models_dir, hardware, **options)
+    threading.Thread(target=_serve_status, args=(status_conn, engine), name="engine-status", daemon=True).start()
     while True:
         try:
             message = conn.recv()
@@ -81,23 +106,29 @@ def _signal_name(exitcode: int | None) -> str:
 class _Worker:
     process: object
     conn: object
+    status: object    # a second pipe, answered by a thread in the engine process even during a job
 
 
 class WorkerClient:
     """Owns the worker process; runs one job at a time; restarts the worker when it dies."""
 
     def __init__(self, models_dir: Path | str = "models", hardware_json: str | None = None,
-                 latents_hours: float | None = None, crash_in: str | None = None):
+                 latents_hours: float | None = None, crash_in: str | None = None,
+                 preview_seconds: float | None = None):
         """``latents_hours``: how long finished runs' latents are kept; ``crash_in``: a test hook
-        that makes the engine process die (SIGKILL) when it enters that phase."""
+        that makes the engine process die (SIGKILL) when it enters that phase; ``preview_seconds``:
+        the least time between live previews (0: every step; negative: none)."""
         self.models_dir = str(models_dir)
         self.options = {"crash_in": crash_in}
         if latents_hours is not None:
             self.options["latents_hours"] = latents_hours
+        if preview_seconds is not None:
+            self.options["preview_seconds"] = preview_seconds
         self.hardware_json = hardware_json
         self._cancel = _SPAWN.Event()
         self._job_lock = threading.Lock()
         self._start_lock = threading.Lock()
+        self._status_lock = threading.Lock()
         self._worker: _Worker | None = None
         self._ids = itertools.count(1)
         self.restarts = 0
@@ -109,14 +140,18 @@ class WorkerClient:
             if self._worker is None or not self._worker.process.is_alive():
                 if self._worker is not None:
                     self._worker.conn.close()
+                    self._worker.status.close()
                     self.restarts += 1
                 parent, child = _SPAWN.Pipe()
+                status_parent, status_child = _SPAWN.Pipe()
                 process = _SPAWN.Process(
-                    target=_worker_main, args=(child, self._cancel, self.models_dir, self.hardware_json, self.options),
+                    target=_worker_main, args=(child, status_child, self._cancel, self.models_dir,
+                                               self.hardware_json, self.options),
                     name="wan-engine", daemon=True)
                 process.start()
                 child.close()
-                self._worker = _Worker(process, parent)
+                status_child.close()
+                self._worker = _Worker(process, parent, status_parent)
                 # The crash test hook applies to the first engine process only.
                 self.options = {**self.options, "crash_in": None}
             return self._worker
@@ -142,6 +177,7 @@ class WorkerClient:
             worker.process.kill()
             worker.process.join()
         worker.conn.close()
+        worker.status.close()
 
     def cancel(self) -> None:
         """Ask the running job to stop at its next step boundary."""
@@ -165,6 +201,24 @@ class WorkerClient:
     def hardware(self) -> dict:
         return self._call(("hardware",), "hardware")[1]
 
+    def memory(self, timeout: float = 5.0) -> EngineMemory | None:
+        """What the engine process holds now (device memory, its RAM, the loaded model); answered
+        during a job too. None when no engine process is running or it does not answer in time."""
+        with self._status_lock:
+            worker = self._worker
+            if worker is None or not worker.process.is_alive():
+                return None
+            try:
+                while worker.status.poll(0):   # a late answer to a question that timed out
+                    worker.status.recv()
+                worker.status.send(("memory",))
+                if not worker.status.poll(timeout):
+                    return None
+                reply = worker.status.recv()
+            except (EOFError, OSError):
+                return None
+        return reply if isinstance(reply, EngineMemory) else None
+
     def hardware_profile(self) -> HardwareProfile:
         """The engine process's hardware, asked once and cached (the app never probes the GPU itself)."""
         if self._hardware_profile is None:
@@ -179,7 +233,8 @@ class WorkerClient:
         """Run ``request`` in the worker, yielding its events; the last one is terminal.
 
         Bad input is refused here, before the worker does anything heavy. The engine stays
-        reserved for this job until the iterator ends: a caller that stops early must close() it.
+        reserved for this job until the iterator ends: a caller that stops early must close() it,
+        which cancels the job at its next step and waits for the engine to finish it.
         """
         job_id = job_id or self.new_job_id()
         try:
@@ -207,7 +262,19 @@ class WorkerClient:
             except (BrokenPipeError, OSError):
                 worker = self._ensure_worker()
                 worker.conn.send(message)
-            yield from self._read_events(worker, job_id)
+            events = self._read_events(worker, job_id)
+            finished = False
+            try:
+                for event in events:
+                    finished = is_terminal(event)
+                    yield event
+            finally:
+                if not finished:
+                    # The caller stopped listening (a closed page, a cancelled request): stop the
+                    # job and wait for its end, so the engine is free and in step for the next one.
+                    self._cancel.set()
+                    for event in events:
+                        pass
 
     def _read_events(self, worker: _Worker, job_id: str) -> Iterator[Event]:
         phase = latents = None

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -88,8 +89,6 @@ def app_command(*args: str) -> list[str]:
 
 
 def app_env(**extra: str) -> dict:
-    import os
-
     env = dict(os.environ)
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
     env.update(extra)
@@ -100,6 +99,8 @@ def app_env(**extra: str) -> dict:
 def running_app(log_path: Path, *args: str, env: dict | None = None, startup_s: float = 120):
     """Start ``app.py --no-browser --port P *args``; yield (url, process); stop it with Ctrl-C."""
     port = free_port()
+    if "--user-presets" not in args:   # never the developer's own user_presets/ folder
+        args = (*args, "--user-presets", str(Path(log_path).parent / "user_presets"))
     with open(log_path, "w+") as log:
         proc = subprocess.Popen(app_command("--no-browser", "--port", str(port), *args), stdout=log,
                                 stderr=subprocess.STDOUT, env=app_env(**(env or {})), cwd=ROOT)
@@ -125,3 +126,85 @@ def running_app(log_path: Path, *args: str, env: dict | None = None, startup_s: 
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+
+
+@contextlib.contextmanager
+def selftest_app(tmp_path_factory, models_dir: Path, name: str, *args: str):
+    """The app on the self-test model with fresh outputs and log folders named after ``name``;
+    yields {"url", "proc", "outputs", "log"}."""
+    outputs = tmp_path_factory.mktemp(f"{name}-outputs")
+    log = tmp_path_factory.mktemp(f"{name}-logs") / "app.log"
+    with running_app(log, "--model", "selftest-t2v", "--outputs", str(outputs), "--models-dir", str(models_dir),
+                     *args) as (url, proc):
+        yield {"url": url, "proc": proc, "outputs": outputs, "log": log}
+
+
+# ----- a real browser: Debian's chromium driven by Playwright (never a browser download) -----
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                  "--disable-component-update", "--no-first-run"]
+# Screenshots of browser tests; set WAN_SCREENSHOTS_DIR (e.g. docs/screenshots) to copy them there too.
+ARTIFACTS = ROOT / "test-artifacts" / "screenshots"
+
+
+@pytest.fixture(scope="session")
+def browser():
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (.ci/run does)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+@contextlib.contextmanager
+def open_page(browser, url: str, timeout_s: float = 60):
+    """A fresh browser context on the app's page, once the page has drawn its first tab."""
+    context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    page = context.new_page()
+    page.set_default_timeout(timeout_s * 1000)
+    page.goto(url)
+    page.locator("#t2v-generate").wait_for()
+    try:
+        yield page
+    finally:
+        context.close()
+
+
+class Screenshots:
+    def __init__(self):
+        self.extra = Path(os.environ["WAN_SCREENSHOTS_DIR"]) if os.environ.get("WAN_SCREENSHOTS_DIR") else None
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+
+    def __call__(self, page, name: str) -> Path:
+        path = ARTIFACTS / f"{name}.png"
+        page.screenshot(path=str(path), full_page=True)
+        if self.extra:
+            self.extra.mkdir(parents=True, exist_ok=True)
+            shutil.copy(path, self.extra / path.name)
+        return path
+
+
+@pytest.fixture(scope="session")
+def shot():
+    return Screenshots()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
+
+
+@pytest.fixture(autouse=True)
+def screenshot_on_failure(request):
+    """A failed browser test leaves a picture of the page (test-artifacts/screenshots/FAILED-<test>.png)."""
+    yield
+    report = getattr(request.node, "report_call", None)
+    if report is not None and report.failed and "page" in request.fixturenames:
+        ARTIFACTS.mkdir(parents=True, exist_ok=True)
+        request.getfixturevalue("page").screenshot(path=str(ARTIFACTS / f"FAILED-{request.node.name}.png"),
+                                                   full_page=True)

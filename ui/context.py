@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.models import ModelError
-from engine.presets import Preset
+from engine.presets import Preset, UserPresets
 from engine.selftest import SELFTEST_REFS
 from engine.worker import WorkerClient
 
@@ -70,14 +71,39 @@ class RunningJob:
     def __init__(self):
         self._lock = threading.Lock()
         self._session: str | None = None
+        self._status: str | None = None
+        self._last: tuple[str | None, float] = (None, 0.0)
 
     def start(self, session: str | None) -> None:
         with self._lock:
             self._session = session
+            self._status = "starting"
+
+    def update(self, status: str) -> None:
+        """What the running job is doing now (shown to every visitor in the system panel)."""
+        with self._lock:
+            self._status = status
 
     def finish(self) -> None:
         with self._lock:
+            self._last = (self._session, time.monotonic())
             self._session = None
+            self._status = None
+
+    def recently_owned_by(self, session: str | None, seconds: float = 30.0) -> bool:
+        """The running job is this session's, or the job that just ended was (a cancel that
+        arrives as its job is being stopped still gets a truthful answer)."""
+        with self._lock:
+            if self._session is not None and self._session == session:
+                return True
+            last, when = self._last
+            return session is not None and last == session and time.monotonic() - when < seconds
+
+    @property
+    def status(self) -> str | None:
+        """None while no job runs."""
+        with self._lock:
+            return self._status
 
     def owned_by(self, session: str | None) -> bool:
         with self._lock:
@@ -95,10 +121,13 @@ class AppContext:
     # Folders inside it are accepted as models; default: the worker's models folder.
     models_dir: str | None = None
     running: RunningJob = field(default_factory=RunningJob)
+    # The user's own presets (saved from the page), kept in ``presets`` too; None: saving is off.
+    user_presets: UserPresets | None = None
 
     def presets_for(self, mode: str) -> list[str]:
         wanted = "i2v" if mode == "i2v" else "t2v"
-        return [name for name, preset in self.presets.items() if preset.mode == wanted]
+        # A snapshot: a user preset may be saved or deleted in another thread meanwhile.
+        return [name for name, preset in list(self.presets.items()) if preset.mode == wanted]
 
     def default_preset(self, mode: str) -> str:
         names = self.presets_for(mode)
@@ -108,11 +137,19 @@ class AppContext:
                     return name
         return names[0]
 
+    def model_for(self, mode: str) -> str:
+        """The model a tab starts with: --model, unless presets show it is made for the other kind of tab."""
+        preset = self.presets[self.default_preset(mode)]
+        if not self.default_model or preset.model == self.default_model:
+            return preset.model
+        other = [p for n, p in self.presets.items() if p.model == self.default_model and n not in self.presets_for(mode)]
+        return preset.model if other else self.default_model
+
     def preset_or_default(self, name: str | None, mode: str) -> Preset:
         """The named preset, or the mode's default when the name is unknown or empty."""
         return self.presets.get(name or "") or self.presets[self.default_preset(mode)]
 
     def model_ref(self, ref: str | None) -> str:
         """A model reference from the page or the API, checked (ModelError when refused); see checked_model_ref."""
-        trusted = tuple(p.model for p in self.presets.values()) + ((self.default_model,) if self.default_model else ())
+        trusted = tuple(p.model for p in list(self.presets.values())) + ((self.default_model,) if self.default_model else ())
         return checked_model_ref(ref, self.models_dir or self.client.models_dir, self.allow_model_paths, trusted)

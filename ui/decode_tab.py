@@ -38,7 +38,7 @@ def build(ctx: AppContext) -> None:
         if not latents or latents not in {path for _, path in pending_latents(ctx.outputs_dir)}:
             raise gr.Error("Pick saved latents from the list (only this app's outputs folder is used).")
         events = ctx.client.decode(latents, tiled=not on_cpu, on_cpu=on_cpu)
-        for video_path, status_text, _, _ in stream(ctx, events, progress):
+        for video_path, status_text, *_ in stream(ctx, events, progress):
             yield video_path, status_text
 
     def decode_on_cpu(latents, progress=gr.Progress()):

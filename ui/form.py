@@ -28,6 +28,9 @@ class Form:
     guidance: gr.Number
     shift: gr.Number
     seed: gr.Number
+    # The Image to Video tab's first and last frame (None on the Text to Video tab).
+    image: gr.Image | None = None
+    last_image: gr.Image | None = None
 
     def settings(self) -> list:
         """Components in the order build_request takes them (after mode; the plan overrides follow)."""
@@ -56,14 +59,19 @@ class PlanPanel:
         return [self.strategy, self.text_encoder, self.vae_tiling]
 
 
+def preset_choices(ctx: AppContext, mode: str) -> list[tuple[str, str]]:
+    """(title, name) of every preset of the mode, built-in and the user's own, for the Preset dropdown."""
+    presets = dict(ctx.presets)   # a snapshot: a user preset may be saved or deleted meanwhile
+    return [(presets[name].title, name) for name in ctx.presets_for(mode) if name in presets]
+
+
 def build_form(ctx: AppContext, mode: str, prefix: str) -> Form:
-    names = ctx.presets_for(mode)
     chosen = ctx.default_preset(mode)
     preset = ctx.presets[chosen]
-    model = ctx.default_model if ctx.default_model and preset.model != ctx.default_model else preset.model
+    model = ctx.model_for(mode)
     with gr.Row():
         preset_box = gr.Dropdown(
-            choices=[(ctx.presets[n].title, n) for n in names], value=chosen, label="Preset",
+            choices=preset_choices(ctx, mode), value=chosen, label="Preset",
             elem_id=f"{prefix}-preset", scale=2)
         model_box = gr.Textbox(value=model, label="Model (repo id, local folder or selftest-t2v / selftest-i2v)",
                                elem_id=f"{prefix}-model", scale=3)
@@ -85,8 +93,11 @@ def build_form(ctx: AppContext, mode: str, prefix: str) -> Form:
         shift = gr.Number(value=preset.shift, label="Shift", step=0.5, elem_id=f"{prefix}-shift")
         seed = gr.Number(value=-1, label="Seed (-1 = random)", precision=0, elem_id=f"{prefix}-seed")
     form = Form(preset_box, prompt, negative, model_box, width, height, frames, steps, guidance, shift, seed)
-    preset_box.change(lambda name: preset_values(ctx.presets[name]), preset_box, form.preset_fields(),
-                      api_visibility="private")
+    # preset_or_default: a user preset may have been deleted since the page loaded.
+    # Only a person's choice fills the form: a preset set by code (history's Reuse, a saved preset)
+    # comes with its own values.
+    preset_box.input(lambda name: preset_values(ctx.preset_or_default(name, mode)), preset_box, form.preset_fields(),
+                     api_visibility="private")
     return form
 
 

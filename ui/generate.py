@@ -6,7 +6,7 @@ from typing import Iterator
 
 import gradio as gr
 
-from engine.events import JobFailed, JobFinished, JobStarted
+from engine.events import JobFailed, JobFinished, JobStarted, PreviewReady
 from engine.models import ModelError
 from engine.request import GenerationRequest
 
@@ -38,20 +38,29 @@ def build_request(ctx: AppContext, mode: str, preset_name: str, prompt: str, neg
 
 
 def cancel(ctx: AppContext, session: gr.Request | None) -> str:
-    """Stop the running job at its next step, if the caller's session started it."""
-    if ctx.running.owned_by(getattr(session, "session_hash", None)):
+    """Stop the running job at its next step, if the caller's session started it.
+
+    On the page the Cancel button also takes the caller's waiting jobs out of the queue
+    (gradio's own cancel, scoped to the session); this answers for the running one.
+    """
+    mine = getattr(session, "session_hash", None)
+    if ctx.running.owned_by(mine):
         ctx.client.cancel()
-        return "Cancelling at the next step..."
-    return "Nothing of yours is running: only the person who started the running job can cancel it."
+        return "Cancelling at the next step... the model stays loaded."
+    if ctx.running.recently_owned_by(mine):
+        return "Cancelled. The model stays loaded."
+    return ("Nothing of yours is running: only the person who started the running job can cancel it. "
+            "A job of yours waiting in the queue is taken out of it.")
 
 
 def stream(ctx: AppContext, events: Iterator, progress: gr.Progress,
            session: gr.Request | None = None) -> Iterator[tuple]:
-    """Yield (result, status markdown, timing rows, seed used) after each of a job's ``events``.
+    """Yield (result, status markdown, timing rows, seed used, preview html, chart html) per event.
 
     The result slot stays unchanged (gr.skip) until a new file exists, so an
-    earlier output is never lost. A failure ends with gr.Error, which the page
-    shows and API clients receive as an exception.
+    earlier output is never lost; the live preview is cleared when it arrives.
+    A failure ends with gr.Error, which the page shows and API clients receive
+    as an exception.
     """
     view = JobView()
     try:
@@ -59,14 +68,16 @@ def stream(ctx: AppContext, events: Iterator, progress: gr.Progress,
             if isinstance(event, JobStarted):
                 ctx.running.start(getattr(session, "session_hash", None))
             view.apply(event)
+            ctx.running.update(view.status)
             progress(view.progress, desc=view.status)
             rows = view.timing_rows()
             if isinstance(event, JobFinished):
-                yield event.paths[0], view.markdown(), rows, event.seed
+                yield event.paths[0], view.markdown(), rows, event.seed, "", view.chart_html()
                 continue
-            yield gr.skip(), view.markdown(), rows, gr.skip()
+            preview = view.preview_html() if isinstance(event, PreviewReady) else gr.skip()
+            yield gr.skip(), view.markdown(), rows, gr.skip(), preview, view.chart_html()
             if isinstance(event, JobFailed):
                 raise gr.Error(f"{event.message} {event.hint}", duration=None)
     finally:
-        events.close()   # releases the engine at once, even when a failure ends the stream early
+        events.close()   # cancels and releases the engine at once when the stream ends early
         ctx.running.finish()

@@ -5,10 +5,14 @@ view; tests use the same class to check what a user would see.
 """
 from __future__ import annotations
 
+import base64
+import html
 from dataclasses import dataclass, field
 
 from engine.events import (DownloadProgress, Event, Info, JobCancelled, JobFailed, JobFinished,
-                           JobStarted, PhaseFinished, PhaseStarted, PlanReady, StepFinished)
+                           JobStarted, PhaseFinished, PhaseStarted, PlanReady, PreviewReady, StepFinished)
+
+from .timing_chart import timing_chart_html
 
 PHASE_LABELS = {
     "download": "Download", "load": "Load (disk to RAM)", "transfer": "Transfer (to device)",
@@ -31,6 +35,8 @@ class JobView:
     notes: list = field(default_factory=list)
     download: str = ""
     plan: dict | None = None          # the engine's latest PlanReady (again after an out-of-memory step-down)
+    preview: PreviewReady | None = None   # the latest live preview; dropped when the result arrives
+    previews: int = 0
     result: JobFinished | None = None
     failure: JobFailed | None = None
     cancelled: JobCancelled | None = None
@@ -52,13 +58,18 @@ class JobView:
             total = f" of {event.total:,.0f}" if event.total else ""
             self.download = f"{event.done:,.0f}{total} {event.unit}"
             self.status = f"Downloading: {self.download}"
+        elif isinstance(event, PreviewReady):
+            self.preview = event
+            self.previews += 1
         elif isinstance(event, StepFinished):
             self.step, self.total_steps = event.step, event.total
             self.step_seconds.append(event.seconds)
             self.eta = event.eta_seconds
-            self.status = f"Denoising: step {event.step}/{event.total}, {event.seconds:.2f} s/step, about {event.eta_seconds:.0f} s left"
+            self.status = (f"Denoising: step {event.step}/{event.total}, {self.rate_text()}, "
+                           f"about {event.eta_seconds:.0f} s left")
         elif isinstance(event, JobFinished):
             self.result = event
+            self.preview = None
             self.status = f"Done in {sum(event.timings.values()):.1f} s. Seed used: {event.seed}."
             if event.note:
                 self.status += " " + event.note
@@ -82,19 +93,50 @@ class JobView:
             done = 0.97
         return done
 
+    def rate_text(self) -> str:
+        """'0.52 s/step (1.92 steps/s)' from the mean of the steps so far."""
+        if not self.step_seconds:
+            return ""
+        mean = sum(self.step_seconds) / len(self.step_seconds)
+        rate = f"{1 / mean:.2f} steps/s" if mean > 0 else "instant"
+        return f"{mean:.2f} s/step ({rate})"
+
+    def chart_phases(self) -> list[tuple[str, str, float | None]]:
+        """(phase, label, seconds; None while it runs) in run order, for the bar chart."""
+        shown = [(p, PHASE_LABELS[p], self.phase_seconds[p]) for p in PHASE_LABELS if p in self.phase_seconds]
+        if self.running_phase and self.running_phase not in self.phase_seconds:
+            running = sum(self.step_seconds) if self.running_phase == "denoise" else None
+            shown.append((self.running_phase, PHASE_LABELS.get(self.running_phase, self.running_phase), running))
+        return shown
+
+    def chart_html(self) -> str:
+        return timing_chart_html(self.chart_phases(), self.step_seconds, self.total_steps)
+
+    def preview_html(self) -> str:
+        """The latest live preview as an inline animated image with its caption ('' when there is none)."""
+        p = self.preview
+        if p is None:
+            return ""
+        data = base64.b64encode(p.image).decode("ascii")
+        source = "" if p.source == "known" else " (colours from a map derived from this model's VAE)"
+        caption = (f"Live preview after step {p.step} of {p.total}: the model's current guess of the final "
+                   f"video, {p.frames} latent frame{'s' if p.frames != 1 else ''}{source}.")
+        return (f'<figure class="wan-preview" style="margin:0"><img alt="live preview" '
+                f'src="data:{p.mime};base64,{data}" style="max-width:100%;image-rendering:auto"/>'
+                f'<figcaption style="font-size:0.8em">{html.escape(caption)}</figcaption></figure>')
+
     def timing_rows(self) -> list[list]:
         rows = []
         for phase, label in PHASE_LABELS.items():
             if phase in self.phase_seconds:
                 detail = ""
                 if phase == "denoise" and self.step_seconds:
-                    mean = sum(self.step_seconds) / len(self.step_seconds)
-                    detail = f"{len(self.step_seconds)} steps, {mean:.3f} s/step"
+                    detail = f"{len(self.step_seconds)} steps, {self.rate_text()}"
                 rows.append([label, round(self.phase_seconds[phase], 3), detail])
             elif phase == self.running_phase:
                 detail = "running"
                 if phase == "denoise" and self.total_steps:
-                    detail = f"step {self.step}/{self.total_steps}, ETA {self.eta or 0:.0f} s"
+                    detail = f"step {self.step}/{self.total_steps}, {self.rate_text()}, ETA {self.eta or 0:.0f} s"
                 rows.append([label, None, detail])
         if self.result is not None:
             rows.append(["Total", round(sum(self.phase_seconds.values()), 3),

@@ -6,7 +6,7 @@ import gradio as gr
 from .context import AppContext
 from .form import Form, build_form, build_plan_panel
 from .generate import GPU_QUEUE, build_request, cancel, stream
-from .job_view import TIMING_HEADERS
+from .job_panel import build_job_panel
 from .plan_panel import AUTO
 
 
@@ -20,12 +20,7 @@ def build(ctx: AppContext) -> Form:
                 cancel_btn = gr.Button("Cancel", variant="stop", elem_id="t2v-cancel")
             panel = build_plan_panel(ctx, form, "t2v", "t2v", api_name="plan")
         with gr.Column(scale=1):
-            video = gr.Video(label="Result video", elem_id="t2v-video", autoplay=True, loop=True)
-            image = gr.Image(label="Result image", type="filepath", elem_id="t2i-image", interactive=False)
-            status = gr.Markdown(elem_id="t2v-status")
-            seed_used = gr.Number(value=None, label="Seed used", precision=0, interactive=False, elem_id="t2v-seed-used")
-            timings = gr.Dataframe(headers=TIMING_HEADERS, label="Phase timings", interactive=False,
-                                   elem_id="t2v-timings", type="array")
+            job, still = build_job_panel("t2v", image=True)
 
     # The plan overrides come last, so callers that leave them out get Auto.
     def text_to_video(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
@@ -41,12 +36,15 @@ def build(ctx: AppContext) -> Form:
         yield from stream(ctx, ctx.client.submit(request), progress, session)
 
     inputs = [*form.settings(), *panel.overrides()]
-    video_btn.click(text_to_video, inputs, [video, status, timings, seed_used], api_name="text_to_video",
-                    concurrency_id=GPU_QUEUE)
-    image_btn.click(text_to_image, inputs, [image, status, timings, seed_used], api_name="text_to_image",
-                    concurrency_id=GPU_QUEUE)
+    video_run = video_btn.click(text_to_video, inputs, job.outputs(), api_name="text_to_video",
+                                concurrency_id=GPU_QUEUE, show_progress_on=job.result)
+    image_run = image_btn.click(text_to_image, inputs, job.outputs(still), api_name="text_to_image",
+                                concurrency_id=GPU_QUEUE, show_progress_on=still)
+
     def cancel_mine(session: gr.Request):
         return cancel(ctx, session)
 
-    cancel_btn.click(cancel_mine, None, status, api_name="cancel", queue=False)
+    # On the page, Cancel also takes this visitor's waiting jobs out of the queue (cancels=).
+    cancel_btn.click(cancel_mine, None, job.status, api_name="cancel", queue=False,
+                     cancels=[video_run, image_run]).then(lambda: "", None, job.preview, queue=False, api_visibility="private")
     return form

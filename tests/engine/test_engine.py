@@ -117,6 +117,26 @@ def test_image_to_video_crops_the_image_and_times_image_encoding(engine, model_d
     assert "image_encode" in sidecar["timings"] and sidecar["model"]["pipeline"] == "WanImageToVideoPipeline"
 
 
+def test_a_last_frame_needs_a_first_and_last_frame_model(engine, model_dirs, presets, outputs, image_file,
+                                                         tmp_path):
+    from engine.selftest import SELFTEST_I2V, build_selftest_pipeline
+
+    flf = tmp_path / "tiny-flf2v"
+    build_selftest_pipeline(SELFTEST_I2V, first_last=True).save_pretrained(flf)
+    last = tmp_path / "last.png"
+    Image.new("RGB", (80, 60), (20, 200, 40)).save(last)
+    both = dict(mode="i2v", image=str(image_file), last_image=str(last), width=64, height=48, frames=9)
+    result, _ = run(engine, tiny_request(presets, flf, outputs, **both))
+    assert isinstance(result, JobFinished), result
+    assert read_video(result.paths[0])[0].shape == (9, 48, 64, 3)
+    result, events = run(engine, tiny_request(presets, flf, outputs, **{**both, "last_image": None}))
+    assert isinstance(result, JobFailed) and result.kind == "input" and "needs a last frame too" in result.message
+    result, _ = run(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, **both))
+    assert isinstance(result, JobFailed) and result.kind == "input"
+    assert "cannot use a last frame" in result.message and "remove the last frame" in result.message
+    assert "load" not in phases(events), "a refused request loaded the model"
+
+
 def test_model_swap_frees_the_first_model(engine, model_dirs, presets, outputs, image_file):
     run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     old = weakref.ref(engine.loaded.pipe)

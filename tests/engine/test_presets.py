@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
-from engine.presets import PresetError, get_preset, load_preset_file, load_presets
+from engine.presets import (BUILTIN_PRESETS_DIR, PresetError, UserPresets, check_user_preset_name, get_preset,
+                            load_preset_file, load_presets)
 
 
 def test_builtin_presets_hold_the_articles_settings(presets):
@@ -82,3 +84,124 @@ def test_presets_are_frozen(presets):
 def test_load_presets_from_a_user_folder(tmp_path):
     _write(tmp_path, "mine", width=128)
     assert load_presets(tmp_path)["mine"].width == 128
+
+
+# ----- the user's own presets -------------------------------------------------
+def _store(folder, presets):
+    return UserPresets(folder, dict(presets))
+
+
+def _data(name, **changes):
+    data = {"name": name, "title": "Mine", "description": "d", "model": "selftest-t2v", "mode": "t2v",
+            "width": 64, "height": 64, "frames": 9, "steps": 4, "guidance": 5.0, "shift": 3.0, "fps": 16}
+    data.update(changes)
+    return data
+
+
+def _builtin_files():
+    return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in BUILTIN_PRESETS_DIR.iterdir()}
+
+
+def test_user_presets_load_beside_the_builtins_and_bad_files_are_skipped(tmp_path, presets):
+    _write(tmp_path, "mine", width=128)
+    _write(tmp_path, "broken", width="wide")
+    (tmp_path / "garbled.json").write_bytes(b"\xff\xfe{")
+    _write(tmp_path, "selftest-t2v", width=32)          # a built-in's name: never replaces it
+    _write(tmp_path, "with.dot")                         # not a valid user preset name
+    store = _store(tmp_path, presets)
+    problems = store.load()
+    assert store.presets["mine"].width == 128 and store.is_user("mine")
+    assert store.presets["selftest-t2v"] == presets["selftest-t2v"] and not store.is_user("selftest-t2v")
+    assert list(store.presets)[:len(presets)] == list(presets)   # built-ins first, in their order
+    assert store.names() == ["mine"]
+    assert len(problems) == 4 and all(p.startswith("user preset ") and " skipped: " in p for p in problems)
+    joined = "\n".join(problems)
+    assert "broken.json: field 'width' must be int, got str" in joined
+    assert "garbled.json skipped" in joined
+    assert "'selftest-t2v' is the name of a built-in preset" in joined
+    assert "'with.dot' has '.'" in joined
+
+
+def test_a_missing_user_folder_is_no_problem_and_the_builtin_folder_is_refused(tmp_path, presets):
+    store = _store(tmp_path / "not-yet", presets)
+    assert store.load() == [] and store.names() == []
+    with pytest.raises(PresetError, match="holds the built-in presets"):
+        _store(BUILTIN_PRESETS_DIR, presets)
+
+
+def test_save_writes_the_user_folder_and_never_the_builtin_one(tmp_path, presets):
+    before = _builtin_files()
+    folder = tmp_path / "user"
+    store = _store(folder, presets)
+    preset, replaced = store.save(_data("my-clip_2", sigmas=[1.0, 0.7, 0.5, 0.2]))
+    assert not replaced and store.presets["my-clip_2"] is preset and store.is_user("my-clip_2")
+    assert [p.name for p in folder.iterdir()] == ["my-clip_2.json"]   # no temporary file left
+    assert load_preset_file(folder / "my-clip_2.json") == preset      # reads back the same
+    assert json.loads((folder / "my-clip_2.json").read_text())["sigmas"] == [1.0, 0.7, 0.5, 0.2]
+    again, replaced = store.save(_data("my-clip_2", width=128))
+    assert replaced and store.presets["my-clip_2"].width == 128 and load_preset_file(folder / "my-clip_2.json") == again
+    assert _builtin_files() == before
+    # A fresh start finds it.
+    fresh = _store(folder, presets)
+    assert fresh.load() == [] and fresh.presets["my-clip_2"] == again
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("selftest-t2v", "'selftest-t2v' is the name of a built-in preset, which cannot be replaced; pick another name"),
+    ("SELFTEST-T2V", "is the name of a built-in preset"),
+    ("", "give the preset a name"),
+    (None, "give the preset a name"),
+    ("my preset", "the name 'my preset' has ' ': use only letters, digits, '-' and '_'"),
+    ("../evil", "has '.' '/'"),
+    ("x" * 65, "the name has 65 characters; use at most 64"),
+])
+def test_bad_names_are_refused_with_what_to_change(tmp_path, presets, name, expected):
+    store = _store(tmp_path, presets)
+    with pytest.raises(PresetError) as info:
+        store.save(_data(name))
+    assert expected in str(info.value)
+    assert list(tmp_path.iterdir()) == [] and store.names() == []
+
+
+def test_names_of_64_characters_and_names_with_spaces_around_are_fine(tmp_path, presets):
+    store = _store(tmp_path, presets)
+    assert check_user_preset_name("A" * 64, store.builtin) == "A" * 64
+    assert store.save(_data("  padded "))[0].name == "padded"
+
+
+@pytest.mark.parametrize("changes, expected", [
+    (dict(width="64"), "mine.json: field 'width' must be int, got str"),
+    (dict(mode="v2v"), "mine.json: field 'mode' must be one of t2v, i2v"),
+    (dict(colour="red"), "mine.json: unknown field(s) colour"),
+    (dict(title=""), "the title must be one line"),
+    (dict(description="x" * 1001), "the description has 1001 characters"),
+])
+def test_bad_values_are_refused_by_parse_preset(tmp_path, presets, changes, expected):
+    store = _store(tmp_path, presets)
+    with pytest.raises(PresetError, match=re.escape(expected)):
+        store.save(_data("mine", **changes))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_differing_only_in_case_and_one_too_many_are_refused(tmp_path, presets):
+    store = UserPresets(tmp_path, dict(presets), limit=2)
+    store.save(_data("mine"))
+    with pytest.raises(PresetError, match="'MINE' differs from your preset 'mine' only in case"):
+        store.save(_data("MINE"))
+    store.save(_data("other"))
+    with pytest.raises(PresetError, match="you have 2 presets, the most kept; delete one first"):
+        store.save(_data("third"))
+    store.save(_data("other", width=32))   # replacing is still fine
+
+
+def test_delete_removes_only_user_presets(tmp_path, presets):
+    before = _builtin_files()
+    store = _store(tmp_path, presets)
+    store.save(_data("mine"))
+    assert store.delete("mine").name == "mine"
+    assert "mine" not in store.presets and list(tmp_path.iterdir()) == []
+    with pytest.raises(PresetError, match="'selftest-t2v' is a built-in preset; only your own presets can be deleted"):
+        store.delete("selftest-t2v")
+    with pytest.raises(PresetError, match="there is no preset of yours named 'mine'"):
+        store.delete("mine")
+    assert "selftest-t2v" in store.presets and _builtin_files() == before

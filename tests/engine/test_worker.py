@@ -42,6 +42,19 @@ def test_cancel_mid_run_then_the_next_run_succeeds_without_reloading(client, pre
     assert "load" not in [e.phase for e in events if isinstance(e, PhaseFinished)]
 
 
+def test_a_listener_that_stops_early_cancels_its_job_and_frees_the_engine(client, presets, outputs):
+    events = client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=200))
+    for event in events:
+        if isinstance(event, StepFinished) and event.step == 2:
+            break
+    events.close()   # what the page does when a visitor leaves or cancels a running request
+    assert not client.busy, "closing the stream must wait for the job's end"
+    assert not list(outputs.rglob("*.mp4")), "the abandoned job still wrote a video"
+    job_id = client.new_job_id()
+    after = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=3), job_id))
+    assert isinstance(after[-1], JobFinished) and {e.job_id for e in after} == {job_id}
+
+
 def test_kill_9_mid_run_is_reported_and_a_fresh_worker_runs_the_next_job(client, presets, outputs):
     def kill_at_two(event):
         if event.step == 2:
@@ -95,3 +108,24 @@ def test_notes_about_the_input_are_said_before_the_job(client, presets, outputs,
     assert any("transparent areas filled with white" in n for n in notes), notes
     assert any("prompt: removed" in n and "control character" in n for n in notes), notes
     assert isinstance(events[-1], JobFinished), events[-1]
+
+
+def test_memory_is_answered_while_a_job_runs(client, presets, outputs):
+    assert client.memory() is None, "no engine process yet: nothing to report"
+    during = []
+
+    def ask(event):
+        if event.step == 2:
+            during.append(client.memory(timeout=10))
+
+    events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=6)), ask)
+    assert isinstance(events[-1], JobFinished)
+    snapshot = during[0]
+    assert snapshot is not None and client.busy is False
+    assert snapshot.backend == "cpu" and snapshot.vram_total_gb is None
+    assert snapshot.model == "selftest-t2v" and snapshot.strategy
+    assert 0.05 < snapshot.engine_ram_gb < 8
+    idle = client.memory()
+    assert idle.model == "selftest-t2v" and idle.engine_ram_gb > 0
+    client.unload()
+    assert client.memory().model is None

@@ -62,7 +62,7 @@ def test_auth_refuses_a_wrong_password_and_accepts_the_right_one(tmp_path, selft
             wrong = http.post(url + "login", data={"username": "alice", "password": "wrong"})
             assert wrong.status_code == 400 and "Incorrect credentials" in wrong.text
         client = Client(url, auth=("alice", "s3cret-pass"), verbose=False)
-        video, _, _, seed = client.predict("selftest-t2v", "a fox", "", "selftest-t2v", 64, 64, 9, 2, 5.0, 3.0, 3,
+        video, _, _, seed, *_ = client.predict("selftest-t2v", "a fox", "", "selftest-t2v", 64, 64, 9, 2, 5.0, 3.0, 3,
                                            api_name="/text_to_video")
         assert seed == 3 and video
 

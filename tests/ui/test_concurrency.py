@@ -10,7 +10,7 @@ import pytest
 from gradio_client import Client
 from gradio_client.utils import QueueError, Status
 
-from tests.conftest import running_app
+from tests.conftest import selftest_app
 from tests.ui.test_security import OVERRIDES
 
 USERS = 8
@@ -23,7 +23,7 @@ def t2v(seed: int, prompt: str = "a red fox", size=(64, 64, 9), steps: int = 4) 
 
 
 def long_job(seed: int = 1) -> list:
-    return t2v(seed, "a long one", (128, 128, 17), 200)
+    return t2v(seed, "a long one", (256, 256, 33), 200)   # minutes on this CPU; every test cancels it
 
 
 def _wait(predicate, timeout: float, what: str, poll: float = 0.02):
@@ -44,11 +44,8 @@ def _wait_denoising(job, timeout: float = 60):
 
 @pytest.fixture(scope="module")
 def app(tmp_path_factory, selftest_models_dir):
-    outputs = tmp_path_factory.mktemp("conc-outputs")
-    log = tmp_path_factory.mktemp("conc-logs") / "app.log"
-    with running_app(log, "--model", "selftest-t2v", "--outputs", str(outputs),
-                     "--models-dir", str(selftest_models_dir)) as (url, proc):
-        yield {"url": url, "outputs": outputs}
+    with selftest_app(tmp_path_factory, selftest_models_dir, "conc") as app:
+        yield app
 
 
 def test_eight_users_all_get_their_own_result_in_turn(app):
@@ -78,12 +75,12 @@ def test_eight_users_all_get_their_own_result_in_turn(app):
     results = [job.result(timeout=5) for job in jobs]
 
     # None lost, none mixed up: eight distinct files, each with the seed and prompt its user asked for.
-    videos = [Path(video) for video, _, _, _ in results]
-    assert [seed for _, _, _, seed in results] == seeds
+    videos = [Path(video) for video, *_ in results]
+    assert [seed for _, _, _, seed, *_ in results] == seeds
     assert len({v.name for v in videos}) == USERS and all(v.exists() for v in videos)
     written = sorted(app["outputs"].rglob("*.mp4"))
     assert len(written) == USERS
-    for (video, status, _, seed), prompt in zip(results, prompts):
+    for (video, status, _, seed, *_), prompt in zip(results, prompts):
         assert f"Seed used: {seed}" in status
         [match] = [w for w in written if w.name == Path(video).name]
         sidecar = json.loads(match.with_suffix(".json").read_text())
@@ -99,6 +96,31 @@ def test_eight_users_all_get_their_own_result_in_turn(app):
     assert any(rank >= 1 for seen in ranks.values() for rank in seen), ranks
     # First come, first served.
     assert sorted(range(USERS), key=finished_at.get) == list(range(USERS)), finished_at
+
+
+def test_two_users_the_second_sees_its_place_and_an_estimate_and_can_leave_the_queue(app):
+    first, second, third = (Client(app["url"], verbose=False) for _ in range(3))
+    first.predict(*t2v(300), api_name="/text_to_video")   # a finished job gives gradio a duration to estimate from
+    running = first.submit(*long_job(301), api_name="/text_to_video")
+    _wait_denoising(running)
+    waiting = second.submit(*t2v(302), api_name="/text_to_video")
+    _wait(lambda: waiting.status().code == Status.IN_QUEUE and waiting.status().rank is not None, 30,
+          "the second job's place in the queue")
+    status = waiting.status()
+    assert status.rank == 0 and status.queue_size >= 1   # next in line
+    # Earlier jobs on this endpoint give gradio an average duration, shown as an estimate.
+    assert status.eta is not None and status.eta > 0, status
+    behind = third.submit(*t2v(303), api_name="/text_to_video")
+    _wait(lambda: behind.status().code == Status.IN_QUEUE and behind.status().rank == 1, 30,
+          "the third job behind the second")
+    assert waiting.cancel(), "a waiting job could not leave the queue"
+    _wait(lambda: waiting.done(), 30, "the withdrawn job to end")
+    assert "Cancelling" in first.predict(api_name="/cancel")
+    assert "Cancelled after step" in running.result(timeout=60)[1]
+    video, status_text, _, seed, *_ = behind.result(timeout=120)
+    assert seed == 303 and Path(video).exists()
+    seeds = [json.loads(p.read_text())["seed"] for p in app["outputs"].rglob("*.json")]
+    assert 302 not in seeds and 301 not in seeds, "a cancelled or withdrawn job left an output"
 
 
 def test_a_user_sees_only_their_own_session(app):
@@ -117,17 +139,14 @@ def test_a_user_sees_only_their_own_session(app):
             pass
     messages = [json.loads(line[5:]) for line in received.decode().splitlines() if line.startswith("data:")]
     assert all(m.get("session_not_found") for m in messages), messages
-    video, status, _, seed = job.result(timeout=120)
+    video, status, _, seed, *_ = job.result(timeout=120)
     assert seed == 77 and Path(video).exists() and "private prompt 77" not in received.decode()
 
 
 @pytest.fixture(scope="module")
 def small_queue_app(tmp_path_factory, selftest_models_dir):
-    outputs = tmp_path_factory.mktemp("queue-outputs")
-    log = tmp_path_factory.mktemp("queue-logs") / "app.log"
-    with running_app(log, "--model", "selftest-t2v", "--max-queue", "2", "--outputs", str(outputs),
-                     "--models-dir", str(selftest_models_dir)) as (url, proc):
-        yield {"url": url, "outputs": outputs}
+    with selftest_app(tmp_path_factory, selftest_models_dir, "queue", "--max-queue", "2") as app:
+        yield app
 
 
 def test_a_full_queue_refuses_new_jobs_and_keeps_the_queued_ones(small_queue_app):
@@ -155,10 +174,10 @@ def test_a_full_queue_refuses_new_jobs_and_keeps_the_queued_ones(small_queue_app
     cancelled = httpx.post(url + "gradio_api/run/cancel", timeout=10,
                            json={"data": [], "session_hash": owner.session_hash})
     assert cancelled.status_code == 200, cancelled.text
-    _, status, _, _ = running.result(timeout=60)
+    _, status, _, _, *_ = running.result(timeout=60)
     assert "Cancelled after step" in status
     assert [job.result(timeout=120)[3] for job in waiting] == [201, 202]
-    video, _, _, seed = late.predict(*t2v(205), api_name="/text_to_video")
+    video, _, _, seed, *_ = late.predict(*t2v(205), api_name="/text_to_video")
     assert seed == 205 and Path(video).exists()
 
 

@@ -1,7 +1,14 @@
 """The page's view of a job, folded from events."""
 from __future__ import annotations
 
-from engine.events import JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted, StepFinished
+import base64
+import io
+import re
+
+from PIL import Image
+
+from engine.events import (JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted, PreviewReady,
+                           StepFinished)
 from ui.job_view import JobView
 
 
@@ -11,7 +18,7 @@ def test_view_tracks_phases_steps_and_result():
                   PhaseStarted("j", "denoise"), StepFinished("j", 1, 4, 0.5, 1.5)):
         view.apply(event)
     assert view.progress == 0.9 * 1 / 4
-    assert view.timing_rows() == [["Load (disk to RAM)", 2.0, ""], ["Denoise", None, "step 1/4, ETA 2 s"]]
+    assert view.timing_rows() == [["Load (disk to RAM)", 2.0, ""], ["Denoise", None, "step 1/4, 0.50 s/step (2.00 steps/s), ETA 2 s"]]
     assert "step 1/4" in view.status and "about 2 s left" in view.status
     view.apply(PhaseFinished("j", "denoise", 2.0))
     view.apply(JobFinished("j", ("a.mp4",), "a.json", 5, {"load": 2.0, "denoise": 2.0}, None, 1.5))
@@ -22,3 +29,43 @@ def test_view_tracks_phases_steps_and_result():
 def test_failure_is_shown_with_what_to_do():
     view = JobView().apply(JobFailed("j", "Out of device memory.", "Lower the size.", "denoise"))
     assert view.status == "Failed: Out of device memory. Lower the size."
+
+
+def _steps(view, seconds):
+    for i, s in enumerate(seconds, start=1):
+        view.apply(StepFinished("j", i, 10, s, 1.0))
+
+
+def test_chart_has_a_bar_per_phase_scaled_to_the_longest_and_a_bar_per_step():
+    view = JobView()
+    for event in (PhaseStarted("j", "load"), PhaseFinished("j", "load", 4.0), PhaseStarted("j", "text_encode"),
+                  PhaseFinished("j", "text_encode", 1.0), PhaseStarted("j", "denoise")):
+        view.apply(event)
+    _steps(view, [0.5, 1.0, 0.5])
+    chart = view.chart_html()
+    widths = [float(w) for w in re.findall(r"width:([0-9.]+)%", chart)]
+    assert widths == [100.0, 25.0, 50.0]        # load 4 s, text encode 1 s, denoise 2 s so far
+    assert "Denoise" in chart and "Seconds per denoising step (3 of 10)" in chart
+    steps = re.findall(r'title="step (\d+): ([0-9.]+) s" style="[^"]*height:([0-9.]+)px', chart)
+    assert [(int(n), float(h)) for n, _, h in steps] == [(1, 20.0), (2, 40.0), (3, 20.0)]
+    assert view.rate_text() == "0.67 s/step (1.50 steps/s)"
+    assert JobView().chart_html() == ""
+
+
+def _webp(frames: int) -> bytes:
+    images = [Image.new("RGB", (8, 8), (i * 40, 0, 0)) for i in range(frames)]
+    out = io.BytesIO()
+    images[0].save(out, "WEBP", save_all=True, append_images=images[1:], duration=100, loop=0)
+    return out.getvalue()
+
+
+def test_preview_is_an_inline_animation_until_the_result_replaces_it():
+    view = JobView()
+    data = _webp(3)
+    view.apply(PreviewReady("j", 4, 10, data, "image/webp", 8, 8, 3, "derived"))
+    html = view.preview_html()
+    src = re.search(r'src="data:image/webp;base64,([^"]+)"', html).group(1)
+    assert base64.b64decode(src) == data
+    assert "after step 4 of 10" in html and "3 latent frames" in html and "derived" in html
+    view.apply(JobFinished("j", ("a.mp4",), "a.json", 5, {}))
+    assert view.preview_html() == "" and view.previews == 1

@@ -21,7 +21,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
-from tests.conftest import ROOT, running_app
+from tests.conftest import ROOT, running_app, selftest_app
 from ui.context import ALLOW_PATHS_HINT
 
 T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 2, 5.0, 3.0, 7]
@@ -44,11 +44,8 @@ def models_folder(tmp_path_factory, selftest_models_dir, model_dirs) -> Path:
 @pytest.fixture(scope="module")
 def app(tmp_path_factory, models_folder):
     """The app with its default settings (model paths refused)."""
-    outputs = tmp_path_factory.mktemp("sec-outputs")
-    log = tmp_path_factory.mktemp("sec-logs") / "app.log"
-    with running_app(log, "--model", "selftest-t2v", "--outputs", str(outputs),
-                     "--models-dir", str(models_folder)) as (url, proc):
-        yield {"url": url, "proc": proc, "outputs": outputs, "log": log}
+    with selftest_app(tmp_path_factory, models_folder, "sec") as app:
+        yield app
 
 
 @pytest.fixture(scope="module")
@@ -159,9 +156,9 @@ def test_repo_ids_reach_the_engine_unchanged(client):
 
 
 def test_a_folder_inside_the_models_folder_works_by_name_and_by_path(client, models_folder):
-    video, status, _, seed = client.predict(*_t2v("my-wan", seed=11), api_name="/text_to_video")
+    video, status, _, seed, *_ = client.predict(*_t2v("my-wan", seed=11), api_name="/text_to_video")
     assert Path(video).exists() and seed == 11 and "Done" in status
-    video, _, _, seed = client.predict(*_t2v(str(models_folder / "my-wan"), seed=12), api_name="/text_to_video")
+    video, _, _, seed, *_ = client.predict(*_t2v(str(models_folder / "my-wan"), seed=12), api_name="/text_to_video")
     assert Path(video).exists() and seed == 12
 
 
@@ -171,7 +168,7 @@ def test_with_allow_model_paths_a_folder_outside_models_works(tmp_path, models_f
     with running_app(tmp_path / "app.log", "--allow-model-paths", "--outputs", str(tmp_path / "out"),
                      "--models-dir", str(models_folder)) as (url, _):
         client = Client(url, verbose=False)
-        video, status, _, seed = client.predict(*_t2v(str(outside), seed=5), api_name="/text_to_video")
+        video, status, _, seed, *_ = client.predict(*_t2v(str(outside), seed=5), api_name="/text_to_video")
         assert Path(video).exists() and seed == 5 and "Done" in status
         sidecar = json.loads(next((tmp_path / "out").rglob("*.json")).read_text())
         assert sidecar["model"]["ref"] == str(outside)

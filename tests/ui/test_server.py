@@ -12,18 +12,15 @@ import pytest
 from gradio_client import Client, handle_file
 
 from engine.export import read_video
-from tests.conftest import running_app
+from tests.conftest import selftest_app
 
 T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 4, 5.0, 3.0, 7]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, selftest_models_dir):
-    outputs = tmp_path_factory.mktemp("server-outputs")
-    log = tmp_path_factory.mktemp("logs") / "server.log"
-    with running_app(log, "--model", "selftest-t2v", "--outputs", str(outputs),
-                     "--models-dir", str(selftest_models_dir)) as (url, proc):
-        yield {"url": url, "proc": proc, "outputs": outputs}
+    with selftest_app(tmp_path_factory, selftest_models_dir, "server") as app:
+        yield app
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +50,7 @@ def test_plan_endpoint_shows_the_plan_for_the_settings(client):
 
 
 def test_a_forced_strategy_runs_and_is_recorded_in_the_sidecar(client, server):
-    video, status, _, _ = client.predict(*T2V, strategy="group_offload", api_name="/text_to_video")
+    video, status, _, _, *_ = client.predict(*T2V, strategy="group_offload", api_name="/text_to_video")
     assert "Plan: group_offload (" in status
     written = list(server["outputs"].rglob(Path(video).name))
     assert len(written) == 1
@@ -62,7 +59,7 @@ def test_a_forced_strategy_runs_and_is_recorded_in_the_sidecar(client, server):
 
 
 def test_text_to_video_returns_a_video_and_timings(client, server):
-    video, status, timings, seed = client.predict(*T2V, api_name="/text_to_video")
+    video, status, timings, seed, *_ = client.predict(*T2V, api_name="/text_to_video")
     frames, fps = read_video(video)
     assert frames.shape == (9, 64, 64, 3) and fps == 16
     assert seed == 7 and "Seed used: 7" in status and "self-test model" in status
@@ -73,12 +70,12 @@ def test_text_to_video_returns_a_video_and_timings(client, server):
 
 
 def test_text_to_image_returns_a_png(client):
-    image, status, _, seed = client.predict(*T2V, api_name="/text_to_image")
+    image, status, _, seed, *_ = client.predict(*T2V, api_name="/text_to_image")
     assert Path(image).suffix == ".png" and seed == 7
 
 
 def test_image_to_video_with_an_upload(client, image_file):
-    video, status, timings, _ = client.predict(
+    video, status, timings, _, *_ = client.predict(
         handle_file(str(image_file)), None, "selftest-i2v", "waves", "", "selftest-i2v", 96, 64, 9, 3, 5.0, 3.0, 1,
         api_name="/image_to_video")
     frames, _ = read_video(video)
@@ -127,9 +124,9 @@ def test_cancel_stops_the_job_and_the_next_one_runs(client, server):
     job = client.submit(*_long_job(), api_name="/text_to_video")
     _wait_for_step(job)
     client.predict(api_name="/cancel")
-    _, status, _, _ = job.result(timeout=60)
+    _, status, _, _, *_ = job.result(timeout=60)
     assert "Cancelled after step" in status
-    video, status, _, _ = client.predict(*T2V, api_name="/text_to_video")
+    video, status, _, _, *_ = client.predict(*T2V, api_name="/text_to_video")
     assert "Done" in status and Path(video).exists()
 
 
@@ -139,7 +136,7 @@ def test_killed_engine_is_reported_and_replaced(client, server):
     os.kill(_engine_pid(server), signal.SIGKILL)
     with pytest.raises(Exception, match="engine process stopped unexpectedly during denoise"):
         job.result(timeout=60)
-    video, status, _, _ = client.predict(*T2V, api_name="/text_to_video")
+    video, status, _, _, *_ = client.predict(*T2V, api_name="/text_to_video")
     assert "Done" in status and Path(video).exists()
 
 
@@ -174,5 +171,24 @@ def test_only_the_owner_can_cancel_a_running_job(client, server):
     time.sleep(1.0)
     assert not job.done(), "a stranger's cancel stopped the job"
     assert "Cancelling" in client.predict(api_name="/cancel")
-    _, status, _, _ = job.result(timeout=60)
+    _, status, _, _, *_ = job.result(timeout=60)
     assert "Cancelled after step" in status
+
+
+def test_a_plain_json_call_with_a_prompt_and_steps_returns_an_image(server):
+    import io
+
+    import httpx
+    from PIL import Image
+
+    url = server["url"] + "gradio_api/call/generate_image"
+    event = httpx.post(url, json={"data": ["cyberpunk city", 2]}, timeout=10).json()["event_id"]
+    answer = httpx.get(f"{url}/{event}", timeout=120).text
+    assert "event: complete" in answer, answer
+    data = json.loads(answer.split("data: ", 1)[1].splitlines()[0])
+    png = httpx.get(data[0]["url"], timeout=10)
+    image = Image.open(io.BytesIO(png.content))
+    assert image.format == "PNG" and image.size == (64, 64)   # the self-test preset's size
+    sidecars = [json.loads(p.read_text()) for p in server["outputs"].rglob("*.json")]
+    assert any(s["prompt"] == "cyberpunk city" and s["parameters"]["steps"] == 2 and s["mode"] == "t2i"
+               for s in sidecars)

@@ -1,0 +1,155 @@
+"""Each tab used the way a person uses it, in a real browser, with screenshots."""
+from __future__ import annotations
+
+import re
+
+from tests.conftest import Screenshots
+
+
+def _set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input")
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def _preview_src(page, prefix: str) -> str | None:
+    img = page.locator(f"#{prefix}-preview img")
+    return img.get_attribute("src") if img.count() else None
+
+
+def _wait_for_new_preview(page, prefix: str, after: str | None, timeout_s: float = 60) -> str:
+    page.wait_for_function(
+        """([sel, before]) => { const img = document.querySelector(sel);
+                                 return img && img.src.startsWith('data:image/') && img.src !== before; }""",
+        arg=[f"#{prefix}-preview img", after or ""], timeout=timeout_s * 1000)
+    return _preview_src(page, prefix)
+
+
+def _wait_for_playing_video(page, prefix: str) -> dict:
+    """The result video is there, has frames and its playback position advances."""
+    selector = f"#{prefix}-video video"
+    page.locator(selector).wait_for(timeout=120_000)
+    page.wait_for_function(
+        """sel => { const v = document.querySelector(sel); return v && v.readyState >= 2 && v.duration > 0; }""",
+        arg=selector, timeout=60_000)
+    page.evaluate("sel => { const v = document.querySelector(sel); v.muted = true; return v.play(); }", selector)
+    start = page.evaluate("sel => document.querySelector(sel).currentTime", selector)
+    page.wait_for_function(f"sel => document.querySelector(sel).currentTime !== {start}", arg=selector,
+                           timeout=30_000)
+    return page.evaluate("""sel => { const v = document.querySelector(sel);
+        return {w: v.videoWidth, h: v.videoHeight, duration: v.duration, src: v.currentSrc}; }""", selector)
+
+
+def _table_text(page, elem_id: str) -> str:
+    return page.locator(f"#{elem_id}").inner_text()
+
+
+def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, shot: Screenshots):
+    page.locator("#t2v-prompt textarea").fill("a red fox running through snow")
+    for elem, value in (("t2v-width", 96), ("t2v-height", 64), ("t2v-frames", 17), ("t2v-steps", 40),
+                        ("t2v-seed", 42)):
+        _set_number(page, elem, value)
+    page.locator("#t2v-generate").click()
+    first = _wait_for_new_preview(page, "t2v", None)
+    second = _wait_for_new_preview(page, "t2v", first)
+    assert second != first, "the preview did not update"
+    page.wait_for_function("() => document.querySelector('#t2v-timings').innerText.includes('Denoise')")
+    assert "Live preview after step" in page.locator("#t2v-preview").inner_text()
+    assert re.search(r"step \d+/40", page.locator("#t2v-status").inner_text() + _table_text(page, "t2v-timings"))
+    shot(page, "t2v-running")
+    video = _wait_for_playing_video(page, "t2v")
+    assert (video["w"], video["h"]) == (96, 64)
+    page.wait_for_function("() => document.querySelector('#t2v-timings').innerText.includes('Total')")
+    status = page.locator("#t2v-status").inner_text()
+    assert "Done in" in status and "Seed used: 42" in status
+    chart = page.locator("#t2v-timing-chart")
+    assert "Seconds per denoising step (40 of 40)" in chart.inner_text()
+    assert chart.locator(".wan-step-bars span").count() == 40
+    assert _preview_src(page, "t2v") is None, "the preview stays after the video arrived"
+    assert "System:" in page.locator("#system-panel").inner_text()
+    shot(page, "t2v-done")
+
+
+def _open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+def test_image_to_video_shows_the_crop_at_its_final_size_then_makes_a_video(page, shot: Screenshots, image_file):
+    _open_tab(page, "Image to Video")
+    _set_number(page, "i2v-width", 96)
+    _set_number(page, "i2v-height", 64)
+    page.locator("#i2v-image input[type=file]").set_input_files(str(image_file))
+    page.wait_for_function("() => document.querySelector('#i2v-fit-note').innerText.includes('Final size: 96x64')")
+    fitted = page.locator("#i2v-fitted img")
+    fitted.wait_for()
+    page.wait_for_function("() => document.querySelector('#i2v-fitted img').naturalWidth === 96")
+    assert page.evaluate("() => document.querySelector('#i2v-fitted img').naturalHeight") == 64
+    page.locator("#i2v-prompt textarea").fill("waves rolling onto a beach")
+    _set_number(page, "i2v-frames", 9)
+    _set_number(page, "i2v-steps", 12)
+    page.locator("#i2v-generate").click()
+    _wait_for_new_preview(page, "i2v", None)
+    shot(page, "i2v-running")
+    video = _wait_for_playing_video(page, "i2v")
+    assert (video["w"], video["h"]) == (96, 64)
+    page.wait_for_function("() => document.querySelector('#i2v-timings').innerText.includes('Image encode')")
+    shot(page, "i2v-done")
+
+
+def test_cancel_stops_a_running_job_and_keeps_the_earlier_video(page, shot: Screenshots):
+    _open_tab(page, "Text to Video")
+    before = page.locator("#t2v-video video").get_attribute("src")
+    _set_number(page, "t2v-steps", 200)
+    page.locator("#t2v-generate").click()
+    page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+    page.locator("#t2v-cancel").click()
+    page.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('ancel')")
+    # The engine is free again: the system panel says idle (it refreshes every 2 s).
+    page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
+                           timeout=30_000)
+    assert page.locator("#t2v-video video").get_attribute("src") == before, "the earlier video was lost"
+    shot(page, "t2v-cancelled")
+    _set_number(page, "t2v-steps", 4)
+
+
+def test_presets_and_history_during_and_after_a_run_reuse_and_apply(page, shot: Screenshots):
+    from playwright.sync_api import expect
+
+    _open_tab(page, "Text to Video")
+    page.locator("#t2v-prompt textarea").fill("a lighthouse at dusk")
+    _set_number(page, "t2v-steps", 60)
+    _set_number(page, "t2v-seed", 77)
+    page.locator("#t2v-generate").click()
+    page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: running')",
+                           timeout=30_000)
+    _open_tab(page, "Presets")
+    # gradio puts a group's elem_id on two nested elements: take the outer one.
+    page.locator("#preset-card-selftest-i2v").first.wait_for()
+    expect(page.locator("#preset-card-selftest-t2v").first).to_contain_text("Expected on this machine")
+    shot(page, "presets-during-run")
+    _open_tab(page, "History")
+    page.locator("#history-gallery .thumbnail-item").first.wait_for()
+    shot(page, "history-during-run")
+    page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
+                           timeout=120_000)
+    page.locator("#history-refresh").click()
+    item = page.locator("#history-gallery .thumbnail-item", has_text="a lighthouse at dusk")
+    item.wait_for()
+    item.click()
+    expect(page.locator("#history-details")).to_contain_text("a lighthouse at dusk")
+    shot(page, "history-after-run")
+    _open_tab(page, "Text to Video")
+    page.locator("#t2v-prompt textarea").fill("something else")
+    _open_tab(page, "History")
+    page.locator("#history-reuse").click()
+    expect(page.locator("#t2v-prompt textarea")).to_have_value("a lighthouse at dusk")
+    expect(page.locator("#t2v-seed input")).to_have_value("77")
+    expect(page.locator("#t2v-steps input")).to_have_value("60")
+
+    _open_tab(page, "Presets")
+    shot(page, "presets-after-run")
+    page.locator("#use-preset-selftest-i2v").click()
+    expect(page.locator("#i2v-generate")).to_be_visible()
+    expect(page.locator("#i2v-preset input")).to_have_value("Self-test I2V - tiny offline model")
+    _open_tab(page, "Decode again")
+    shot(page, "decode-again")

@@ -1,0 +1,96 @@
+"""Saving a generation form's settings as one of the user's presets, and deleting them (pure; no gradio)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.presets import MODES, Preset, PresetError, check_user_preset_name, preset_json
+from engine.request import GenerationRequest, check_inputs, clean_prompt
+from engine.selftest import SELFTEST_REFS
+
+from .context import AppContext
+from .preset_cards import MODE_TITLES
+
+
+def _store(ctx: AppContext):
+    if ctx.user_presets is None:
+        raise PresetError("saving presets is off in this app (it was started without a user presets folder)")
+    return ctx.user_presets
+
+
+def _text(value, what: str) -> str:
+    """``value`` cleaned as prompts are (control and invisible characters removed), or PresetError."""
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise PresetError(f"the {what} must be text, got {type(value).__name__}")
+    return clean_prompt(value)[0].strip()
+
+
+def preset_data(ctx: AppContext, name: str, mode: str, preset: str | None, negative_prompt: str | None,
+                model: str | None, width, height, frames, steps, guidance, shift,
+                title: str | None = "", description: str | None = "") -> dict:
+    """The JSON object of a user preset holding these settings, checked as a run checks them.
+
+    ``preset`` is the preset the form was filled from: values left out (None) come from it, and
+    so does what the form does not show (fps, scheduler and fixed sigmas, size multiple), so the
+    saved preset runs exactly as the form would. Raises a ValueError (PresetError, InputError,
+    ModelError) that says what to change.
+    """
+    if mode not in MODES:
+        raise PresetError(f"mode must be one of {', '.join(MODES)} (text or image to video), got {mode!r}")
+    base = ctx.preset_or_default(preset, mode)
+    # The model as a run would take it: a path outside the models folder is refused, unless allowed.
+    checked_model = ctx.model_ref(model or base.model)
+    # Checked as a text-to-video run (an image-to-video run checks the same numbers, plus its image).
+    # check_inputs also checks that the outputs folder takes files: the app's own folder.
+    request = check_inputs(GenerationRequest.from_preset(
+        base, "preset", mode="t2v", model=checked_model, negative_prompt=negative_prompt, width=width,
+        height=height, frames=frames, steps=steps, guidance=guidance, shift=shift, outputs_dir=ctx.outputs_dir))
+    title = " ".join(_text(title, "title").split()) or name
+    description = _text(description, "description") or (
+        f"Saved from the {MODE_TITLES[mode]} tab, starting from {base.title}.")
+    return {
+        "name": name, "title": title, "description": description, "model": request.model, "mode": mode,
+        "width": request.width, "height": request.height, "frames": request.frames, "steps": request.steps,
+        "guidance": request.guidance, "shift": request.shift, "fps": request.fps,
+        "negative_prompt": request.negative_prompt, "size_multiple": request.size_multiple,
+        "scheduler": request.scheduler, "sigmas": None if request.sigmas is None else list(request.sigmas),
+        "selftest": request.model in SELFTEST_REFS,
+    }
+
+
+@dataclass(frozen=True)
+class Saved:
+    preset: Preset
+    replaced: bool      # an earlier preset of the user's with this name was replaced
+
+    @property
+    def message(self) -> str:
+        verb = "Replaced" if self.replaced else "Saved"
+        return (f"{verb} your preset **{self.preset.name}** as {self.preset.name}.json in the user presets "
+                f"folder. It is in the Preset list of the {MODE_TITLES[self.preset.mode]} tab.")
+
+    def to_dict(self) -> dict:
+        """What the save_preset API returns."""
+        return {"name": self.preset.name, "replaced": self.replaced, "message": self.message,
+                "preset": preset_json(self.preset)}
+
+
+def save_user_preset(ctx: AppContext, name: str, mode: str, preset: str | None, negative_prompt: str | None,
+                     model: str | None, width, height, frames, steps, guidance, shift,
+                     title: str | None = "", description: str | None = "") -> Saved:
+    """Save (or replace) one of the user's presets.
+
+    Refusals are ValueErrors saying what to change; nothing is written then.
+    """
+    store = _store(ctx)
+    name = check_user_preset_name(name, store.builtin)   # the name first: the likeliest mistake
+    data = preset_data(ctx, name, mode, preset, negative_prompt, model, width, height, frames, steps,
+                       guidance, shift, title, description)
+    return Saved(*store.save(data))
+
+
+def delete_user_preset(ctx: AppContext, name: str) -> str:
+    """Delete one of the user's presets; a sentence saying so. Built-ins and unknown names are refused."""
+    removed = _store(ctx).delete(name)
+    return f"Deleted your preset **{removed.name}**."
