@@ -75,6 +75,7 @@ class _Job:
     step_downs: list = field(default_factory=list)
     decode_fallback: str | None = None
     latents: str | None = None
+    ram: RamPeakSampler | None = None   # the run's RAM peak so far, reported with every step
 
 
 class Engine:
@@ -190,7 +191,7 @@ class Engine:
         """Run one job to a terminal event (finished, cancelled or failed), which is also emitted."""
         job = _Job(job_id, emit, should_cancel)
         emit(JobStarted(job_id, f"{request.mode} with {request.model}"))
-        ram = RamPeakSampler()
+        ram = job.ram = RamPeakSampler()
         try:
             with ram.running():
                 result = self._run(request, job, ram)
@@ -378,7 +379,8 @@ class Engine:
             seconds = now - last[0]
             job.step_seconds.append(round(seconds, 4))
             mean = sum(job.step_seconds) / len(job.step_seconds)
-            job.emit(StepFinished(job.id, i + 1, total, seconds, mean * (total - i - 1)))
+            job.emit(StepFinished(job.id, i + 1, total, seconds, mean * (total - i - 1), peak_vram_gb(),
+                                  job.ram.peak_gb if job.ram else None))
             if job.should_cancel():
                 pipeline._interrupt = True
             else:

@@ -60,6 +60,8 @@ class StepFinished(Event):
     total: int
     seconds: float     # this step's wall time, device synchronised
     eta_seconds: float
+    peak_vram_gb: float | None = None   # the run's peaks so far (None: no device memory to report)
+    peak_ram_gb: float | None = None
 
 
 @dataclass(frozen=True)

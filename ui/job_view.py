@@ -35,6 +35,7 @@ class JobView:
     notes: list = field(default_factory=list)
     download: str = ""
     plan: dict | None = None          # the engine's latest PlanReady (again after an out-of-memory step-down)
+    peaks: tuple = (None, None)       # (VRAM, RAM) peaks so far, from the latest step
     preview: PreviewReady | None = None   # the latest live preview; dropped when the result arrives
     previews: int = 0
     result: JobFinished | None = None
@@ -64,6 +65,7 @@ class JobView:
         elif isinstance(event, StepFinished):
             self.step, self.total_steps = event.step, event.total
             self.step_seconds.append(event.seconds)
+            self.peaks = (event.peak_vram_gb, event.peak_ram_gb)
             self.eta = event.eta_seconds
             self.status = (f"Denoising: step {event.step}/{event.total}, {self.rate_text()}, "
                            f"about {event.eta_seconds:.0f} s left")
@@ -145,6 +147,10 @@ class JobView:
 
     def markdown(self) -> str:
         lines = [f"**{self.status}**"]
+        if self.result is None and any(p is not None for p in self.peaks):
+            vram, ram = self.peaks
+            shown = ([f"VRAM {vram:.2f} GB"] if vram is not None else []) + ([f"RAM {ram:.2f} GB"] if ram else [])
+            lines += ["", "Peak so far: " + ", ".join(shown)]
         if self.plan:
             lines += ["", plan_line(self.plan)]
         lines += [f"- {note}" for note in self.notes]

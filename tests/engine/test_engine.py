@@ -53,6 +53,10 @@ def test_text_to_video_writes_the_requested_frames_and_size(engine, model_dirs, 
                                 "pipeline": "WanPipeline"}
     assert sidecar["parameters"]["width"] == 96 and sidecar["parameters"]["steps"] == 3
     assert sidecar["output"] == {"frames": 13, "height": 64, "width": 96, "fps": 16}
+    steps = [e for e in events if isinstance(e, StepFinished)]
+    # Each step reports the run's peaks so far: RAM grows or holds, no device memory on the CPU.
+    assert all(e.peak_vram_gb is None and e.peak_ram_gb > 0.05 for e in steps)
+    assert [e.peak_ram_gb for e in steps] == sorted(e.peak_ram_gb for e in steps)
     assert sidecar["plan"]["device"] == "cpu" and sidecar["plan"]["decisions"]
     assert sidecar["peak_ram_gb"] > 0 and len(sidecar["step_seconds"]) == 3
     assert {"app", "torch", "diffusers", "transformers"} <= set(sidecar["versions"])

@@ -69,3 +69,12 @@ def test_preview_is_an_inline_animation_until_the_result_replaces_it():
     assert "after step 4 of 10" in html and "3 latent frames" in html and "derived" in html
     view.apply(JobFinished("j", ("a.mp4",), "a.json", 5, {}))
     assert view.preview_html() == "" and view.previews == 1
+
+
+def test_peaks_so_far_are_shown_while_it_runs_and_the_final_ones_at_the_end():
+    view = JobView().apply(StepFinished("j", 1, 4, 0.5, 1.5, 3.25, 1.5))
+    assert "Peak so far: VRAM 3.25 GB, RAM 1.50 GB" in view.markdown()
+    assert "Peak so far: RAM 2.00 GB" in JobView().apply(StepFinished("j", 1, 4, 0.5, 1.5, None, 2.0)).markdown()
+    view.apply(JobFinished("j", ("a.mp4",), "a.json", 5, {"denoise": 2.0}, 3.5, 1.75))
+    assert "Peak so far" not in view.markdown()
+    assert view.timing_rows()[-1][2] == "peak VRAM 3.50 GB, peak RAM 1.75 GB"
