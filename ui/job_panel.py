@@ -28,7 +28,8 @@ def build_job_panel(prefix: str, video: bool = True, image: bool = False) -> tup
     result = gr.Video(label="Result video", elem_id=f"{prefix}-video", autoplay=True, loop=True)
     still = None
     if image:
-        still = gr.Image(label="Result image", type="filepath", elem_id="t2i-image", interactive=False)
+        still = gr.Image(label="Result image", type="filepath", elem_id="t2i-image", interactive=False,
+                         visible=False)
     status = gr.Markdown(elem_id=f"{prefix}-status")
     seed_used = gr.Number(value=None, label="Seed used", precision=0, interactive=False,
                           elem_id=f"{prefix}-seed-used")

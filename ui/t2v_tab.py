@@ -33,7 +33,13 @@ def build(ctx: AppContext) -> Form:
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, progress=gr.Progress(), session: gr.Request = None):
         request = build_request(ctx, "t2i", preset, prompt, negative_prompt, model, width, height, frames,
                                 steps, guidance, shift, seed, strategy, text_encoder, vae_tiling)
-        yield from stream(ctx, ctx.client.submit(request), progress, session)
+        outputs = stream(ctx, ctx.client.submit(request), progress, session)
+        try:
+            for number, output in enumerate(outputs):
+                # The still's box appears with the first still job (the first output is never the result).
+                yield (gr.Image(visible=True), *output[1:]) if number == 0 else output
+        finally:
+            outputs.close()
 
     inputs = [*form.settings(), *panel.overrides()]
     video_run = video_btn.click(text_to_video, inputs, job.outputs(), api_name="text_to_video",

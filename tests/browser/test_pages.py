@@ -60,6 +60,7 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
     video = _wait_for_playing_video(page, "t2v")
     assert (video["w"], video["h"]) == (96, 64)
     page.wait_for_function("() => document.querySelector('#t2v-timings').innerText.includes('Total')")
+    page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')")
     status = page.locator("#t2v-status").inner_text()
     assert "Done in" in status and "Seed used: 42" in status
     chart = page.locator("#t2v-timing-chart")
@@ -68,6 +69,15 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
     assert _preview_src(page, "t2v") is None, "the preview stays after the video arrived"
     assert "System:" in page.locator("#system-panel").inner_text()
     shot(page, "t2v-done")
+
+
+def test_a_still_appears_in_its_own_box_only_once_one_is_made(page, shot: Screenshots):
+    assert not page.locator("#t2i-image").is_visible()
+    _set_number(page, "t2v-steps", 4)
+    page.locator("#t2i-generate").click()
+    page.wait_for_function("() => { const img = document.querySelector('#t2i-image img');"
+                           " return img && img.naturalWidth === 96 && img.naturalHeight === 64; }")
+    assert page.locator("#t2v-video video").count() == 1, "the earlier video was lost"
 
 
 def _open_tab(page, name: str) -> None:
