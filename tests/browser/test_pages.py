@@ -163,3 +163,32 @@ def test_presets_and_history_during_and_after_a_run_reuse_and_apply(page, shot: 
     expect(page.locator("#i2v-preset input")).to_have_value("Self-test I2V - tiny offline model")
     _open_tab(page, "Decode again")
     shot(page, "decode-again")
+
+
+def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app_server, shot: Screenshots):
+    import json
+
+    from tests.conftest import open_page
+
+    _open_tab(page, "Text to Video")
+    page.locator("#t2v-prompt textarea").fill("the first visitor's long job")
+    _set_number(page, "t2v-steps", 200)
+    page.locator("#t2v-generate").click()
+    page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+    with open_page(browser, app_server["url"]) as other:
+        other.locator("#t2v-prompt textarea").fill("the second visitor's job")
+        _set_number(other, "t2v-steps", 3)
+        other.locator("#t2v-generate").click()
+        # gradio shows a waiting job's place in the queue on its result box
+        other.wait_for_function("() => /queue/i.test(document.querySelector('#t2v-video').innerText)")
+        shot(other, "t2v-queued")
+        other.locator("#t2v-cancel").click()
+        other.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('taken out')")
+    page.locator("#t2v-cancel").click()
+    page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
+                           timeout=30_000)
+    page.wait_for_timeout(3000)   # had the withdrawn job still been queued, it would be running or done now
+    assert "Engine: idle" in page.locator("#system-panel").inner_text()
+    prompts = [json.loads(p.read_text()).get("prompt") for p in app_server["outputs"].rglob("*.json")]
+    assert "the second visitor's job" not in prompts and "the first visitor's long job" not in prompts
+    _set_number(page, "t2v-steps", 4)
