@@ -192,3 +192,21 @@ def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app
     prompts = [json.loads(p.read_text()).get("prompt") for p in app_server["outputs"].rglob("*.json")]
     assert "the second visitor's job" not in prompts and "the first visitor's long job" not in prompts
     _set_number(page, "t2v-steps", 4)
+
+
+def test_closing_the_page_stops_its_running_job(page, browser, app_server):
+    import json
+
+    from tests.conftest import open_page
+
+    with open_page(browser, app_server["url"]) as leaving:
+        leaving.locator("#t2v-prompt textarea").fill("a job whose page is closed")
+        for elem, value in (("t2v-width", 256), ("t2v-height", 256), ("t2v-frames", 33), ("t2v-steps", 200)):
+            _set_number(leaving, elem, value)
+        leaving.locator("#t2v-generate").click()
+        leaving.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+    # 200 steps take minutes here; the engine is free again long before that.
+    page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
+                           timeout=45_000)
+    prompts = [json.loads(p.read_text()).get("prompt") for p in app_server["outputs"].rglob("*.json")]
+    assert "a job whose page is closed" not in prompts
