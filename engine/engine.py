@@ -8,7 +8,6 @@ the decode retries the decode alone, tiled, then on the CPU.
 """
 from __future__ import annotations
 
-import logging
 import os
 import secrets
 import signal
@@ -22,7 +21,8 @@ from .apply import (bring_encoder, encoder_device, from_pretrained_kwargs, place
                     set_vae_tiling, torch_dtype)
 from .events import (DownloadProgress, Event, Info, JobCancelled, JobFinished, JobStarted, LatentsSaved,
                      PhaseFinished, PhaseStarted, PlanReady, StepFinished)
-from .export import output_stem, to_uint8, write_json
+from .decoding import decode_attempts, decode_latents
+from .export import output_stem, write_json
 from .inputs import keep_inputs
 from .failures import failure_event, is_out_of_memory
 from .hardware import HardwareProfile, detect_hardware
@@ -42,7 +42,6 @@ SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the
 TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer needs exactly that
 PROMPT_CACHE_SIZE = 4   # encodings are 512 x 4096 x 2 bytes each: 4 MB
 Emit = Callable[[Event], None]
-log = logging.getLogger(__name__)
 
 
 class Cancelled(Exception):
@@ -384,7 +383,7 @@ class Engine:
             if job.should_cancel():
                 pipeline._interrupt = True
             else:
-                self._preview(previews, job, pipeline.scheduler, i, tensors["latents"])
+                previews.emit_after_step(pipeline.scheduler, i, tensors["latents"], job.emit)
             # A preview's cost is in its event and in the denoise phase, not in the step times.
             last[0] = clock()
             return {}
@@ -405,20 +404,6 @@ class Engine:
         return output.frames
 
     @staticmethod
-    def _preview(previews: LivePreview, job: _Job, scheduler, step: int, latents) -> None:
-        """Emit a live preview when one is due; a preview never fails a run: the first error turns them off."""
-        try:
-            event = previews.after_step(scheduler, step, latents)
-        except Exception as exc:
-            previews.off = True
-            log.warning("live preview failed at step %d; previews are off for this run", step + 1, exc_info=True)
-            job.emit(Info(job.id, f"The live preview failed at step {step + 1} ({type(exc).__name__}: {exc}); "
-                                  "previews are off for this run, which goes on."))
-            return
-        if event is not None:
-            job.emit(event)
-
-    @staticmethod
     def _preview_map(loaded: LoadedModel) -> PreviewMap:
         """The loaded model's latent -> RGB map, made once (a model without known factors decodes a little)."""
         if loaded.preview_map is None:
@@ -428,12 +413,7 @@ class Engine:
     # ----- decode, with its own fallbacks --------------------------------------
     def _decode(self, vae, video_processor, plan: Plan, latents, job: _Job):
         """Decode as planned; on out-of-memory retry tiled, then on the CPU. The denoise is never repeated."""
-        smaller = [t for t in VAE_TILES if plan.vae_tile is None or t < plan.vae_tile]
-        attempts = [("as planned", plan.vae_tile, plan.device)]
-        if plan.device != "cpu" or smaller:
-            attempts.append(("tiled", smaller[0] if smaller else plan.vae_tile, plan.device))
-        if plan.device != "cpu":
-            attempts.append(("on the CPU", smaller[0] if smaller else plan.vae_tile, "cpu"))
+        attempts = decode_attempts(plan.vae_tile, plan.device, VAE_TILES)
         for number, (how, tile, device) in enumerate(attempts):
             try:
                 frames = self._decode_once(vae, video_processor, latents, job, tile, device)
@@ -453,19 +433,8 @@ class Engine:
                 set_vae_tiling(vae, plan.vae_tile)
 
     def _decode_once(self, vae, video_processor, latents, job: _Job, tile: int | None, device: str):
-        import torch
-
-        set_vae_tiling(vae, tile)
-        if device != str(vae.device.type):
-            vae.to(device)
-        with torch.inference_mode(), self._phase(job, "vae_decode"):
-            latents = latents.to(device, dtype=vae.dtype)
-            shape = (1, vae.config.z_dim, 1, 1, 1)
-            mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-            inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-            video = vae.decode(latents / inv_std + mean, return_dict=False)[0]
-            frames = video_processor.postprocess_video(video, output_type="np")[0]
-        return to_uint8(frames)
+        with self._phase(job, "vae_decode"):
+            return decode_latents(vae, video_processor, latents, tile, device)
 
     # ----- decode again, from saved latents ------------------------------------
     def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False) -> Event:

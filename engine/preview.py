@@ -15,13 +15,17 @@ frames become one small looping animated image.
 from __future__ import annotations
 
 import io
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from .events import PreviewReady
+from .events import Info, PreviewReady
+from .decoding import denormalize
 from .runtime import clock
+
+log = logging.getLogger(__name__)
 
 # Wan2.1 z16 latents -> RGB, as ComfyUI and Wan2GP use them (see FACTS.md "Latent preview"):
 # a row of (R, G, B) weights per latent channel, applied to the normalised latent.
@@ -101,16 +105,6 @@ def fit_map(latents, colours) -> PreviewMap:
     y = colours.movedim(1, -1).reshape(-1, 3).double().cpu()
     solution = torch.linalg.lstsq(x, y).solution
     return PreviewMap(solution[:z_dim].float().numpy(), solution[z_dim].float().numpy(), "derived")
-
-
-def denormalize(vae, latents):
-    """Normalised latents (as denoised) -> the VAE's own latent space, as Engine._decode_once does it."""
-    import torch
-
-    shape = (1, vae.config.z_dim, 1, 1, 1)
-    mean = torch.tensor(vae.config.latents_mean).view(shape).to(latents.device, latents.dtype)
-    inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(shape).to(latents.device, latents.dtype)
-    return latents / inv_std + mean
 
 
 def pool_to_latent_grid(video, latent_frames: int, latent_size: int):
@@ -222,6 +216,20 @@ class LivePreview:
     off: bool = False
     last_at: float | None = None
     previous: tuple[int, Any] | None = None  # (step, latents after it): the next step's x_t
+
+    def emit_after_step(self, scheduler, step: int, latents, emit: Callable) -> None:
+        """after_step, emitting what it makes; a failing preview never fails the run: the first error is
+        said once (an Info) and turns previews off for the rest of it."""
+        try:
+            event = self.after_step(scheduler, step, latents)
+        except Exception as exc:
+            self.off = True
+            log.warning("live preview failed at step %d; previews are off for this run", step + 1, exc_info=True)
+            emit(Info(self.job_id, f"The live preview failed at step {step + 1} ({type(exc).__name__}: {exc}); "
+                                   "previews are off for this run, which goes on."))
+            return
+        if event is not None:
+            emit(event)
 
     def after_step(self, scheduler, step: int, latents) -> PreviewReady | None:
         """``step``: the 0-based index of the step just taken; ``latents``: the pipeline's latents after it."""
