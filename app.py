@@ -27,8 +27,6 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models-dir", default=str(DEFAULT_MODELS), help="folder for built-in self-test models")
     parser.add_argument("--latents-hours", type=float, default=24.0,
                         help="keep the denoised latents of finished runs this long (0: remove at once)")
-    parser.add_argument("--preview-every", type=float, default=1.0, metavar="SECONDS",
-                        help="a live preview at most this often while denoising (0: every step; -1: none)")
 
 
 def _overrides(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="jobs that may wait in the queue before new ones are refused (default 16)")
     serve.add_argument("--user-presets", default=str(DEFAULT_USER_PRESETS), metavar="DIR",
                        help="folder for the presets saved from the page (default: user_presets/ here)")
+    serve.add_argument("--preview-every", type=float, default=1.0, metavar="SECONDS",
+                       help="a live preview at most this often while denoising (0: every step; -1: none)")
     _common(serve)
 
     gen = sub.add_parser("generate", help="generate one video or image without the page")
@@ -156,7 +156,8 @@ def generate(args) -> int:
     except PresetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours)
+    # No page to show previews on: the engine makes none.
+    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, preview_seconds=-1)
     return _follow(client, client.submit(request))
 
 
