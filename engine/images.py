@@ -12,7 +12,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from .request import InputError
+from .request import MAX_SIDE, MIN_SIDE, InputError
 
 # Refuse images above this many pixels before decoding them (decompression bombs).
 # Checked from the header here; PIL's own global Image.MAX_IMAGE_PIXELS is left alone.
@@ -235,7 +235,7 @@ def fit_image(path: str | Path, width: int, height: int, name: str = "image"):
 
 
 def size_for_aspect(image_size: tuple[int, int], width: int, height: int, multiple: int = 16,
-                    low: int = 32, high: int = 2048) -> tuple[int, int]:
+                    low: int = MIN_SIDE, high: int = MAX_SIDE) -> tuple[int, int]:
     """A video size with the image's aspect and about the pixels of ``width`` x ``height``.
 
     Both sides are multiples of ``multiple`` within [low, high], so nothing of the image is cropped

@@ -7,9 +7,7 @@ are read and written through UserPresets; built-in presets are never touched.
 from __future__ import annotations
 
 import json
-import os
 import re
-import tempfile
 import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -201,6 +199,8 @@ class UserPresets:
             return [f"user presets folder {self.folder} is not a folder; no user presets loaded"]
         with self._lock:
             for path in sorted(self.folder.glob("*.json")):
+                if path.name.startswith("."):   # a write cut short by a crash
+                    continue
                 try:
                     check_user_preset_name(path.stem, self.builtin)
                     preset = load_preset_file(path)
@@ -246,23 +246,13 @@ class UserPresets:
             return self.presets.pop(name)
 
     def _write(self, name: str, preset: Preset) -> None:
-        """Write the file whole or not at all: a temporary file renamed over the old one."""
+        """Write the file whole or not at all (export.write_json: a temporary file renamed over the old one)."""
+        from .export import write_json
+
         path = self.folder / f"{name}.json"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
-            fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=self.folder)
+            write_json(preset_json(preset), path)
         except OSError as exc:
             raise PresetError(f"could not write {path}: {exc.strerror or exc}; "
                               "start the app with --user-presets DIR to use another folder") from exc
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump(preset_json(preset), out, indent=2, ensure_ascii=False)
-                out.write("\n")
-            os.chmod(temp, 0o644)   # mkstemp makes it private; a preset is no secret
-            os.replace(temp, path)
-        except OSError as exc:
-            Path(temp).unlink(missing_ok=True)
-            raise PresetError(f"could not write {path}: {exc.strerror or exc}") from exc
-        except BaseException:
-            Path(temp).unlink(missing_ok=True)
-            raise

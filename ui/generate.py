@@ -53,6 +53,17 @@ def cancel(ctx: AppContext, session: gr.Request | None) -> str:
             "A job of yours waiting in the queue is taken out of it.")
 
 
+def wire_cancel(ctx: AppContext, button: gr.Button, status, preview, runs: list, api_name: str | None = None) -> None:
+    """The tab's Cancel: stops this visitor's running job (public as ``api_name`` when given), takes their
+    waiting ``runs`` out of the queue (gradio's cancels=, scoped to the session) and clears the preview."""
+    def cancel_mine(session: gr.Request):
+        return cancel(ctx, session)
+
+    visibility = {"api_name": api_name} if api_name else {"api_visibility": "private"}
+    button.click(cancel_mine, None, status, queue=False, cancels=runs, **visibility).then(
+        lambda: "", None, preview, queue=False, api_visibility="private")
+
+
 def stream(ctx: AppContext, events: Iterator, progress: gr.Progress,
            session: gr.Request | None = None) -> Iterator[tuple]:
     """Yield (result, status markdown, timing rows, seed used, preview html, chart html) per event.

@@ -8,7 +8,7 @@ from engine.request import MAX_SIDE, MIN_SIDE, InputError
 
 from .context import AppContext
 from .form import Form, build_form, build_plan_panel
-from .generate import GPU_QUEUE, build_request, cancel, stream
+from .generate import GPU_QUEUE, build_request, stream, wire_cancel
 from .job_panel import build_job_panel
 from .plan_panel import AUTO
 
@@ -66,11 +66,7 @@ def build(ctx: AppContext) -> Form:
     run = run_btn.click(image_to_video, [image, last_image, *form.settings(), *panel.overrides()], job.outputs(),
                         api_name="image_to_video", concurrency_id=GPU_QUEUE, show_progress_on=job.result)
 
-    def cancel_mine(session: gr.Request):
-        return cancel(ctx, session)
-
-    cancel_btn.click(cancel_mine, None, job.status, api_visibility="private", queue=False,
-                     cancels=[run]).then(lambda: "", None, job.preview, queue=False, api_visibility="private")
+    wire_cancel(ctx, cancel_btn, job.status, job.preview, [run])
     gr.on([image.change, form.width.change, form.height.change], crop_preview, [image, form.width, form.height],
           [fitted, fit_note], queue=False, show_progress="hidden", api_visibility="private")
 

@@ -5,7 +5,7 @@ import gradio as gr
 
 from .context import AppContext
 from .form import Form, build_form, build_plan_panel
-from .generate import GPU_QUEUE, build_request, cancel, stream
+from .generate import GPU_QUEUE, build_request, stream, wire_cancel
 from .job_panel import build_job_panel
 from .plan_panel import AUTO
 
@@ -47,10 +47,5 @@ def build(ctx: AppContext) -> Form:
     image_run = image_btn.click(text_to_image, inputs, job.outputs(still), api_name="text_to_image",
                                 concurrency_id=GPU_QUEUE, show_progress_on=still)
 
-    def cancel_mine(session: gr.Request):
-        return cancel(ctx, session)
-
-    # On the page, Cancel also takes this visitor's waiting jobs out of the queue (cancels=).
-    cancel_btn.click(cancel_mine, None, job.status, api_name="cancel", queue=False,
-                     cancels=[video_run, image_run]).then(lambda: "", None, job.preview, queue=False, api_visibility="private")
+    wire_cancel(ctx, cancel_btn, job.status, job.preview, [video_run, image_run], api_name="cancel")
     return form
