@@ -69,10 +69,11 @@ class RunningJob:
     """Which page session started the job the engine is running (so only it may cancel)."""
 
     def __init__(self):
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()
         self._session: str | None = None
         self._status: str | None = None
         self._last: tuple[str | None, float] = (None, 0.0)
+        self._last_status: str | None = None
 
     def start(self, session: str | None) -> None:
         with self._lock:
@@ -87,8 +88,17 @@ class RunningJob:
     def finish(self) -> None:
         with self._lock:
             self._last = (self._session, time.monotonic())
+            self._last_status = self._status
             self._session = None
             self._status = None
+            self._lock.notify_all()
+
+    def wait_until_ended(self, session: str | None, timeout_s: float) -> tuple[bool, str | None]:
+        """Wait until ``session``'s job has ended: (ended, what it was last doing), or (False, None) on timeout."""
+        with self._lock:
+            ended = self._lock.wait_for(lambda: not (self._session is not None and self._session == session),
+                                        timeout=timeout_s)
+            return (True, self._last_status) if ended else (False, None)
 
     def recently_owned_by(self, session: str | None, seconds: float = 30.0) -> bool:
         """The running job is this session's, or the job that just ended was (a cancel that

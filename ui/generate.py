@@ -10,7 +10,7 @@ from engine.events import JobFailed, JobFinished, JobStarted, PreviewReady
 from engine.models import ModelError
 from engine.request import GenerationRequest
 
-from .context import AppContext
+from .context import AppContext, RunningJob
 from .job_view import JobView
 from .plan_panel import AUTO, override_fields
 
@@ -53,15 +53,40 @@ def cancel(ctx: AppContext, session: gr.Request | None) -> str:
             "A job of yours waiting in the queue is taken out of it.")
 
 
+def cancelled_status(running: RunningJob, mine: str | None, timeout_s: float = 60.0) -> str | None:
+    """The status to end a cancel with once session ``mine``'s job has really stopped (None: nothing of theirs ran).
+
+    Written after the job's last update, so a step that was on its way when Cancel was
+    pressed cannot leave the page saying the job still runs.
+    """
+    if not running.recently_owned_by(mine):
+        return None
+    ended, last = running.wait_until_ended(mine, timeout_s)
+    if not ended:
+        return "Cancel asked for; the job has not stopped yet (it stops at the end of its current step)."
+    last = (last or "").splitlines()[0] if last else ""
+    if last.startswith("Done"):
+        return f"Nothing to cancel: your job had already finished. {last}"
+    if last.startswith(("Cancelled", "Failed")):
+        return f"{last} Your earlier result is kept."
+    where = f" during {last.split(',')[0].rstrip('.')}" if last else ""
+    return f"Cancelled{where}. The model stays loaded; your earlier result is kept."
+
+
 def wire_cancel(ctx: AppContext, button: gr.Button, status, preview, runs: list, api_name: str | None = None) -> None:
     """The tab's Cancel: stops this visitor's running job (public as ``api_name`` when given), takes their
-    waiting ``runs`` out of the queue (gradio's cancels=, scoped to the session) and clears the preview."""
+    waiting ``runs`` out of the queue (gradio's cancels=, scoped to the session), clears the preview and,
+    once the job has stopped, says so."""
     def cancel_mine(session: gr.Request):
         return cancel(ctx, session)
 
+    def settle(session: gr.Request):
+        final = cancelled_status(ctx.running, getattr(session, "session_hash", None))
+        return gr.skip() if final is None else final, ""
+
     visibility = {"api_name": api_name} if api_name else {"api_visibility": "private"}
     button.click(cancel_mine, None, status, queue=False, cancels=runs, **visibility).then(
-        lambda: "", None, preview, queue=False, api_visibility="private")
+        settle, None, [status, preview], queue=False, api_visibility="private")
 
 
 def stream(ctx: AppContext, events: Iterator, progress: gr.Progress,
