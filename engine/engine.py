@@ -376,6 +376,7 @@ class Engine:
             synchronize(job.device)
             now = clock()
             seconds = now - last[0]
+            previews.settle()   # the previous step's preview is emitted before this step's news
             job.step_seconds.append(round(seconds, 4))
             mean = sum(job.step_seconds) / len(job.step_seconds)
             job.emit(StepFinished(job.id, i + 1, total, seconds, mean * (total - i - 1), peak_vram_gb(),
@@ -384,21 +385,25 @@ class Engine:
                 pipeline._interrupt = True
             else:
                 previews.emit_after_step(pipeline.scheduler, i, tensors["latents"], job.emit)
-            # A preview's cost is in its event and in the denoise phase, not in the step times.
+            # A preview's cost is in its event and in the denoise phase, not in the step times;
+            # its encoding overlaps the next step.
             last[0] = clock()
             return {}
 
         positive, negative = embeds
         with self._phase(job, "denoise"):
             last[0] = clock()
-            output = pipe(
-                prompt_embeds=positive,
-                negative_prompt_embeds=negative if request.guidance > 1.0 else None,
-                height=request.height, width=request.width, num_frames=request.frames,
-                num_inference_steps=total, guidance_scale=request.guidance,
-                generator=torch.Generator("cpu").manual_seed(request.seed),
-                max_sequence_length=TEXT_TOKENS, output_type="latent",
-                callback_on_step_end=on_step_end, **image_inputs)
+            try:
+                output = pipe(
+                    prompt_embeds=positive,
+                    negative_prompt_embeds=negative if request.guidance > 1.0 else None,
+                    height=request.height, width=request.width, num_frames=request.frames,
+                    num_inference_steps=total, guidance_scale=request.guidance,
+                    generator=torch.Generator("cpu").manual_seed(request.seed),
+                    max_sequence_length=TEXT_TOKENS, output_type="latent",
+                    callback_on_step_end=on_step_end, **image_inputs)
+            finally:
+                previews.close()   # the last preview belongs to the denoising, before anything after it
         if len(job.step_seconds) < total or job.should_cancel():
             raise Cancelled()
         return output.frames

@@ -10,12 +10,14 @@ frames become one small looping animated image.
   a model with other latents (Wan2.2-5B has 48 channels).
 - ``latents_to_frames`` and ``encode_animation``: x0 to uint8 frames to image bytes.
 - ``LivePreview``: one run's state: which steps get a preview, the latents of the step
-  before (the Euler estimate needs them).
+  before (the Euler estimate needs them), and the thread that encodes a preview while the
+  next step runs.
 """
 from __future__ import annotations
 
 import io
 import logging
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -202,11 +204,22 @@ def encode_animation(frames: np.ndarray, fps: float, max_side: int = PREVIEW_MAX
     return out.getvalue()
 
 
+@dataclass(frozen=True)
+class TakenFrames:
+    """A preview's frames, copied off the device after a step and waiting to be encoded."""
+    step: int                 # 1-based
+    frames: np.ndarray        # uint8 (T, h, w, 3)
+    source: str               # of the colour map
+    started: float            # clock() when the preview began
+
+
 @dataclass
 class LivePreview:
-    """One run's previews. ``after_step`` is called after every step; it returns a PreviewReady at most
-    once every ``every_seconds`` (0: every step; negative: never), the first step that can give x0
-    always included."""
+    """One run's previews. After every step ``emit_after_step`` decides whether to make one (at most once
+    every ``every_seconds``; 0: every step; negative: never; the first step that can give x0 always
+    included), copies its frames off the device, and encodes and emits it on a background thread while
+    the next step runs. ``settle`` waits for that thread: call it before emitting anything else, and
+    ``close`` at the end of the denoising, so events keep their order and none is left behind."""
     job_id: str
     total: int
     every_seconds: float
@@ -216,23 +229,40 @@ class LivePreview:
     off: bool = False
     last_at: float | None = None
     previous: tuple[int, Any] | None = None  # (step, latents after it): the next step's x_t
+    _pool: ThreadPoolExecutor | None = None
+    _pending: Future | None = None
 
     def emit_after_step(self, scheduler, step: int, latents, emit: Callable) -> None:
-        """after_step, emitting what it makes; a failing preview never fails the run: the first error is
-        said once (an Info) and turns previews off for the rest of it."""
+        """``step``: the 0-based index of the step just taken; ``latents``: the pipeline's latents after it.
+        A failing preview never fails the run: the first error is said once (an Info) and turns previews
+        off for the rest of it."""
+        self.settle()
         try:
-            event = self.after_step(scheduler, step, latents)
+            taken = self.take(scheduler, step, latents)
         except Exception as exc:
-            self.off = True
-            log.warning("live preview failed at step %d; previews are off for this run", step + 1, exc_info=True)
-            emit(Info(self.job_id, f"The live preview failed at step {step + 1} ({type(exc).__name__}: {exc}); "
-                                   "previews are off for this run, which goes on."))
+            self._failed(step + 1, exc, emit)
             return
-        if event is not None:
-            emit(event)
+        if taken is not None:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="live-preview")
+            self._pending = self._pool.submit(self._encode_and_emit, taken, emit)
 
-    def after_step(self, scheduler, step: int, latents) -> PreviewReady | None:
-        """``step``: the 0-based index of the step just taken; ``latents``: the pipeline's latents after it."""
+    def settle(self) -> None:
+        """Wait until the preview being encoded (if any) has been emitted."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Emit the last preview and stop the encoding thread."""
+        self.settle()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    def take(self, scheduler, step: int, latents) -> TakenFrames | None:
+        """This step's frames if it gets a preview: the clean estimate mapped to RGB on the device,
+        only the small uint8 frames copied to the CPU."""
         previous = self.previous[1] if self.previous is not None and self.previous[0] == step - 1 else None
         self.previous = (step, latents)
         start = clock()
@@ -244,9 +274,26 @@ class LivePreview:
         if x0 is None:
             return None
         preview_map = self.preview_map()
-        frames = latents_to_frames(x0, preview_map)
+        self.last_at = start
+        return TakenFrames(step + 1, latents_to_frames(x0, preview_map), preview_map.source, start)
+
+    def encode(self, taken: TakenFrames) -> PreviewReady:
+        frames = taken.frames
         image = encode_animation(frames, self.fps, self.max_side)
         width, height = preview_size(frames.shape[1], frames.shape[2], self.max_side)
-        self.last_at = start
-        return PreviewReady(self.job_id, step + 1, self.total, image, animation_format()[1], width, height,
-                            int(frames.shape[0]), preview_map.source, round(clock() - start, 4))
+        return PreviewReady(self.job_id, taken.step, self.total, image, animation_format()[1], width, height,
+                            int(frames.shape[0]), taken.source, round(clock() - taken.started, 4))
+
+    def _encode_and_emit(self, taken: TakenFrames, emit: Callable) -> None:
+        try:
+            event = self.encode(taken)
+        except Exception as exc:
+            self._failed(taken.step, exc, emit)
+            return
+        emit(event)
+
+    def _failed(self, step: int, exc: Exception, emit: Callable) -> None:
+        self.off = True
+        log.warning("live preview failed at step %d; previews are off for this run", step, exc_info=exc)
+        emit(Info(self.job_id, f"The live preview failed at step {step} ({type(exc).__name__}: {exc}); "
+                               "previews are off for this run, which goes on."))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import pickle
+import threading
 
 import numpy as np
 import pytest
@@ -248,19 +249,49 @@ def test_previews_are_throttled_or_off(engine, model_dirs, presets, outputs):
     assert previews_of(run(engine, request, preview_seconds=-1)) == []
 
 
-def test_a_failing_preview_turns_previews_off_and_the_run_goes_on(engine, model_dirs, presets, outputs):
+# A map for 8 channels on a model with 16: latents_to_frames fails on the denoising thread.
+# A map to 5 colours: the frames are taken, and Pillow refuses them on the encoding thread.
+@pytest.mark.parametrize("channels, colours, error", [(8, 3, "ValueError"), (16, 5, "TypeError")],
+                         ids=["taking-frames", "encoding"])
+def test_a_failing_preview_turns_previews_off_and_the_run_goes_on(engine, model_dirs, presets, outputs,
+                                                                 channels, colours, error):
     request = tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=3)
     run(engine, request)
-    # A map for 8 channels on a model with 16: latents_to_frames really fails at the first preview.
-    engine.loaded.preview_map = PreviewMap(np.zeros((8, 3), np.float32), np.zeros(3, np.float32), "derived")
+    engine.loaded.preview_map = PreviewMap(np.zeros((channels, colours), np.float32),
+                                           np.zeros(colours, np.float32), "derived")
     try:
         events = run(engine, request)
     finally:
         engine.loaded.preview_map = None
     assert previews_of(events) == []
-    notes = [e.message for e in events if isinstance(e, Info) and "preview" in e.message]
-    assert len(notes) == 1 and "previews are off for this run" in notes[0] and "ValueError" in notes[0]
+    notes = [e for e in events if isinstance(e, Info) and "preview" in e.message]
+    assert len(notes) == 1 and "previews are off for this run" in notes[0].message and error in notes[0].message
+    assert "at step 1 " in notes[0].message
     assert len([e for e in events if isinstance(e, StepFinished)]) == 3
+    denoised = next(i for i, e in enumerate(events) if isinstance(e, PhaseFinished) and e.phase == "denoise")
+    assert events.index(notes[0]) < denoised
+
+
+def test_previews_are_encoded_off_the_denoising_thread_and_keep_their_order(engine, model_dirs, presets, outputs):
+    """The animation is encoded while the next step runs; each preview is still emitted after its own
+    step's StepFinished and before the next one's, and the last one inside the denoise phase."""
+    engine.preview_seconds = 0
+    seen = []
+    result = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=5), "job",
+                        lambda event: seen.append((event, threading.current_thread())))
+    assert isinstance(result, JobFinished)
+    main = threading.current_thread()
+    previews = [(e, thread) for e, thread in seen if isinstance(e, PreviewReady)]
+    assert [e.step for e, _ in previews] == [1, 2, 3, 4, 5]
+    assert all(thread is not main and thread.name.startswith("live-preview") for _, thread in previews)
+    assert all(thread is main for e, thread in seen if not isinstance(e, PreviewReady))
+    order = [(type(e).__name__, getattr(e, "step", None) or getattr(e, "phase", None)) for e, _ in seen]
+    for preview, _ in previews:
+        at = order.index(("PreviewReady", preview.step))
+        assert order[at - 1] == ("StepFinished", preview.step)
+        assert order[at + 1] == (("StepFinished", preview.step + 1) if preview.step < 5
+                                 else ("PhaseFinished", "denoise"))
+    assert not any(t.name.startswith("live-preview") for t in threading.enumerate()), "the thread outlived the run"
 
 
 def test_a_model_without_known_factors_previews_with_a_derived_map_made_once(ti2v_dir, presets, outputs, tmp_path):
