@@ -8,6 +8,7 @@ from engine import APP_NAME, __version__
 from . import decode_tab, history_tab, i2v_tab, presets_tab, simple_api, system_panel, t2v_tab
 from .context import AppContext
 from .generate import GPU_QUEUE
+from .tabs import TAB_IDS
 
 # Jobs waiting beyond this are refused with a "queue full" message (serve --max-queue N changes it).
 MAX_QUEUE = 16
@@ -19,15 +20,15 @@ def build_app(ctx: AppContext, max_queue: int | None = None) -> gr.Blocks:
         gr.Markdown(f"# {APP_NAME}\nWan video generation on your own machine. v{__version__}")
         system_panel.build(ctx)
         with gr.Tabs() as tabs:
-            with gr.Tab("Text to Video", id="t2v-tab"):
+            with gr.Tab("Text to Video", id=TAB_IDS["t2v"]):
                 t2v_form = t2v_tab.build(ctx)
-            with gr.Tab("Image to Video", id="i2v-tab"):
+            with gr.Tab("Image to Video", id=TAB_IDS["i2v"]):
                 i2v_form = i2v_tab.build(ctx)
-            with gr.Tab("Presets", id="presets-tab"):
+            with gr.Tab("Presets", id=TAB_IDS["presets"]):
                 presets_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form})
-            with gr.Tab("History", id="history-tab"):
+            with gr.Tab("History", id=TAB_IDS["history"]):
                 history_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form})
-            with gr.Tab("Decode again", id="decode-tab"):
+            with gr.Tab("Decode again", id=TAB_IDS["decode"]):
                 decode_tab.build(ctx)
         with gr.Row():
             unload_btn = gr.Button("Unload model (free its memory)", size="sm", elem_id="unload")

@@ -16,19 +16,13 @@ from engine.history import (DEFAULT_LIMIT, HistoryEntry, HistoryError, ReuseValu
 from .context import AppContext
 from .form import Form, preset_choices
 from .history_view import NOTHING_CHOSEN, confirm_markdown, entry_markdown, summary_markdown
+from .tabs import TAB_IDS, tab_by_id
 
-TAB_IDS = {"t2v": "t2v-tab", "i2v": "i2v-tab"}
-HISTORY_TAB_ID = "history-tab"
 
 
 def _error(exc: HistoryError) -> gr.Error:
     # The page renders error text as HTML; a key is the caller's own text.
     return gr.Error(html.escape(str(exc), quote=False), title="History")
-
-
-def _history_tab(tabs: gr.Tabs) -> gr.Tab | None:
-    """The Tab this tab's content lives in, found by its id among the page's tabs."""
-    return next((tab for tab in tabs.children if getattr(tab, "id", None) == HISTORY_TAB_ID), None)
 
 
 def _shown(entry: HistoryEntry | None) -> tuple:
@@ -101,7 +95,7 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
                 summary_markdown(len(entries), DEFAULT_LIMIT))
 
     listing = [gallery, keys, summary]
-    history_tab = _history_tab(tabs)
+    history_tab = tab_by_id(tabs, "history")
     triggers = [refresh.click] + ([history_tab.select] if history_tab is not None else [])
     gr.on(triggers, list_outputs, None, listing, api_visibility="private", show_progress="minimal")
 

@@ -66,6 +66,7 @@ def build(ctx: AppContext) -> Form:
     run = run_btn.click(image_to_video, [image, last_image, *form.settings(), *panel.overrides()], job.outputs(),
                         api_name="image_to_video", concurrency_id=GPU_QUEUE, show_progress_on=job.result)
 
+    job.reveal_seed_after(run)
     wire_cancel(ctx, cancel_btn, job.status, job.preview, [run])
     gr.on([image.change, form.width.change, form.height.change], crop_preview, [image, form.width, form.height],
           [fitted, fit_note], queue=False, show_progress="hidden", api_visibility="private")

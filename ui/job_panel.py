@@ -21,6 +21,12 @@ class JobPanel:
         """Components in the order ui.generate.stream yields them."""
         return [result or self.result, self.status, self.timings, self.seed_used, self.preview, self.chart]
 
+    def reveal_seed_after(self, *runs) -> None:
+        """The seed box appears on the page once a run has finished (API callers get the plain number)."""
+        for run in runs:
+            run.success(lambda: gr.Number(visible=True), None, self.seed_used, queue=False,
+                        api_visibility="private", show_progress="hidden")
+
 
 def build_job_panel(prefix: str, video: bool = True, image: bool = False) -> tuple[JobPanel, gr.Image | None]:
     """Preview, result video (and a result image for the 1-frame mode), status, seed, chart, timing table."""
@@ -31,7 +37,8 @@ def build_job_panel(prefix: str, video: bool = True, image: bool = False) -> tup
         still = gr.Image(label="Result image", type="filepath", elem_id="t2i-image", interactive=False,
                          visible=False)
     status = gr.Markdown(elem_id=f"{prefix}-status")
-    seed_used = gr.Number(value=None, label="Seed used", precision=0, interactive=False,
+    # Hidden until a run has finished: an empty number box would show 0.
+    seed_used = gr.Number(value=None, label="Seed used", precision=0, interactive=False, visible=False,
                           elem_id=f"{prefix}-seed-used")
     with gr.Accordion("Where the time goes", open=True, elem_id=f"{prefix}-timing-panel"):
         chart = gr.HTML("", elem_id=f"{prefix}-timing-chart")

@@ -1,4 +1,5 @@
-"""Presets tab: every preset with what it would need on this machine; use one, save your own, delete yours.
+"""Presets tab: every preset with what it would need on this machine; use one, save your own, delete yours
+(after a confirmation).
 
 The cards are drawn (``@gr.render``) from a JSON listing that is filled when the page loads (the
 engine process may not be up while the page is built) and again after every save or delete; the
@@ -15,6 +16,7 @@ from .context import AppContext
 from .form import Form, preset_choices, preset_values
 from .preset_cards import MODE_TITLES, card_markdown, machine_markdown, preset_entries
 from .preset_saving import delete_user_preset, save_user_preset
+from .tabs import TAB_IDS, tab_by_id
 
 SAVE_HELP = ("The current values of the chosen tab's form (preset, model, negative prompt, size, frames, steps, "
              "guidance, shift; not the prompt or the seed) become a preset of your own, listed above and in "
@@ -88,6 +90,12 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     gr.on(None, presets, None, listing, api_name="presets", show_progress="hidden").then(
         dropdowns.updates, dropdowns.components, dropdowns.components, api_visibility="private",
         show_progress="hidden")
+    # Again whenever the tab is opened: presets another visitor saved or deleted meanwhile.
+    presets_tab = tab_by_id(tabs, "presets")
+    if presets_tab is not None:
+        presets_tab.select(presets, None, listing, api_visibility="private", show_progress="hidden").then(
+            dropdowns.updates, dropdowns.components, dropdowns.components, api_visibility="private",
+            show_progress="hidden")
 
     # Shared by the cards' Delete buttons and the save section; placed under the Save button.
     message = gr.Markdown(elem_id="preset-message", render=False)
@@ -106,14 +114,19 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
             gr.Markdown(card_markdown(entry))
             with gr.Row():
                 use = gr.Button(f"Use {entry['title']}", size="sm", elem_id=f"use-preset-{name}")
-                delete = (gr.Button("Delete", size="sm", variant="stop", elem_id=f"delete-preset-{name}")
-                          if entry.get("user") else None)
+                if entry.get("user"):   # the user's own: Delete asks first
+                    delete = gr.Button("Delete", size="sm", variant="stop", elem_id=f"delete-preset-{name}")
+                    sure = gr.Button(f"Yes, delete {name}", size="sm", variant="stop", visible=False,
+                                     elem_id=f"confirm-delete-preset-{name}")
+                    keep = gr.Button("Keep it", size="sm", visible=False, elem_id=f"keep-preset-{name}")
+                else:
+                    delete = None
 
         def apply():
             preset = ctx.presets.get(name)
             if preset is None:
                 raise gr.Error(f"The preset {html.escape(name)} was deleted; reload the page.")
-            return [gr.Tabs(selected="i2v-tab" if preset.mode == "i2v" else "t2v-tab"), name, *preset_values(preset)]
+            return [gr.Tabs(selected=TAB_IDS["i2v" if preset.mode == "i2v" else "t2v"]), name, *preset_values(preset)]
 
         use.click(apply, None, [tabs, form.preset, *form.preset_fields()], api_visibility="private")
         if delete is not None:
@@ -124,8 +137,15 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
                     return [f"**Not deleted:** {_escaped(exc)}", gr.skip(), *dropdowns.skip()]
                 return [text, presets(), *dropdowns.updates(*current)]
 
-            delete.click(remove, dropdowns.components, [message, listing, *dropdowns.components],
-                         api_visibility="private")
+            def asking(ask: bool):
+                return [gr.Button(visible=not ask), gr.Button(visible=ask), gr.Button(visible=ask)]
+
+            delete.click(lambda: asking(True), None, [delete, sure, keep], api_visibility="private",
+                         queue=False, show_progress="hidden")
+            keep.click(lambda: asking(False), None, [delete, sure, keep], api_visibility="private",
+                       queue=False, show_progress="hidden")
+            sure.click(remove, dropdowns.components, [message, listing, *dropdowns.components],
+                       api_visibility="private")
 
     @gr.render(inputs=listing)
     def cards(entries):

@@ -47,5 +47,6 @@ def build(ctx: AppContext) -> Form:
     image_run = image_btn.click(text_to_image, inputs, job.outputs(still), api_name="text_to_image",
                                 concurrency_id=GPU_QUEUE, show_progress_on=still)
 
+    job.reveal_seed_after(video_run, image_run)
     wire_cancel(ctx, cancel_btn, job.status, job.preview, [video_run, image_run], api_name="cancel")
     return form

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from tests.conftest import Screenshots
 
@@ -45,6 +46,10 @@ def _table_text(page, elem_id: str) -> str:
 
 
 def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, shot: Screenshots):
+    from playwright.sync_api import expect
+
+    seed_box = page.locator("#t2v-seed-used input")
+    assert not seed_box.is_visible(), "the seed used is shown before any run"
     page.locator("#t2v-prompt textarea").fill("a red fox running through snow")
     for elem, value in (("t2v-width", 96), ("t2v-height", 64), ("t2v-frames", 17), ("t2v-steps", 40),
                         ("t2v-seed", 42)):
@@ -63,6 +68,8 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')")
     status = page.locator("#t2v-status").inner_text()
     assert "Done in" in status and "Seed used: 42" in status
+    expect(seed_box).to_be_visible()
+    assert seed_box.input_value() == "42"
     chart = page.locator("#t2v-timing-chart")
     assert "Seconds per denoising step (40 of 40)" in chart.inner_text()
     assert chart.locator(".wan-step-bars span").count() == 40
@@ -221,3 +228,40 @@ def test_closing_the_page_stops_its_running_job(page, browser, app_server):
                            timeout=45_000)
     prompts = [json.loads(p.read_text()).get("prompt") for p in app_server["outputs"].rglob("*.json")]
     assert "a job whose page is closed" not in prompts
+
+
+def test_deleting_your_own_preset_asks_first(page, app_server, shot: Screenshots):
+    from playwright.sync_api import expect
+
+    from gradio_client import Client
+
+    saved = Path(app_server["log"]).parent / "user_presets" / "fox-draft.json"
+    _open_tab(page, "Text to Video")
+    # A colleague saves a preset while this page is open: it shows when the Presets tab is opened.
+    Client(app_server["url"], verbose=False).predict("colleague-pick", "t2v", "selftest-t2v",
+                                                    api_name="/save_preset")
+    _open_tab(page, "Presets")
+    page.locator("#preset-card-colleague-pick").first.wait_for()
+    page.locator("#preset-save-name").locator("input, textarea").first.fill("fox-draft")
+    page.locator("#preset-save-button").click()
+    card = page.locator("#preset-card-fox-draft").first
+    card.wait_for()
+    assert saved.is_file()
+    delete, sure, keep = (page.locator(f"#{kind}-fox-draft") for kind in ("delete-preset", "confirm-delete-preset",
+                                                                         "keep-preset"))
+    assert not page.locator("#delete-preset-selftest-t2v").count(), "a built-in preset offers Delete"
+    expect(sure).to_be_hidden()
+    delete.click()
+    expect(sure).to_be_visible()
+    expect(keep).to_be_visible()
+    expect(delete).to_be_hidden()
+    shot(page, "presets-delete-asks")
+    keep.click()
+    expect(delete).to_be_visible()
+    expect(sure).to_be_hidden()
+    assert card.is_visible() and saved.is_file(), "Keep it deleted the preset"
+    delete.click()
+    sure.click()
+    expect(page.locator("#preset-message")).to_contain_text("Deleted your preset fox-draft")
+    expect(page.locator("#preset-card-fox-draft")).to_have_count(0)
+    assert not saved.exists()
