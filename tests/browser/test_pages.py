@@ -141,9 +141,11 @@ def test_presets_and_history_during_and_after_a_run_reuse_and_apply(page, shot: 
 
     _open_tab(page, "Text to Video")
     page.locator("#t2v-prompt textarea").fill("a lighthouse at dusk")
-    _set_number(page, "t2v-steps", 60)
+    # Long enough (about 10 s here) for the other tabs to be seen while it runs.
+    _set_number(page, "t2v-steps", 200)
     _set_number(page, "t2v-seed", 77)
     page.locator("#t2v-generate").click()
+    page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: running')",
                            timeout=30_000)
     _open_tab(page, "Presets")
@@ -172,7 +174,7 @@ def test_presets_and_history_during_and_after_a_run_reuse_and_apply(page, shot: 
     page.locator("#history-reuse").click()
     expect(page.locator("#t2v-prompt textarea")).to_have_value("a lighthouse at dusk")
     expect(page.locator("#t2v-seed input")).to_have_value("77")
-    expect(page.locator("#t2v-steps input")).to_have_value("60")
+    expect(page.locator("#t2v-steps input")).to_have_value("200")
 
     _open_tab(page, "Presets")
     shot(page, "presets-after-run")
@@ -190,6 +192,8 @@ def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app
 
     _open_tab(page, "Text to Video")
     page.locator("#t2v-prompt textarea").fill("the first visitor's long job")
+    # About 20 s here: time for a second page to open and queue behind it.
+    _set_number(page, "t2v-frames", 33)
     _set_number(page, "t2v-steps", 200)
     page.locator("#t2v-generate").click()
     page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
@@ -210,6 +214,7 @@ def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app
     prompts = [json.loads(p.read_text()).get("prompt") for p in app_server["outputs"].rglob("*.json")]
     assert "the second visitor's job" not in prompts and "the first visitor's long job" not in prompts
     _set_number(page, "t2v-steps", 4)
+    _set_number(page, "t2v-frames", 17)
 
 
 def test_closing_the_page_stops_its_running_job(page, browser, app_server):
