@@ -64,9 +64,10 @@ def cancelled_status(running: RunningJob, mine: str | None, timeout_s: float = 6
     ended, last = running.wait_until_ended(mine, timeout_s)
     if not ended:
         return "Cancel asked for; the job has not stopped yet (it stops at the end of its current step)."
-    last = (last or "").splitlines()[0] if last else ""
+    last = last.splitlines()[0] if last else ""
     if last.startswith("Done"):
-        return f"Nothing to cancel: your job had already finished. {last}"
+        return (f"Nothing of yours was running: your last job had already finished ({last}). "
+                "A job of yours waiting in the queue is taken out of it.")
     if last.startswith(("Cancelled", "Failed")):
         return f"{last} Your earlier result is kept."
     where = f" during {last.split(',')[0].rstrip('.')}" if last else ""

@@ -35,7 +35,8 @@ def test_the_engine_own_cancel_message_is_kept_and_a_finished_job_is_not_called_
     running.start("alice")
     running.update("Done in 3.2 s. Seed used: 7.")
     running.finish()
-    assert cancelled_status(running, "alice", 1).startswith("Nothing to cancel")
+    assert cancelled_status(running, "alice", 1).startswith("Nothing of yours was running: your last job had "
+                                                           "already finished (Done in 3.2 s.")
 
 
 def test_others_get_no_final_word_and_a_stuck_job_is_reported_as_not_stopped():
