@@ -228,12 +228,11 @@ def table(files: list[str]) -> str:
                 what = recipe or "none completed"
                 if failed:
                     what += f" ({', '.join(failed)}: out of memory)"
-                ratio = f"{mine['seconds'] / base['seconds']:.2f}x" if base else "-"
+                plain_s, plain_peak, ratio = ((f"{base['seconds']:.1f}", f"{base['peak_vram_gb']:.1f}",
+                                               f"{mine['seconds'] / base['seconds']:.2f}x") if base else ("-",) * 3)
                 lines.append(f"| {case['case']} ({case['preset']}, {case['steps']} steps) | {run} | {what} | "
-                             f"{base['seconds']:.1f} | {base['peak_vram_gb']:.1f} | {plan} | {mine['seconds']:.1f} | "
-                             f"{mine['peak_vram_gb']:.1f} | {ratio} |" if base else
-                             f"| {case['case']} ({case['preset']}, {case['steps']} steps) | {run} | {what} | - | - | "
-                             f"{plan} | {mine['seconds']:.1f} | {mine['peak_vram_gb']:.1f} | - |")
+                             f"{plain_s} | {plain_peak} | {plan} | {mine['seconds']:.1f} | "
+                             f"{mine['peak_vram_gb']:.1f} | {ratio} |")
     return "\n".join(lines)
 
 

@@ -86,16 +86,15 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
             return preset_entries(ctx, None, f"the engine process did not answer ({exc}); reload the page")
         return preset_entries(ctx, hardware)
 
-    # On page load: the listing (public as /presets), then the dropdowns (user presets saved since start-up).
-    gr.on(None, presets, None, listing, api_name="presets", show_progress="hidden").then(
-        dropdowns.updates, dropdowns.components, dropdowns.components, api_visibility="private",
-        show_progress="hidden")
-    # Again whenever the tab is opened: presets another visitor saved or deleted meanwhile.
+    # On page load (public as /presets) and whenever the tab is opened (presets another visitor saved or
+    # deleted meanwhile): the listing, then the dropdowns.
     presets_tab = tab_by_id(tabs, "presets")
+    refreshes = [gr.on(None, presets, None, listing, api_name="presets", show_progress="hidden")]
     if presets_tab is not None:
-        presets_tab.select(presets, None, listing, api_visibility="private", show_progress="hidden").then(
-            dropdowns.updates, dropdowns.components, dropdowns.components, api_visibility="private",
-            show_progress="hidden")
+        refreshes.append(presets_tab.select(presets, None, listing, api_visibility="private", show_progress="hidden"))
+    for refresh in refreshes:
+        refresh.then(dropdowns.updates, dropdowns.components, dropdowns.components, api_visibility="private",
+                     show_progress="hidden")
 
     # Shared by the cards' Delete buttons and the save section; placed under the Save button.
     message = gr.Markdown(elem_id="preset-message", render=False)

@@ -91,6 +91,16 @@ def _open_tab(page, name: str) -> None:
     page.get_by_role("tab", name=name).click()
 
 
+def _start_long_job(page, prompt: str, **numbers) -> None:
+    """Text to Video with ``prompt`` and 200 steps (plus any other ``t2v-<name>`` numbers), started and seen
+    running: the status line shows a step (it updates every step, unlike the 2 s system panel)."""
+    page.locator("#t2v-prompt textarea").fill(prompt)
+    for name, value in {**numbers, "steps": 200}.items():
+        _set_number(page, f"t2v-{name}", value)
+    page.locator("#t2v-generate").click()
+    page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+
+
 def test_image_to_video_shows_the_crop_at_its_final_size_then_makes_a_video(page, shot: Screenshots, image_file):
     _open_tab(page, "Image to Video")
     _set_number(page, "i2v-width", 96)
@@ -117,10 +127,7 @@ def test_cancel_stops_a_running_job_and_keeps_the_earlier_video(page, shot: Scre
     _open_tab(page, "Text to Video")
     video = page.locator("#t2v-video video")
     before = video.get_attribute("src") if video.count() else None
-    page.locator("#t2v-prompt textarea").fill("a slow sunrise")
-    _set_number(page, "t2v-steps", 200)
-    page.locator("#t2v-generate").click()
-    page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+    _start_long_job(page, "a slow sunrise")
     page.locator("#t2v-cancel").click()
     # The last word is the cancel's, written once the job has stopped (a step update on its way must not
     # leave the page saying the job still runs).
@@ -140,12 +147,8 @@ def test_presets_and_history_during_and_after_a_run_reuse_and_apply(page, shot: 
     from playwright.sync_api import expect
 
     _open_tab(page, "Text to Video")
-    page.locator("#t2v-prompt textarea").fill("a lighthouse at dusk")
     # Long enough (about 10 s here) for the other tabs to be seen while it runs.
-    _set_number(page, "t2v-steps", 200)
-    _set_number(page, "t2v-seed", 77)
-    page.locator("#t2v-generate").click()
-    page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+    _start_long_job(page, "a lighthouse at dusk", seed=77)
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: running')",
                            timeout=30_000)
     _open_tab(page, "Presets")
@@ -191,12 +194,8 @@ def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app
     from tests.conftest import open_page
 
     _open_tab(page, "Text to Video")
-    page.locator("#t2v-prompt textarea").fill("the first visitor's long job")
     # About 20 s here: time for a second page to open and queue behind it.
-    _set_number(page, "t2v-frames", 33)
-    _set_number(page, "t2v-steps", 200)
-    page.locator("#t2v-generate").click()
-    page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+    _start_long_job(page, "the first visitor's long job", frames=33)
     with open_page(browser, app_server["url"]) as other:
         other.locator("#t2v-prompt textarea").fill("the second visitor's job")
         _set_number(other, "t2v-steps", 3)
@@ -223,11 +222,7 @@ def test_closing_the_page_stops_its_running_job(page, browser, app_server):
     from tests.conftest import open_page
 
     with open_page(browser, app_server["url"]) as leaving:
-        leaving.locator("#t2v-prompt textarea").fill("a job whose page is closed")
-        for elem, value in (("t2v-width", 256), ("t2v-height", 256), ("t2v-frames", 33), ("t2v-steps", 200)):
-            _set_number(leaving, elem, value)
-        leaving.locator("#t2v-generate").click()
-        leaving.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+        _start_long_job(leaving, "a job whose page is closed", width=256, height=256, frames=33)
     # 200 steps take minutes here; the engine is free again long before that.
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
                            timeout=45_000)
