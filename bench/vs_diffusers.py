@@ -181,7 +181,8 @@ def run_engine(key: str, preset, steps: int, image_path: Path | None, budget: fl
             plan = [e.plan for e in events if isinstance(e, PlanReady)][-1]
             setup = timings.get("transfer", 0.0)
             before = sum(timings.get(k, 0.0) for k in ("transfer", "text_encode", "image_encode"))
-            row.update(status="ok", setup_s=setup, before_denoise_s=before, denoise_s=timings["denoise"],
+            row.update(status="ok", setup_s=setup, before_denoise_s=before, text_encode_s=timings.get("text_encode"),
+                       denoise_s=timings["denoise"],
                        decode_s=timings.get("vae_decode", 0.0),
                        mean_step_s=sum(sidecar["step_seconds"]) / len(sidecar["step_seconds"]),
                        # The engine's "load" here builds the random weights: left out, as on the other side.

@@ -6,6 +6,8 @@ decides which to call, from the Plan.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 from .planner import Plan
 
 TRANSFORMERS = ("transformer", "transformer_2")
@@ -46,13 +48,65 @@ def place_components(pipe, plan: Plan) -> None:
                 offload_type="block_level" if plan.transformer == "group" else "leaf_level",
                 num_blocks_per_group=1 if plan.transformer == "group" else None,
                 use_stream=plan.use_stream, low_cpu_mem_usage=not plan.pin_memory)
+    place_encoders(pipe, plan)
+    pipe.vae.to(plan.device)
+    set_vae_tiling(pipe.vae, plan.vae_tile)
+
+
+def place_encoders(pipe, plan: Plan) -> None:
+    """Put the text and image encoders where ``plan`` keeps them between phases; also when a loaded
+    pipeline is reused under a plan that places them differently."""
+    from diffusers.hooks import apply_group_offloading
+
     for name in ENCODERS:
         model = getattr(pipe, name, None)
         if model is None:
             continue
-        model.to(plan.device if plan.text_encoder == "device" else "cpu")
-    pipe.vae.to(plan.device)
-    set_vae_tiling(pipe.vae, plan.vae_tile)
+        stop_streaming(model)
+        if plan.text_encoder == "streamed":
+            # Layer by layer, each copied ahead of its use on a copy stream. The copy in RAM is kept
+            # (pinned once when the plan pins), so no weight is ever copied back from the device.
+            model.to("cpu")
+            if plan.pin_memory:
+                pin_in_place(model)
+            apply_group_offloading(model, onload_device=plan.device, offload_device="cpu",
+                                   offload_type="leaf_level", use_stream=plan.use_stream,
+                                   low_cpu_mem_usage=not plan.pin_memory)
+        else:
+            model.to(plan.device if plan.text_encoder == "device" else "cpu")
+
+
+def pin_in_place(model) -> None:
+    """Move each weight into page-locked RAM, one at a time, dropping the ordinary copy as it goes.
+
+    Group offloading pins a copy of every weight and lets go of the originals only on the first offload,
+    so for a while the model would be in RAM twice; already pinned weights are used as they are.
+    """
+    for module in model.modules():
+        for key, param in module._parameters.items():
+            if param is not None and not param.data.is_pinned():
+                param.data = param.data.pin_memory()
+        for key, buffer in module._buffers.items():
+            if buffer is not None and not buffer.is_pinned():
+                module._buffers[key] = buffer.pin_memory()
+
+
+def is_streaming(model) -> bool:
+    """Whether ``model`` or any of its layers carries a diffusers hook (the encoders get none but streaming's)."""
+    return any(getattr(m, "_diffusers_hook", None) is not None and m._diffusers_hook.hooks for m in model.modules())
+
+
+def stop_streaming(model) -> None:
+    """Remove streaming's hooks from ``model``; its weights are left in RAM, where streaming keeps them."""
+    from diffusers.hooks import HookRegistry
+
+    if not is_streaming(model):
+        return
+    names = {hook for m in model.modules() if getattr(m, "_diffusers_hook", None) is not None
+             for hook in m._diffusers_hook.hooks}
+    registry = HookRegistry.check_if_exists_or_initialize(model)
+    for hook in names:
+        registry.remove_hook(hook, recurse=True)
 
 
 def set_vae_tiling(vae, tile: int | None) -> None:
@@ -69,15 +123,28 @@ def encoder_device(plan: Plan) -> str:
     return "cpu" if plan.text_encoder == "cpu" else plan.device
 
 
-def bring_encoder(pipe, name: str, plan: Plan) -> None:
-    """Before encoding: an offloaded encoder comes to the device."""
+@contextmanager
+def encoder_visiting(pipe, name: str, plan: Plan):
+    """While encoding: an offloaded encoder is on the device; afterwards it is back in RAM.
+
+    Its weights in RAM are kept while it visits, and put back afterwards: sending the device copy back
+    would copy 11 GB into freshly allocated host memory, which takes longer than encoding on the CPU.
+    """
     model = getattr(pipe, name, None)
-    if model is not None and plan.text_encoder == "offload":
+    if model is None or plan.text_encoder != "offload":
+        yield
+        return
+    # .to() either swaps a parameter's data or replaces the parameter: keep both, and every buffer.
+    params = [(module, key, param, param.data) for module in model.modules()
+              for key, param in module._parameters.items() if param is not None]
+    buffers = [(module, key, buffer) for module in model.modules() for key, buffer in module._buffers.items()
+               if buffer is not None]
+    try:
         model.to(plan.device)
-
-
-def send_encoder_back(pipe, name: str, plan: Plan) -> None:
-    """After encoding: an offloaded encoder leaves the device again."""
-    model = getattr(pipe, name, None)
-    if model is not None and plan.text_encoder == "offload":
-        model.to("cpu")
+        yield
+    finally:
+        for module, key, param, data in params:
+            param.data = data
+            module._parameters[key] = param
+        for module, key, buffer in buffers:
+            module._buffers[key] = buffer

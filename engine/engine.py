@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from .apply import (bring_encoder, encoder_device, from_pretrained_kwargs, place_components, send_encoder_back,
+from .apply import (encoder_device, encoder_visiting, from_pretrained_kwargs, place_components, place_encoders,
                     set_vae_tiling, torch_dtype)
 from .events import (DownloadProgress, Event, Info, JobCancelled, JobFinished, JobStarted, LatentsSaved,
                      PhaseFinished, PhaseStarted, PlanReady, StepFinished)
@@ -148,6 +148,9 @@ class Engine:
         if self.loaded is not None:
             if self.loaded.model.ref == resolved.ref and self.loaded.plan.reload_key == plan.reload_key:
                 job.emit(Info(job.id, f"Model {resolved.ref} is already loaded with this plan: no load needed."))
+                if self.loaded.plan.text_encoder != plan.text_encoder:
+                    with self._phase(job, "transfer"):
+                        place_encoders(self.loaded.pipe, plan)
                 self.loaded.plan = plan
                 return self.loaded
             # No local reference to the old pipeline may survive this point: it would stay in
@@ -304,12 +307,11 @@ class Engine:
                 positive, negative = self._prompt_cache[key]
             else:
                 self._warn_if_truncated(pipe, request, job)
-                bring_encoder(pipe, "text_encoder", plan)
-                positive, negative = pipe.encode_prompt(
-                    prompt=request.prompt, negative_prompt=request.negative_prompt or "",
-                    do_classifier_free_guidance=request.guidance > 1.0, max_sequence_length=TEXT_TOKENS,
-                    device=encoder_device(plan), dtype=torch_dtype(plan.dtype))
-                send_encoder_back(pipe, "text_encoder", plan)
+                with encoder_visiting(pipe, "text_encoder", plan):
+                    positive, negative = pipe.encode_prompt(
+                        prompt=request.prompt, negative_prompt=request.negative_prompt or "",
+                        do_classifier_free_guidance=request.guidance > 1.0, max_sequence_length=TEXT_TOKENS,
+                        device=encoder_device(plan), dtype=torch_dtype(plan.dtype))
                 positive = positive.to("cpu")
                 negative = negative.to("cpu") if negative is not None else None
                 self._prompt_cache[key] = (positive, negative)
@@ -342,9 +344,8 @@ class Engine:
         inputs = {"image": image, "last_image": last}
         if getattr(pipe, "image_encoder", None) is not None:
             with self._phase(job, "image_encode"):
-                bring_encoder(pipe, "image_encoder", plan)
-                embeds = pipe.encode_image(image if last is None else [image, last], plan.device)
-                send_encoder_back(pipe, "image_encoder", plan)
+                with encoder_visiting(pipe, "image_encoder", plan):
+                    embeds = pipe.encode_image(image if last is None else [image, last], plan.device)
             inputs["cached_image_embeds"] = embeds
         return inputs
 

@@ -50,6 +50,10 @@ VAE_TILES = (512, 384, 256, 192, 128)   # largest first; diffusers' default tile
 GROUP_RESIDENT_BLOCKS = 2.5
 LEAF_RESIDENT_BLOCKS = 0.15
 LEAF_RESIDENT_MIN_GB = 0.1
+# A streamed text encoder (leaf-level group offload) holds the layer it runs and the next one in flight:
+# its largest tensor dominates (UMT5-XXL: the 2 GB token embedding). Measured 1.005x that tensor with and
+# without a copy stream (bench/text_encoder_places.py, docs/data/text-encoder-places-h200.json).
+STREAMED_TEXT_ENCODER_LEAVES = 1.1
 # Latents, prompt embeddings, timesteps and the image condition beside the big tensors.
 RUN_OVERHEAD_GB = 0.05
 # Host memory of the Python process with torch and the libraries loaded.
@@ -100,6 +104,11 @@ def vae_decode_gb(spec: ModelSpec, width: int, height: int, frames: int, tile: i
     else:
         peak = VAE21_PIXEL_BYTES * area * vae_bytes / 4 + VAE21_TILED_OUTPUT_BYTES * clip
     return peak / GB
+
+
+def streamed_text_encoder_gb(spec: ModelSpec, bytes_per_param: float) -> float:
+    """Device memory of the text encoder while it streams through the device (weights only)."""
+    return STREAMED_TEXT_ENCODER_LEAVES * spec.text_encoder_largest_params * bytes_per_param / GB
 
 
 def text_encode_gb(spec: ModelSpec) -> float:

@@ -11,9 +11,10 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .weights import component_params
+from .weights import component_params, safetensors_tensor_params
 
 UMT5_XXL_PARAMS = 5_680_000_000     # 24 layers, d_model 4096, gated FFN 10240, 256k vocab
+UMT5_XXL_EMBEDDING_PARAMS = 256_384 * 4096   # its largest tensor: the token embedding
 CLIP_VIT_H_PARAMS = 630_766_080     # image encoder of Wan2.1 I2V
 VAE21_PARAMS = 126_892_531
 VAE22_PARAMS = 704_688_668
@@ -46,6 +47,7 @@ class ModelSpec:
     name: str
     transformer: TransformerShape
     text_encoder_params: int = UMT5_XXL_PARAMS
+    text_encoder_largest_params: int = UMT5_XXL_EMBEDDING_PARAMS   # its biggest tensor (what streaming holds)
     image_encoder_params: int = 0
     vae_params: int = VAE21_PARAMS
     vae_spatial: int = 8
@@ -91,9 +93,11 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 # these against the built folders.
 _TINY = TransformerShape(2, 2, 12, 32, 16, 28_328, 6_680)
 SELFTEST_SPECS: dict[str, ModelSpec] = {
-    "selftest-t2v": ModelSpec("selftest-t2v", _TINY, text_encoder_params=23_872, vae_params=13_861),
+    "selftest-t2v": ModelSpec("selftest-t2v", _TINY, text_encoder_params=23_872,
+                              text_encoder_largest_params=3_168, vae_params=13_861),
     "selftest-i2v": ModelSpec("selftest-i2v", replace(_TINY, in_channels=36, params=30_444),
-                              text_encoder_params=23_872, image_encoder_params=4_620, vae_params=13_861),
+                              text_encoder_params=23_872,
+                              text_encoder_largest_params=3_168, image_encoder_params=4_620, vae_params=13_861),
 }
 
 
@@ -104,6 +108,7 @@ def spec_from_folder(folder: Path, name: str | None = None) -> ModelSpec:
     index = json.loads((folder / "model_index.json").read_text())
     vae = json.loads((folder / "vae" / "config.json").read_text())
     params = component_params(folder)
+    text_tensors = safetensors_tensor_params(folder / "text_encoder") if (folder / "text_encoder").is_dir() else {}
     block_params = _block_params(folder / "transformer", config["num_layers"])
     shape = TransformerShape(
         layers=config["num_layers"], heads=config["num_attention_heads"], head_dim=config["attention_head_dim"],
@@ -111,7 +116,8 @@ def spec_from_folder(folder: Path, name: str | None = None) -> ModelSpec:
         block_params=block_params, patch=int((config.get("patch_size") or [1, 2, 2])[-1]))
     return ModelSpec(
         name=name or folder.name, transformer=shape,
-        text_encoder_params=params.get("text_encoder", 0), image_encoder_params=params.get("image_encoder", 0),
+        text_encoder_params=params.get("text_encoder", 0),
+        text_encoder_largest_params=max(text_tensors.values(), default=0), image_encoder_params=params.get("image_encoder", 0),
         vae_params=params.get("vae", 0), vae_spatial=int(vae.get("scale_factor_spatial", 8)),
         vae_temporal=int(vae.get("scale_factor_temporal", 4)), vae_z=int(vae.get("z_dim", 16)),
         experts=2 if (folder / "transformer_2").is_dir() else 1,
@@ -120,8 +126,6 @@ def spec_from_folder(folder: Path, name: str | None = None) -> ModelSpec:
 
 def _block_params(transformer_dir: Path, layers: int) -> int:
     """Parameters of block 0, from the safetensors headers."""
-    from .weights import safetensors_tensor_params
-
     counts = safetensors_tensor_params(transformer_dir)
     block = sum(n for name, n in counts.items() if name.startswith("blocks.0."))
     if block:

@@ -18,13 +18,15 @@ LADDER = ("all_on_device", "text_encoder_offload", "group_offload", "fp8_storage
           "leaf_offload")
 RUNG_TEXT = {
     "all_on_device": "everything on the device",
-    "text_encoder_offload": "text encoder kept off the device except while it encodes",
+    "text_encoder_offload": "text encoder kept off the device except while it encodes (whole or streamed)",
     "group_offload": "transformer streamed block by block from RAM (group offload)",
     "fp8_storage": "transformer weights stored in fp8 on the device",
     "fp8_group_offload": "fp8 transformer weights streamed block by block from RAM",
     "leaf_offload": "transformer streamed layer by layer from RAM (slowest, least device memory)",
 }
-TEXT_ENCODER_PLACES = ("device", "offload", "cpu")
+# Where the text (and image) encoder lives: always on the device; moved there whole to encode; streamed
+# through it layer by layer to encode; or run on the CPU.
+TEXT_ENCODER_PLACES = ("device", "offload", "streamed", "cpu")
 # Device memory kept free for the desktop, the driver and the allocator's slack.
 DEVICE_MARGIN_FRACTION = 0.05
 DEVICE_MARGIN_MIN_GB = 0.75
@@ -47,7 +49,7 @@ class PlanRequest:
 class Override:
     """What the user forces; None leaves the choice to the planner."""
     strategy: str | None = None
-    text_encoder: str | None = None       # "device", "offload" or "cpu"
+    text_encoder: str | None = None       # one of TEXT_ENCODER_PLACES
     vae_tiling: bool | None = None
 
     def __post_init__(self):
@@ -73,7 +75,7 @@ class Plan:
     dtype: str
     vae_dtype: str
     attention: str             # "flash" (no tokens^2 buffer) or "math"
-    text_encoder: str          # "device", "offload" or "cpu"
+    text_encoder: str          # one of TEXT_ENCODER_PLACES
     transformer: str           # "device", "group" or "leaf"
     fp8: bool
     vae_tile: int | None       # tile size in pixels, None = untiled
@@ -121,6 +123,11 @@ def _dtypes(hw: HardwareProfile) -> tuple[str, int]:
     return "float32", 4
 
 
+def _copy_streams(hw: HardwareProfile) -> bool:
+    """Offloaded weights are pinned in RAM and copied on a side stream: discrete CUDA and ROCm cards."""
+    return not hw.unified_memory and hw.backend in ("cuda", "rocm")
+
+
 def _attention(hw: HardwareProfile) -> str:
     # CUDA SDPA picks flash / memory-efficient kernels for 16-bit inputs; ROCm does too once
     # AOTriton is enabled (the engine process sets it). MPS falls back to math attention.
@@ -155,9 +162,9 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
         tr_dev = max(mem.LEAF_RESIDENT_MIN_GB, mem.LEAF_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8))
         tr_ram = tr_full
     te_dev_always = te if rung.text_encoder == "device" else 0.0
-    te_ram_idle = te if rung.text_encoder in ("offload", "cpu") else 0.0
+    te_ram_idle = te if rung.text_encoder != "device" else 0.0
     ie_dev_always = ie if rung.text_encoder == "device" else 0.0
-    ie_ram_idle = ie if rung.text_encoder in ("offload", "cpu") else 0.0
+    ie_ram_idle = ie if rung.text_encoder != "device" else 0.0
     base_ram = mem.BASE_RAM_CPU_ONLY_GB if cpu_only else mem.BASE_RAM_GB
     tokens = spec.tokens(req.width, req.height, req.frames)
     act = mem.denoise_activations_gb(spec, tokens, nbytes, _attention(hw) == "math")
@@ -167,7 +174,7 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     tr_idle = tr_dev if rung.transformer == "device" else 0.0
     resident = tr_idle + vae + te_dev_always + ie_dev_always     # on the device between phases
     idle_ram = base_ram + tr_ram + te_ram_idle + ie_ram_idle     # in RAM between phases
-    te_place = {"device": "device", "offload": "device", "cpu": "cpu"}[rung.text_encoder]
+    te_place = {"device": "device", "offload": "device", "streamed": "streamed", "cpu": "cpu"}[rung.text_encoder]
     tr_place = {"device": "device", "group": "streamed", "leaf": "streamed"}[rung.transformer]
     places = {"text_encoder": te_place, "transformer": tr_place, "vae": "device"}
     if req.image_to_video and spec.image_encoder_params:
@@ -183,9 +190,14 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     phases = [PhasePlan("load", {k: ("cpu" if rung.load == "cpu" else v) for k, v in places.items()},
                         load_dev, load_ram)]
     if rung.load == "cpu":
-        phases.append(PhasePlan("transfer", places, resident, idle_ram))
+        # Pinning a streamed text encoder holds one of its tensors twice for a moment.
+        pinning = (spec.text_encoder_largest_params * nbytes / mem.GB
+                   if rung.text_encoder == "streamed" and _copy_streams(hw) else 0.0)
+        phases.append(PhasePlan("transfer", places, resident, idle_ram + pinning))
 
-    encode_dev = resident + (te if rung.text_encoder == "offload" else 0.0)
+    # What comes to the device to encode: the whole encoder, or the layers in flight of a streamed one.
+    te_visit = {"offload": te, "streamed": mem.streamed_text_encoder_gb(spec, nbytes)}.get(rung.text_encoder, 0.0)
+    encode_dev = resident + te_visit
     encode_ram = idle_ram - (te if rung.text_encoder == "offload" else 0.0)
     if rung.text_encoder != "cpu":
         encode_dev += mem.text_encode_gb(spec)
@@ -193,7 +205,8 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
         encode_ram += mem.text_encode_gb(spec)
     phases.append(PhasePlan("text_encode", {**places, "text_encoder": te_place}, encode_dev, encode_ram))
     if "image_encoder" in places:
-        img_dev = resident + (ie if rung.text_encoder == "offload" else 0.0) + mem.IMAGE_ENCODE_ACT_GB
+        # (a streamed image encoder is charged whole: it is small, and its layers are not known here)
+        img_dev = resident + (ie if rung.text_encoder in ("offload", "streamed") else 0.0) + mem.IMAGE_ENCODE_ACT_GB
         phases.append(PhasePlan("image_encode", places, img_dev, idle_ram))
     denoise_places = {**places, "text_encoder": "cpu" if rung.text_encoder != "device" else "device"}
     if "image_encoder" in places:
@@ -228,9 +241,12 @@ def _candidates(name: str, override: Override, hw: HardwareProfile):
     if name == "all_on_device":
         te_places = ["device"]
     elif name == "leaf_offload":
-        te_places = ["cpu"]
+        te_places = ["streamed", "cpu"]
     else:
-        te_places = ["offload", "cpu"] if name == "text_encoder_offload" else ["device", "offload", "cpu"]
+        te_places = ["offload", "streamed", "cpu"] if name == "text_encoder_offload" else list(TEXT_ENCODER_PLACES)
+    if not _copy_streams(hw):
+        # Without a copy stream diffusers copies every streamed layer back to RAM: slower than the CPU.
+        te_places = [place for place in te_places if place != "streamed"]
     if override.text_encoder:
         te_places = [override.text_encoder]
     if override.vae_tiling is True:
@@ -282,13 +298,11 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
     rung, phases, fits_ = _choose(spec, req, hw, override)
     peak_vram = max(p.peak_vram_gb for p in phases)
     peak_ram = max(p.peak_ram_gb for p in phases)
-    unified = hw.unified_memory
     plan = Plan(
         strategy=rung.name, fits=fits_, device=hw.device, dtype=dtype,
         vae_dtype="float32", attention=_attention(hw), text_encoder=rung.text_encoder,
         transformer=rung.transformer, fp8=rung.fp8, vae_tile=rung.vae_tile, load=rung.load,
-        pin_memory=not unified and hw.backend in ("cuda", "rocm"),
-        use_stream=not unified and hw.backend in ("cuda", "rocm"),
+        pin_memory=_copy_streams(hw), use_stream=_copy_streams(hw),
         budget_vram_gb=_round(vram_budget), budget_ram_gb=_round(ram_budget),
         predicted_peak_vram_gb=_round(peak_vram), predicted_peak_ram_gb=_round(peak_ram), phases=phases)
     decisions = _explain(spec, req, hw, plan, override)
@@ -329,6 +343,10 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
     if plan.text_encoder == "offload":
         said.append(f"The text encoder ({te_gb:.1f} GB) moves to the device only to encode the prompt, then back to RAM, "
                     f"so it never sits beside the {tr_gb:.1f} GB transformer while it denoises.")
+    elif plan.text_encoder == "streamed":
+        said.append(f"The text encoder ({te_gb:.1f} GB) does not fit on the device whole beside the rest: it stays in "
+                    f"RAM (pinned once when the model loads) and streams through the device layer by layer to encode "
+                    f"each new prompt, many times faster than encoding on the CPU.")
     elif plan.text_encoder == "cpu":
         said.append(f"The text encoder ({te_gb:.1f} GB) runs on the CPU: it would not fit on the device beside the rest.")
     if plan.transformer in ("group", "leaf"):

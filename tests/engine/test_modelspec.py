@@ -40,6 +40,22 @@ def test_known_vae_sizes_match_a_meta_build():
     assert VAE22_PARAMS == sum(p.numel() for p in wan22.parameters())
 
 
+def test_the_text_encoders_largest_tensor_is_its_token_embedding():
+    """What a streamed text encoder holds on the device at once (UMT5-XXL, as Wan ships it)."""
+    from accelerate import init_empty_weights
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from engine.modelspec import UMT5_XXL_EMBEDDING_PARAMS
+
+    config = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
+                        feed_forward_proj="gated-gelu")
+    with init_empty_weights():
+        model = UMT5EncoderModel(config)
+    sizes = {name: p.numel() for name, p in model.named_parameters()}
+    assert max(sizes, key=sizes.get) == "shared.weight" and max(sizes.values()) == UMT5_XXL_EMBEDDING_PARAMS
+    assert KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"].text_encoder_largest_params == UMT5_XXL_EMBEDDING_PARAMS
+
+
 def test_token_count():
     spec = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
     assert spec.tokens(832, 480, 81) == 32760   # 21 latent frames x 30 x 52
@@ -55,6 +71,9 @@ def test_spec_from_files_reads_headers_and_configs(model_dirs):
     assert spec.transformer.params == sum(p.numel() for p in model.parameters())
     assert spec.transformer.block_params == sum(p.numel() for p in model.blocks[0].parameters())
     assert spec.transformer.in_channels == 36 and spec.image_encoder_params > 0 and spec.vae_spatial == 8
+    from transformers import UMT5EncoderModel
+    text_encoder = UMT5EncoderModel.from_pretrained(model_dirs["tiny-i2v"] / "text_encoder")
+    assert spec.text_encoder_largest_params == max(p.numel() for p in text_encoder.parameters())
     assert spec_for("tiny", model_dirs["tiny-t2v"]).image_encoder_params == 0
     assert spec_for("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") == KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
     assert spec_for("someone/unknown") is None

@@ -157,3 +157,31 @@ def test_cpu_only_machine_plans_in_ram():
     cpu = HardwareProfile(backend="cpu", device_name="x86", ram_total_gb=24, ram_available_gb=22)
     chosen = plan_memory(KNOWN_MODELS[T2V_13], PlanRequest(480, 480, 25), cpu)
     assert chosen.device == "cpu" and chosen.dtype == "float32" and chosen.predicted_peak_vram_gb == 0
+
+
+@pytest.mark.parametrize("hw_name", ["rtx3060-12-32", "rtx4060-laptop-8-32"])
+def test_a_text_encoder_too_big_for_the_card_streams_through_it_instead_of_running_on_the_cpu(hw_name):
+    """UMT5-XXL (10.6 GB) cannot sit beside the 1.3B model on these cards, whole; streamed, it holds about
+    its 2 GB embedding on the device while it encodes, and the prompt is still encoded on the GPU."""
+    chosen = plan(hw_name, "wan21-1.3b-832x480x81")
+    assert chosen.fits and chosen.text_encoder == "streamed"
+    phases = {p.phase: p for p in chosen.phases}
+    assert phases["text_encode"].placement["text_encoder"] == "streamed"
+    assert phases["denoise"].placement["text_encoder"] == "cpu"      # back in RAM, beside nothing
+    on_cpu = plan(hw_name, "wan21-1.3b-832x480x81", text_encoder="cpu")
+    extra = phases["text_encode"].peak_vram_gb - {p.phase: p for p in on_cpu.phases}["text_encode"].peak_vram_gb
+    assert 2.0 < extra < 3.0            # the embedding (2.0 GiB, 1.1x measured) and the encoder's activations
+    # Pinning it in RAM holds one tensor (the 2.0 GiB embedding) twice for a moment, during the transfer.
+    pinning = phases["transfer"].peak_ram_gb - {p.phase: p for p in on_cpu.phases}["transfer"].peak_ram_gb
+    assert 1.9 < pinning < 2.1
+    assert any("streams through the device layer by layer" in d for d in chosen.decisions)
+
+
+def test_no_streamed_text_encoder_without_a_copy_stream():
+    """On unified memory diffusers would copy every streamed layer back: the planner never picks it there."""
+    unified = HardwareProfile(backend="rocm", device_name="AMD Radeon 8060S", vram_total_gb=8, vram_free_gb=7.5,
+                              ram_total_gb=56, ram_available_gb=50, unified_memory=True)
+    chosen = plan_memory(KNOWN_MODELS[T2V_13], PlanRequest(832, 480, 81), unified)
+    assert chosen.fits and chosen.text_encoder != "streamed" and not chosen.use_stream
+    forced = plan_memory(KNOWN_MODELS[T2V_13], PlanRequest(832, 480, 81), unified, Override(text_encoder="streamed"))
+    assert forced.text_encoder == "streamed"      # still the user's to force

@@ -89,3 +89,34 @@ def test_out_of_memory_everywhere_fails_with_a_clear_message(model_dirs, presets
     result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     assert result.kind == "runtime" and result.message.startswith("Out of device memory during denoise")
     assert not list(outputs.rglob("*.mp4"))
+
+
+def test_a_streamed_text_encoder_encodes_the_same_and_the_loaded_model_follows_a_new_placement(
+        model_dirs, presets, outputs, tmp_path, reference):
+    """The text encoder streamed layer by layer (diffusers' group offload hooks) gives the same video; a
+    later run on the same loaded model with another placement moves it without a reload, and back."""
+    from engine.apply import is_streaming
+
+    engine = Engine(tmp_path / "m", CPU)
+
+    def generate(prompt, place):
+        result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5,
+                                                  prompt=prompt, text_encoder=place))
+        assert isinstance(result, JobFinished), result
+        phases = [e.phase for e in events if isinstance(e, PhaseFinished)]
+        plan = next(e.plan for e in events if isinstance(e, PlanReady))
+        assert plan["text_encoder"] == place
+        return result, phases
+
+    streamed, phases = generate("a red fox in the snow", "streamed")
+    assert "text_encode" in phases and is_streaming(engine.loaded.pipe.text_encoder)
+    assert np.abs(read_video(streamed.paths[0])[0].astype(int) - reference.astype(int)).max() <= 2
+    loaded = engine.loaded.pipe
+    _, phases = generate("a fox asleep", "cpu")
+    assert engine.loaded.pipe is loaded and "load" not in phases and "transfer" in phases
+    assert not is_streaming(engine.loaded.pipe.text_encoder)
+    assert all(p.device.type == "cpu" for p in engine.loaded.pipe.text_encoder.parameters())
+    _, phases = generate("a fox awake", "streamed")
+    assert engine.loaded.pipe is loaded and "transfer" in phases and is_streaming(engine.loaded.pipe.text_encoder)
+    _, phases = generate("a fox at dawn", "streamed")
+    assert "transfer" not in phases, "moved although the placement had not changed"
