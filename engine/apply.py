@@ -43,6 +43,8 @@ def place_components(pipe, plan: Plan) -> None:
         if plan.transformer == "device":
             model.to(plan.device)
         else:
+            if plan.pin_memory:
+                pin_in_place(model)    # else a 30 GB model would sit in RAM twice until its first step
             model.enable_group_offload(
                 onload_device=plan.device, offload_device="cpu",
                 offload_type="block_level" if plan.transformer == "group" else "leaf_level",
