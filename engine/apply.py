@@ -6,7 +6,9 @@ decides which to call, from the Plan.
 """
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
+from pathlib import Path
 
 from .planner import Plan
 
@@ -26,6 +28,30 @@ def from_pretrained_kwargs(plan: Plan) -> dict:
     if plan.load == "device_map":
         kwargs["device_map"] = plan.device
     return kwargs
+
+
+def loaded_into_ram(plan: Plan) -> tuple[str, ...]:
+    """Encoders to load on their own, into RAM, when the rest loads straight to the device.
+
+    diffusers maps a whole pipeline to one device; an encoder the plan keeps off the device would
+    otherwise land there during the load, beside everything else, before it could be moved out.
+    """
+    return ENCODERS if plan.load == "device_map" and plan.text_encoder != "device" else ()
+
+
+def load_into_ram(folder: Path, names: tuple[str, ...], plan: Plan) -> dict:
+    """Each named component that ``folder`` has, loaded on the CPU in the plan's dtype (for from_pretrained)."""
+    import importlib
+
+    index = json.loads((Path(folder) / "model_index.json").read_text())
+    parts = {}
+    for name in names:
+        library, class_name = index.get(name) or (None, None)
+        if not library or not (Path(folder) / name).is_dir():
+            continue
+        component = getattr(importlib.import_module(library), class_name)
+        parts[name] = component.from_pretrained(Path(folder) / name, dtype=torch_dtype(plan.dtype))
+    return parts
 
 
 def place_components(pipe, plan: Plan) -> None:

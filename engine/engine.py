@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from .apply import (encoder_device, encoder_visiting, from_pretrained_kwargs, place_components, place_encoders,
-                    set_vae_tiling, torch_dtype)
+from .apply import (encoder_device, encoder_visiting, from_pretrained_kwargs, load_into_ram, loaded_into_ram,
+                    place_components, place_encoders, set_vae_tiling, torch_dtype)
 from .events import (DownloadProgress, Event, Info, JobCancelled, JobFinished, JobStarted, LatentsSaved,
                      PhaseFinished, PhaseStarted, PlanReady, StepFinished)
 from .decoding import decode_attempts, decode_latents
@@ -171,7 +171,8 @@ class Engine:
         import diffusers
 
         pipeline_class = getattr(diffusers, resolved.pipeline_class)
-        pipe = pipeline_class.from_pretrained(resolved.folder, **from_pretrained_kwargs(plan))
+        in_ram = load_into_ram(resolved.folder, loaded_into_ram(plan), plan)
+        pipe = pipeline_class.from_pretrained(resolved.folder, **from_pretrained_kwargs(plan), **in_ram)
         pipe.set_progress_bar_config(disable=True)  # progress goes out as events instead
         return pipe
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.apply import encoder_visiting
+from engine.apply import encoder_visiting, load_into_ram, loaded_into_ram
 from engine.hardware import HardwareProfile
 from engine.modelspec import SELFTEST_SPECS
 from engine.planner import PlanRequest, plan_memory
@@ -60,3 +60,36 @@ def test_an_encoder_placed_elsewhere_does_not_move():
             assert storages(model) == kept
     with encoder_visiting(SimpleNamespace(), "image_encoder", offload_plan("meta")):
         pass   # a pipeline without that encoder
+
+
+def test_encoders_kept_off_the_device_load_into_ram_when_the_rest_loads_straight_to_it():
+    plan = offload_plan("cuda")
+    assert loaded_into_ram(replace(plan, load="device_map")) == ("text_encoder", "image_encoder")
+    assert loaded_into_ram(replace(plan, load="device_map", text_encoder="streamed")) == ("text_encoder", "image_encoder")
+    assert loaded_into_ram(replace(plan, load="device_map", text_encoder="device")) == ()
+    assert loaded_into_ram(replace(plan, load="cpu")) == ()
+
+
+def test_a_device_mapped_load_takes_the_encoders_loaded_on_their_own(model_dirs):
+    """Through the engine's loader, with a plan that maps the pipeline to a device ("cpu" here, the one
+    this machine has): the encoders come from their own load, in the plan's dtype, and the pipeline works."""
+    from transformers import CLIPVisionModel, UMT5EncoderModel
+
+    from engine.engine import Engine
+    from engine.models import resolve_model
+
+    folder = model_dirs["tiny-i2v"]
+    plan = replace(offload_plan("cpu"), load="device_map", text_encoder="cpu", dtype="bfloat16")
+    parts = load_into_ram(folder, loaded_into_ram(plan), plan)
+    assert isinstance(parts["text_encoder"], UMT5EncoderModel) and isinstance(parts["image_encoder"], CLIPVisionModel)
+    assert all(p.dtype == torch.bfloat16 for part in parts.values() for p in part.parameters())
+    reference = UMT5EncoderModel.from_pretrained(folder / "text_encoder", dtype=torch.bfloat16)
+    for (name, mine), (_, theirs) in zip(parts["text_encoder"].state_dict().items(), reference.state_dict().items()):
+        assert torch.equal(mine, theirs), name
+    assert "image_encoder" not in load_into_ram(model_dirs["tiny-t2v"], loaded_into_ram(plan), plan)
+
+    pipe = Engine._from_pretrained(resolve_model(str(folder), folder.parent), plan)
+    assert pipe.text_encoder.dtype == torch.bfloat16 and pipe.transformer.dtype == torch.bfloat16
+    positive, _ = pipe.encode_prompt("a red fox", do_classifier_free_guidance=False, device="cpu",
+                                     dtype=torch.bfloat16, max_sequence_length=16)
+    assert positive.shape[:2] == (1, 16) and torch.isfinite(positive.float()).all()
