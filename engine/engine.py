@@ -23,7 +23,7 @@ from .events import (DownloadProgress, Event, Info, JobCancelled, JobFinished, J
                      PhaseFinished, PhaseStarted, PlanReady, StepFinished)
 from .decoding import decode_attempts, decode_latents
 from .export import output_stem, write_json
-from .inputs import keep_inputs
+from .inputs import carry_inputs, keep_inputs
 from .failures import failure_event, is_out_of_memory
 from .hardware import HardwareProfile, detect_hardware
 from .latents import (DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, latents_path, load_latents,
@@ -74,6 +74,7 @@ class _Job:
     step_downs: list = field(default_factory=list)
     decode_fallback: str | None = None
     latents: str | None = None
+    inputs: dict | None = None          # input images kept beside the output: {field: file name or None}
     ram: RamPeakSampler | None = None   # the run's RAM peak so far, reported with every step
 
 
@@ -244,9 +245,15 @@ class Engine:
         cleanup_latents(Path(request.outputs_dir), self.latents_hours)
         stem = output_stem(Path(request.outputs_dir), request.mode, request.prompt, request.seed)
         job.phase = "saving latents"
+        if request.mode == "i2v":
+            # The upload is a temporary file: keep a copy (before the decode, which may fail) so the run
+            # can be repeated from the History tab, also after Decode again.
+            job.inputs, problems = keep_inputs(request, stem)
+            for problem in problems:
+                job.emit(Info(job.id, problem))
         job.latents = str(save_latents(latents, latents_path(stem), {
             "request": request.to_dict(), "model": {"ref": loaded.model.ref, "revision": loaded.model.revision},
-            "strategy": loaded.plan.strategy, "keep": request.keep_latents}))
+            "strategy": loaded.plan.strategy, "keep": request.keep_latents, "inputs": job.inputs}))
         job.emit(LatentsSaved(job.id, job.latents))
         frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
         with self._phase(job, "export"):
@@ -479,8 +486,11 @@ class Engine:
         with self._phase(job, "export"):
             media = write_media(request, frames, stem)
         how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
-        sidecar = write_json(redecode_record(request, media, path, how, meta.get("model"), fields, job.timings,
-                                             ram.peak_gb, self.hardware.to_dict()), media.with_suffix(".json"))
+        record = redecode_record(request, media, path, how, meta.get("model"), fields, job.timings,
+                                 ram.peak_gb, self.hardware.to_dict())
+        if meta.get("inputs"):
+            record["inputs"] = carry_inputs(meta["inputs"], path.parent, media.with_suffix(""))
+        sidecar = write_json(record, media.with_suffix(".json"))
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            ram.peak_gb, f"Decoded again ({how}) from saved latents.")
 
@@ -503,11 +513,8 @@ class Engine:
                              step_downs=job.step_downs, latents=job.latents, decode_fallback=job.decode_fallback,
                              timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=ram.peak_gb,
                              hardware=self.hardware.to_dict())
-        if request.mode == "i2v":
-            # The upload is a temporary file: keep a copy so the run can be repeated from the History tab.
-            sidecar["inputs"], problems = keep_inputs(request, media.with_suffix(""))
-            for problem in problems:
-                job.emit(Info(job.id, problem))
+        if job.inputs is not None:
+            sidecar["inputs"] = job.inputs
         if loaded.model.selftest:
             sidecar["note"] = SELFTEST_NOTE
         return write_json(sidecar, media.with_suffix(".json"))

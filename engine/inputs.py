@@ -47,3 +47,26 @@ def keep_inputs(request, stem: Path) -> tuple[dict[str, str | None], list[str]]:
             continue
         kept[field] = path.name
     return kept, problems
+
+
+def carry_inputs(kept: dict, folder: Path, stem: Path) -> dict[str, str | None]:
+    """The input images a run kept in ``folder`` (``kept``: {field: file name or None}), for an output
+    made later from its latents at ``stem``: the same files when the stem is the run's own, else copies.
+    A file that has gone since is left out."""
+    import os
+    import shutil
+
+    carried: dict[str, str | None] = {}
+    for field in INPUT_SUFFIXES:
+        name = kept.get(field)
+        source = Path(folder) / name if isinstance(name, str) and Path(name).name == name else None
+        if source is None or not source.is_file():
+            carried[field] = None
+            continue
+        target = input_path(stem, field)
+        if target != source:
+            partial = target.with_name(f".{target.name}.partial")
+            shutil.copyfile(source, partial)
+            os.replace(partial, target)
+        carried[field] = target.name
+    return carried

@@ -160,6 +160,36 @@ def test_a_decoded_again_output_is_listed_too(outputs, made, engine):
     assert reuse_values(entry).preset == "selftest-t2v"
 
 
+def test_a_video_decoded_again_keeps_the_input_image_of_its_failed_run(model_dirs, presets, outputs, tmp_path,
+                                                                      image_file):
+    """The upload is gone by the time its failed run is decoded again: the image kept with the latents is
+    the output's, so Reuse settings can repeat it; a second decode (a new name) gets its own copy."""
+    upload = tmp_path / "upload.png"
+    shutil.copyfile(image_file, upload)
+    failing = Engine(tmp_path / "m", CPU, inject_oom={"vae_decode": 2})
+    request = tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v", prompt="waves at night", seed=21,
+                           image=str(upload), **SMALL)
+    failed = failing.run(request, "job", lambda event: None)
+    assert not isinstance(failed, JobFinished) and failed.latents
+    upload.unlink()
+    runs = [failing.decode_saved(failed.latents, f"again-{n}", lambda event: None) for n in (1, 2)]
+    assert all(isinstance(r, JobFinished) for r in runs), runs
+    first_images = []
+    for result in runs:
+        entry = find_entry(outputs, _key(result))
+        stem = Path(result.paths[0]).name[: -len(".mp4")]
+        assert json.loads(Path(result.sidecar).read_text())["inputs"] == {"image": f"{stem}.first.png",
+                                                                         "last_image": None}
+        assert reuse_values(entry).image == entry.first_image == str(Path(result.paths[0]).with_name(f"{stem}.first.png"))
+        assert np.array_equal(np.asarray(fit_image(entry.first_image, 64, 48)), np.asarray(fit_image(image_file, 64, 48)))
+        first_images.append(entry.first_image)
+    assert first_images[0] != first_images[1]
+    # Deleting the first output leaves the second one's image in place.
+    delete_output(outputs, _key(runs[0]))
+    assert not Path(first_images[0]).exists() and Path(first_images[1]).is_file()
+    assert not list(outputs.rglob(".*"))   # no partial files left behind
+
+
 # ----- reuse --------------------------------------------------------------------
 def test_reuse_values_refill_the_matching_form(made):
     entries = {e.mode: e for e in scan_history(made["outputs"])}
