@@ -111,7 +111,7 @@ def pin_in_place(model) -> None:
     so for a while the model would be in RAM twice; already pinned weights are used as they are.
     """
     for module in model.modules():
-        for key, param in module._parameters.items():
+        for param in module._parameters.values():
             if param is not None and not param.data.is_pinned():
                 param.data = param.data.pin_memory()
         for key, buffer in module._buffers.items():
