@@ -109,6 +109,17 @@ class RunningJob:
             last, when = self._last
             return session is not None and last == session and time.monotonic() - when < seconds
 
+    def last_ended(self) -> tuple[str, float] | None:
+        """(the first sentence of what the last job said at its end, seconds since it ended), or None."""
+        with self._lock:
+            if not self._last_status or not self._last[1]:
+                return None
+            first = self._last_status.splitlines()[0].split(". ")[0].rstrip(".")
+            if not first.startswith(("Done", "Cancelled", "Failed")):
+                # Its page went away or cancelled it before it could say how it ended.
+                first = f"stopped during {first.split(',')[0]}"
+            return first, time.monotonic() - self._last[1]
+
     @property
     def status(self) -> str | None:
         """None while no job runs."""

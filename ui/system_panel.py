@@ -18,9 +18,19 @@ def _gb(value: float | None) -> str:
     return "?" if value is None else f"{value:.1f} GB"
 
 
+def _ago(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.0f} s ago"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
 def system_markdown(memory: EngineMemory | None, ram_total: int, ram_available: int,
-                    running: str | None) -> str:
-    """One compact block: device line, memory line, engine line (pure, for tests)."""
+                    running: str | None, last: tuple[str, float] | None = None) -> str:
+    """One compact block: device line, memory line, engine line (pure, for tests). ``last`` is the last
+    job's final word and how long ago it ended, shown while idle: a job shorter than the refresh is
+    seen there too."""
     ram_used = (ram_total - ram_available) / GIB
     ram = f"RAM {ram_used:.1f} / {ram_total / GIB:.1f} GB in use"
     if memory is None:
@@ -35,6 +45,9 @@ def system_markdown(memory: EngineMemory | None, ram_total: int, ram_available: 
         vram = "no separate GPU memory"
     model = (f"`{memory.model}` loaded ({memory.strategy})" if memory.model else "no model loaded")
     state = f"running: {running}" if running else "idle"
+    if not running and last is not None:
+        said, seconds = last
+        state += f" · last job: {said} (ended {_ago(seconds)})"
     return (f"**System:** {device} · {vram} · {ram}, engine process {_gb(memory.engine_ram_gb)}  \n"
             f"**Engine:** {state} · {model}")
 
@@ -43,7 +56,8 @@ def current_markdown(ctx: AppContext) -> str:
     import psutil
 
     mem = psutil.virtual_memory()
-    return system_markdown(ctx.client.memory(timeout=2.0), mem.total, mem.available, ctx.running.status)
+    return system_markdown(ctx.client.memory(timeout=2.0), mem.total, mem.available, ctx.running.status,
+                           ctx.running.last_ended())
 
 
 def build(ctx: AppContext) -> gr.Markdown:

@@ -134,9 +134,9 @@ def test_cancel_stops_a_running_job_and_keeps_the_earlier_video(page, shot: Scre
     page.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('earlier result is kept')")
     assert re.search(r"Cancelled (during Denoising: step \d+/200|after step \d+ of 200)",
                      page.locator("#t2v-status").inner_text())
-    # The engine is free again: the system panel says idle (it refreshes every 2 s).
-    page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
-                           timeout=30_000)
+    # The engine is free again: the system panel says idle and how the job ended (it refreshes every 2 s).
+    page.wait_for_function("() => /Engine: idle · last job: (Cancelled|stopped during Denoising)/.test("
+                           "document.querySelector('#system-panel').innerText)", timeout=30_000)
     assert (video.get_attribute("src") if video.count() else None) == before, "the earlier video was lost"
     assert "earlier result is kept" in page.locator("#t2v-status").inner_text()
     shot(page, "t2v-cancelled")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -67,6 +68,14 @@ def test_text_to_video_returns_a_video_and_timings(client, server):
     assert phases[:2] == ["Text encode", "Denoise"] or "Load (disk to RAM)" in phases
     assert phases[-1] == "Total"
     assert len(list(server["outputs"].rglob("*.mp4"))) >= 1
+
+
+def test_the_system_panel_tells_of_a_job_shorter_than_its_refresh(client):
+    """A job may start and end between two refreshes of the panel: idle, it says how the last one ended."""
+    client.predict(*T2V, api_name="/text_to_image")
+    panel = client.predict(api_name="/system")
+    assert re.search(r"Engine:\*\* idle · last job: Done in [\d.]+ s \(ended \d+ s ago\) · `selftest-t2v` loaded",
+                     panel), panel
 
 
 def test_text_to_image_returns_a_png(client):
