@@ -28,6 +28,7 @@ import torch  # noqa: E402
 import engine.engine as engine_module  # noqa: E402
 import engine.record as record_module  # noqa: E402
 from bench import realsize  # noqa: E402
+from engine.apply import loaded_into_ram  # noqa: E402
 from engine.engine import Engine  # noqa: E402
 from engine.events import JobFinished, PlanReady  # noqa: E402
 from engine.hardware import GIB, HardwareProfile  # noqa: E402
@@ -83,6 +84,9 @@ class BenchEngine(Engine):
         torch.cuda.set_per_process_memory_fraction(1.0)
         try:
             parts = build_parts(self.key, "cuda" if plan.load == "device_map" else "cpu")
+            for name in loaded_into_ram(plan):      # as the engine's loader does (engine/apply.py)
+                if name in parts:
+                    parts[name].to("cpu")
         finally:
             gc.collect()
             torch.cuda.empty_cache()
