@@ -119,22 +119,25 @@ def pin_in_place(model) -> None:
                 module._buffers[key] = buffer.pin_memory()
 
 
+def _hook_names(model) -> set[str]:
+    """The diffusers hooks on ``model`` and its layers (the encoders get none but streaming's)."""
+    return {hook for m in model.modules() if getattr(m, "_diffusers_hook", None) is not None
+            for hook in m._diffusers_hook.hooks}
+
+
 def is_streaming(model) -> bool:
-    """Whether ``model`` or any of its layers carries a diffusers hook (the encoders get none but streaming's)."""
-    return any(getattr(m, "_diffusers_hook", None) is not None and m._diffusers_hook.hooks for m in model.modules())
+    return bool(_hook_names(model))
 
 
 def stop_streaming(model) -> None:
     """Remove streaming's hooks from ``model``; its weights are left in RAM, where streaming keeps them."""
     from diffusers.hooks import HookRegistry
 
-    if not is_streaming(model):
-        return
-    names = {hook for m in model.modules() if getattr(m, "_diffusers_hook", None) is not None
-             for hook in m._diffusers_hook.hooks}
-    registry = HookRegistry.check_if_exists_or_initialize(model)
-    for hook in names:
-        registry.remove_hook(hook, recurse=True)
+    names = _hook_names(model)
+    if names:
+        registry = HookRegistry.check_if_exists_or_initialize(model)
+        for hook in names:
+            registry.remove_hook(hook, recurse=True)
 
 
 def set_vae_tiling(vae, tile: int | None) -> None:

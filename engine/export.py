@@ -84,6 +84,21 @@ def write_png(frame: np.ndarray, path: Path) -> Path:
     return path
 
 
+def copy_file(source: Path, path: Path) -> Path:
+    """Copy ``source`` to ``path`` the way every output is written: in full or not at all."""
+    import shutil
+
+    path = Path(path)
+    tmp = _tmp_path(path)
+    try:
+        shutil.copyfile(source, tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+    return path
+
+
 def write_json(data: dict, path: Path) -> Path:
     path = Path(path)
     tmp = _tmp_path(path)

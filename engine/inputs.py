@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .export import write_png
+from .export import copy_file, write_png
 from .images import upright_rgb
 from .request import InputError
 
@@ -52,21 +52,19 @@ def keep_inputs(request, stem: Path) -> tuple[dict[str, str | None], list[str]]:
 def carry_inputs(kept: dict, folder: Path, stem: Path) -> dict[str, str | None]:
     """The input images a run kept in ``folder`` (``kept``: {field: file name or None}), for an output
     made later from its latents at ``stem``: the same files when the stem is the run's own, else copies.
-    A file that has gone since is left out."""
-    import os
-    import shutil
-
+    A file that has gone since (or cannot be copied) is left out."""
     carried: dict[str, str | None] = {}
     for field in INPUT_SUFFIXES:
+        carried[field] = None
         name = kept.get(field)
         source = Path(folder) / name if isinstance(name, str) and Path(name).name == name else None
         if source is None or not source.is_file():
-            carried[field] = None
             continue
         target = input_path(stem, field)
-        if target != source:
-            partial = target.with_name(f".{target.name}.partial")
-            shutil.copyfile(source, partial)
-            os.replace(partial, target)
+        try:
+            if target != source:
+                copy_file(source, target)
+        except OSError:
+            continue
         carried[field] = target.name
     return carried

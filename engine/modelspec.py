@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from .weights import component_params, safetensors_tensor_params
+from .weights import component_tensors
 
 UMT5_XXL_PARAMS = 5_680_000_000     # 24 layers, d_model 4096, gated FFN 10240, 256k vocab
 UMT5_XXL_EMBEDDING_PARAMS = 256_384 * 4096   # its largest tensor: the token embedding
@@ -107,9 +107,9 @@ def spec_from_folder(folder: Path, name: str | None = None) -> ModelSpec:
     config = json.loads((folder / "transformer" / "config.json").read_text())
     index = json.loads((folder / "model_index.json").read_text())
     vae = json.loads((folder / "vae" / "config.json").read_text())
-    params = component_params(folder)
-    text_tensors = safetensors_tensor_params(folder / "text_encoder") if (folder / "text_encoder").is_dir() else {}
-    block_params = _block_params(folder / "transformer", config["num_layers"])
+    tensors = component_tensors(folder)
+    params = {part: sum(counts.values()) for part, counts in tensors.items()}
+    block_params = _block_params(tensors.get("transformer", {}), config["num_layers"])
     shape = TransformerShape(
         layers=config["num_layers"], heads=config["num_attention_heads"], head_dim=config["attention_head_dim"],
         ffn=config["ffn_dim"], in_channels=config["in_channels"], params=params.get("transformer", 0),
@@ -117,16 +117,15 @@ def spec_from_folder(folder: Path, name: str | None = None) -> ModelSpec:
     return ModelSpec(
         name=name or folder.name, transformer=shape,
         text_encoder_params=params.get("text_encoder", 0),
-        text_encoder_largest_params=max(text_tensors.values(), default=0), image_encoder_params=params.get("image_encoder", 0),
+        text_encoder_largest_params=max(tensors.get("text_encoder", {}).values(), default=0), image_encoder_params=params.get("image_encoder", 0),
         vae_params=params.get("vae", 0), vae_spatial=int(vae.get("scale_factor_spatial", 8)),
         vae_temporal=int(vae.get("scale_factor_temporal", 4)), vae_z=int(vae.get("z_dim", 16)),
         experts=2 if (folder / "transformer_2").is_dir() else 1,
         expand_timesteps=bool(index.get("expand_timesteps", False)))
 
 
-def _block_params(transformer_dir: Path, layers: int) -> int:
-    """Parameters of block 0, from the safetensors headers."""
-    counts = safetensors_tensor_params(transformer_dir)
+def _block_params(counts: dict[str, int], layers: int) -> int:
+    """Parameters of block 0, from the transformer's tensors."""
     block = sum(n for name, n in counts.items() if name.startswith("blocks.0."))
     if block:
         return block

@@ -90,11 +90,11 @@ def safetensors_tensor_params(folder: Path) -> dict[str, int]:
     return counts
 
 
-def component_params(folder: Path) -> dict[str, int]:
-    """Parameter count per weighted component of a diffusers folder."""
+def component_tensors(folder: Path) -> dict[str, dict[str, int]]:
+    """Parameter count of every tensor, per weighted component of a diffusers folder (headers read once)."""
     counts = {}
     for name in WEIGHTED_COMPONENTS:
         part = Path(folder) / name
         if part.is_dir() and any(part.glob("*.safetensors")):
-            counts[name] = sum(safetensors_tensor_params(part).values())
+            counts[name] = safetensors_tensor_params(part)
     return counts

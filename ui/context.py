@@ -65,6 +65,16 @@ def checked_model_ref(ref: str | None, models_dir: str | Path, allow_paths: bool
     return ref               # a repo id (or nonsense, which the engine refuses with its own message)
 
 
+# How a job's status line starts once the job has said how it ended (ui/job_view.py writes them).
+ENDINGS = ("Done", "Cancelled", "Failed")
+
+
+def where_it_was(status: str) -> str:
+    """A running job's status line cut to where it was ("Denoising: step 57/200, 0.04 s/step..." ->
+    "Denoising: step 57/200")."""
+    return status.splitlines()[0].split(",")[0].rstrip(".") if status else ""
+
+
 class RunningJob:
     """Which page session started the job the engine is running (so only it may cancel)."""
 
@@ -115,9 +125,9 @@ class RunningJob:
             if not self._last_status or not self._last[1]:
                 return None
             first = self._last_status.splitlines()[0].split(". ")[0].rstrip(".")
-            if not first.startswith(("Done", "Cancelled", "Failed")):
+            if not first.startswith(ENDINGS):
                 # Its page went away or cancelled it before it could say how it ended.
-                first = f"stopped during {first.split(',')[0]}"
+                first = f"stopped during {where_it_was(first)}"
             return first, time.monotonic() - self._last[1]
 
     @property

@@ -10,7 +10,7 @@ from engine.events import JobFailed, JobFinished, JobStarted, PreviewReady
 from engine.models import ModelError
 from engine.request import GenerationRequest
 
-from .context import AppContext, RunningJob
+from .context import ENDINGS, AppContext, RunningJob, where_it_was
 from .job_view import JobView
 from .plan_panel import AUTO, override_fields
 
@@ -68,9 +68,9 @@ def cancelled_status(running: RunningJob, mine: str | None, timeout_s: float = 6
     if last.startswith("Done"):
         return (f"Nothing of yours was running: your last job had already finished ({last}). "
                 "A job of yours waiting in the queue is taken out of it.")
-    if last.startswith(("Cancelled", "Failed")):
+    if last.startswith(ENDINGS):
         return f"{last} Your earlier result is kept."
-    where = f" during {last.split(',')[0].rstrip('.')}" if last else ""
+    where = f" during {where_it_was(last)}" if last else ""
     return f"Cancelled{where}. The model stays loaded; your earlier result is kept."
 
 
