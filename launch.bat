@@ -3,7 +3,9 @@ rem ==========================================================================
 rem  Wan video studio launcher for Windows. Double-click it, or run it in a
 rem  console:
 rem    launch.bat [app args...]          set up .venv when needed, run app.py
-rem    launch.bat test [pytest args...]  the same plus the test packages,
+rem    launch.bat test [pytest args...]  the same plus the test packages and
+rem                                      a browser for the page tests (Chrome
+rem                                      or Edge, else Playwright's download),
 rem                                      then run the test suite
 rem
 rem  The first run creates .venv next to this file, installs torch (the build
@@ -19,6 +21,7 @@ rem    WAN_ROCM_ARCH       force AMD's ROCm wheels for this GPU family, e.g.
 rem                        gfx1151, gfx110X-all or gfx120X-all
 rem    WAN_SKIP_INSTALL=1  never run pip; use .venv as it is
 rem    WAN_NO_PAUSE=1      do not wait for a key press after an error
+rem    WAN_TEST_BROWSER    the Chrome, Edge or Chromium the page tests drive
 rem ==========================================================================
 setlocal EnableExtensions DisableDelayedExpansion
 rem pushd, unlike cd, also copes with a \\server\share folder.
@@ -143,6 +146,15 @@ if not exist "tests\" (
     echo [setup] ERROR: there is no tests folder
     goto :fail
 )
+rem The page tests drive a real browser: Chrome or Edge when installed, else
+rem Playwright's own Chromium, downloaded once (the line printed says which).
+set "WAN_BROWSER_FILE=.venv\wan-test-browser.txt"
+"%VPY%" -m tests.browser_setup > "%WAN_BROWSER_FILE%"
+if errorlevel 1 (
+    echo [test] ERROR: no browser for the page tests - see the message above
+    goto :fail
+)
+set /p WAN_TEST_BROWSER=<"%WAN_BROWSER_FILE%"
 setlocal DisableDelayedExpansion
 "%VPY%" -m pytest tests %TEST_ARGS%
 set "TEST_RC=%ERRORLEVEL%"

@@ -2,7 +2,8 @@
 # Wan video studio launcher for Linux and macOS.
 #
 #   ./launch.sh [app args...]         set up .venv when needed, then run app.py
-#   ./launch.sh test [pytest args...] same, plus the test packages, then run pytest
+#   ./launch.sh test [pytest args...] same, plus the test packages and a browser for the
+#                                     page tests (found, or installed once), then run pytest
 #
 # The first run creates .venv next to this script, installs torch (the build
 # that fits this machine) and requirements.txt. Later runs find a matching
@@ -16,6 +17,9 @@
 #                            (used when .venv has no torch yet; an installed
 #                            torch is kept: delete .venv to start over)
 #   WAN_SKIP_INSTALL=1       never run pip; use .venv as it is
+#   WAN_TEST_BROWSER=PATH    the Chromium-family browser the page tests drive
+#                            (default: one on this machine, else Debian's chromium
+#                            through apt-get, else Playwright's own download)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -188,6 +192,10 @@ fi
 # ---------------------------------------------------------------- run -------
 if [[ "$MODE" == "test" ]]; then
     [[ -d tests ]] || die "no tests folder"
+    # The page tests drive a real browser: the one on this machine, else one installed now (it says which).
+    WAN_TEST_BROWSER="$("$VPY" -m tests.browser_setup)" \
+        || die "no browser for the page tests (see the message above)"
+    export WAN_TEST_BROWSER
     set +e
     "$VPY" -m pytest tests "$@"
     rc=$?

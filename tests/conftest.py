@@ -139,22 +139,32 @@ def selftest_app(tmp_path_factory, models_dir: Path, name: str, *args: str):
         yield {"url": url, "proc": proc, "outputs": outputs, "log": log}
 
 
-# ----- a real browser: Debian's chromium driven by Playwright (never a browser download) -----
-CHROMIUM = "/usr/bin/chromium"
+# ----- a real browser, driven by Playwright: the one tests/browser_setup.py chose (./launch.sh test runs it) -----
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--no-first-run"]
 # Screenshots of browser tests; set WAN_SCREENSHOTS_DIR (e.g. docs/screenshots) to copy them there too.
 ARTIFACTS = ROOT / "test-artifacts" / "screenshots"
 
 
+def browser_path() -> str:
+    """WAN_TEST_BROWSER, else a browser on this machine, else Playwright's own; the tests fail (never skip)
+    without one."""
+    from tests.browser_setup import ENV, find_installed, playwright_browser
+
+    path = os.environ.get(ENV, "").strip() or find_installed() or playwright_browser()
+    if not path:
+        pytest.fail(f"no browser for the page tests: run them with ./launch.sh test (launch.bat test on "
+                    f"Windows), which finds or installs one, or set {ENV} to a Chromium, Chrome or Edge")
+    return path
+
+
 @pytest.fixture(scope="session")
 def browser():
-    if not os.access(CHROMIUM, os.X_OK):
-        pytest.fail(f"{CHROMIUM} is missing: install Debian's chromium package (.ci/run does)")
     from playwright.sync_api import sync_playwright
 
+    path = browser_path()
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_FLAGS)
+        browser = playwright.chromium.launch(executable_path=path, headless=True, args=CHROMIUM_FLAGS)
         yield browser
         browser.close()
 
