@@ -33,8 +33,6 @@ DEVICE_MARGIN_MIN_GB = 0.75
 # Host memory kept free for the OS and the desktop.
 RAM_MARGIN_FRACTION = 0.05
 RAM_MARGIN_MIN_GB = 1.5
-# GGUF Q4 weights take about this many bytes per parameter (used in suggestions).
-GGUF_Q4_BYTES = 0.56
 
 
 @dataclass(frozen=True)
@@ -89,6 +87,7 @@ class Plan:
     phases: tuple[PhasePlan, ...] = ()
     decisions: tuple[str, ...] = ()
     suggestions: tuple[str, ...] = ()
+    vae_tiled: bool = False    # the decode really runs in tiles (a frame no larger than one tile decodes whole)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -145,13 +144,43 @@ class _Rung:
     load: str
 
 
+def _weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> dict[str, float]:
+    """GiB of each component's weights under ``rung`` (the VAE always in float32)."""
+    _, nbytes = _dtypes(hw)
+    return {"transformer": mem.transformer_weights_gb(spec, nbytes, rung.fp8),
+            "text_encoder": spec.text_encoder_params * nbytes / mem.GB,
+            "image_encoder": spec.image_encoder_params * nbytes / mem.GB if req.image_to_video else 0.0,
+            "vae": spec.vae_params * 4 / mem.GB}
+
+
+def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> tuple[PhasePlan, ...]:
+    """A CPU-only machine: every weight sits in RAM from the load on and nothing moves, so each phase
+    needs the weights plus its own working memory, and there is no transfer phase."""
+    _, nbytes = _dtypes(hw)
+    weights = mem.BASE_RAM_CPU_ONLY_GB + sum(_weights_gb(spec, req, hw, rung).values())
+    tokens = spec.tokens(req.width, req.height, req.frames)
+    frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
+    names = ["text_encoder", "transformer", "vae"]
+    if req.image_to_video and spec.image_encoder_params:
+        names.insert(1, "image_encoder")
+    places = {name: "cpu" for name in names}
+    phases = [("load", 0.0), ("text_encode", mem.text_encode_gb(spec))]
+    if "image_encoder" in places:
+        phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
+    phases += [
+        ("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) + mem.RUN_OVERHEAD_GB),
+        ("vae_decode", mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile)
+         + mem.RUN_OVERHEAD_GB + frames_ram),
+        ("export", frames_ram)]
+    return tuple(PhasePlan(name, places, 0.0, _round(weights + extra)) for name, extra in phases)
+
+
 def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> tuple[PhasePlan, ...]:
+    if hw.device == "cpu":
+        return _cpu_phases(spec, req, hw, rung)
     dtype, nbytes = _dtypes(hw)
-    cpu_only = hw.device == "cpu"
-    te = spec.text_encoder_params * nbytes / mem.GB
-    ie = spec.image_encoder_params * nbytes / mem.GB if req.image_to_video else 0.0
-    vae = spec.vae_params * 4 / mem.GB
-    tr_full = mem.transformer_weights_gb(spec, nbytes, rung.fp8)
+    weights = _weights_gb(spec, req, hw, rung)
+    te, ie, vae, tr_full = (weights[k] for k in ("text_encoder", "image_encoder", "vae", "transformer"))
     if rung.transformer == "device":
         tr_dev, tr_ram = tr_full, 0.0
     elif rung.transformer == "group":
@@ -165,7 +194,7 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     te_ram_idle = te if rung.text_encoder != "device" else 0.0
     ie_dev_always = ie if rung.text_encoder == "device" else 0.0
     ie_ram_idle = ie if rung.text_encoder != "device" else 0.0
-    base_ram = mem.BASE_RAM_CPU_ONLY_GB if cpu_only else mem.BASE_RAM_GB
+    base_ram = mem.BASE_RAM_GB
     tokens = spec.tokens(req.width, req.height, req.frames)
     act = mem.denoise_activations_gb(spec, tokens, nbytes, _attention(hw) == "math")
     decode = mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile)
@@ -216,11 +245,6 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     phases.append(PhasePlan("vae_decode", denoise_places, resident + decode + mem.RUN_OVERHEAD_GB,
                             idle_ram + frames_ram))
     phases.append(PhasePlan("export", denoise_places, resident, idle_ram + frames_ram))
-    if cpu_only:
-        # Everything lives in RAM: fold device figures into the host's.
-        phases = [PhasePlan(p.phase, {k: "cpu" for k in p.placement}, 0.0,
-                            p.peak_ram_gb + p.peak_vram_gb + (tr_full + te + ie + vae if p.phase != "load" else 0.0))
-                  for p in phases]
     return tuple(PhasePlan(p.phase, p.placement, _round(p.peak_vram_gb), _round(p.peak_ram_gb)) for p in phases)
 
 
@@ -239,7 +263,8 @@ def _fits(phases, vram_budget: float, ram_budget: float, hw: HardwareProfile) ->
 def _candidates(name: str, override: Override, hw: HardwareProfile):
     """Text-encoder places, tiles and load methods to try for one rung, best first."""
     if name == "all_on_device":
-        te_places = ["device"]
+        # On a CPU-only machine the "device" is the CPU: say so.
+        te_places = ["cpu" if hw.device == "cpu" else "device"]
     elif name == "leaf_offload":
         te_places = ["streamed", "cpu"]
     else:
@@ -304,9 +329,13 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
         transformer=rung.transformer, fp8=rung.fp8, vae_tile=rung.vae_tile, load=rung.load,
         pin_memory=_copy_streams(hw), use_stream=_copy_streams(hw),
         budget_vram_gb=_round(vram_budget), budget_ram_gb=_round(ram_budget),
-        predicted_peak_vram_gb=_round(peak_vram), predicted_peak_ram_gb=_round(peak_ram), phases=phases)
+        predicted_peak_vram_gb=_round(peak_vram), predicted_peak_ram_gb=_round(peak_ram), phases=phases,
+        vae_tiled=rung.vae_tile is not None and (rung.vae_tile < req.width or rung.vae_tile < req.height))
     decisions = _explain(spec, req, hw, plan, override)
     suggestions = () if fits_ else _suggest(spec, req, hw, override)
+    if not fits_ and not suggestions:
+        decisions.append("Neither fewer frames, a smaller size nor a smaller known model makes it fit this "
+                         "machine" + (": it needs more RAM, or a GPU." if hw.device == "cpu" else "."))
     return replace(plan, decisions=tuple(decisions), suggestions=tuple(suggestions))
 
 
@@ -327,9 +356,7 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
     tr_gb = mem.transformer_weights_gb(spec, nbytes)
     said = []
     if hw.device == "cpu":
-        said.append(f"No GPU found: everything runs on the CPU in float32, using up to "
-                    f"{plan.predicted_peak_ram_gb:.1f} of {plan.budget_ram_gb:.1f} GB RAM (slow, but it works).")
-        return said
+        return _explain_cpu(spec, req, hw, plan, override)
     said.append(f"{hw.device_name} ({hw.backend.upper()}): {plan.budget_vram_gb:.1f} GB of device memory and "
                 f"{plan.budget_ram_gb:.1f} GB of RAM may be used after the safety margins; computing in {plan.dtype}.")
     if override.strategy:
@@ -359,9 +386,7 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
                     "at a small cost in quality.")
     if plan.load == "device_map":
         said.append("Weights load straight to the device: there is not enough RAM to stage them on the CPU first.")
-    if plan.vae_tile:
-        said.append(f"The VAE decodes in {plan.vae_tile}px tiles: an untiled decode of "
-                    f"{req.frames}x{req.height}x{req.width} would not fit.")
+    said.extend(_explain_tiles(req, plan, override))
     if plan.attention == "math":
         tokens = spec.tokens(req.width, req.height, req.frames)
         said.append(f"This backend uses math attention: its score buffer grows with tokens^2 ({tokens} tokens).")
@@ -373,7 +398,68 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
     return said
 
 
+def _explain_tiles(req: PlanRequest, plan: Plan, override: Override) -> list[str]:
+    if plan.vae_tile is None:
+        return []
+    if not plan.vae_tiled:
+        return [f"VAE tiling is on, but a {req.width}x{req.height} frame is no larger than one {plan.vae_tile}px "
+                "tile, so it decodes whole."]
+    if override.vae_tiling:
+        return [f"VAE tiling is on (your choice): it decodes in {plan.vae_tile}px tiles."]
+    return [f"The VAE decodes in {plan.vae_tile}px tiles: an untiled decode of "
+            f"{req.frames}x{req.height}x{req.width} would not fit."]
+
+
+def _explain_cpu(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
+                 override: Override) -> list[str]:
+    """What a CPU-only plan means: everything in RAM, in float32; the overrides that change nothing here."""
+    weights = _weights_gb(spec, req, hw, _rung(plan.strategy, plan.text_encoder, plan.vae_tile, plan.load))
+    if plan.fits:
+        said = [f"No GPU found: everything runs on the CPU in float32, in RAM: up to "
+                f"{plan.predicted_peak_ram_gb:.1f} of the {plan.budget_ram_gb:.1f} GB that may be used. "
+                "Slow, but it works."]
+    else:
+        said = [f"No GPU found: on the CPU everything is held in RAM in float32, which needs "
+                f"{plan.predicted_peak_ram_gb:.1f} GB, but only {plan.budget_ram_gb:.1f} GB may be used; the "
+                f"weights alone take {sum(weights.values()):.1f} GB (text encoder {weights['text_encoder']:.1f} GB, "
+                f"transformer {weights['transformer']:.1f} GB)."]
+    if override.strategy and override.strategy != "all_on_device":
+        said.append(f"Strategy forced to '{plan.strategy}': on a CPU-only machine it changes no memory figure "
+                    "(everything is in RAM either way); it only runs that strategy's offload hooks.")
+    if override.text_encoder:
+        said.append(f"Text encoder place forced to '{override.text_encoder}': on a CPU-only machine it runs on the "
+                    "CPU wherever it is put.")
+    if plan.fits:
+        said.extend(_explain_tiles(req, plan, override))
+    return said
+
+
+def _smaller_model(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile) -> str | None:
+    """A tip naming the largest known model smaller than ``spec`` that fits this request here, if any."""
+    from .modelspec import KNOWN_MODELS
+
+    def does(candidate: ModelSpec) -> bool:   # image to video: an I2V model (36 input channels) or Wan2.2-5B
+        takes_image = candidate.transformer.in_channels == 36 or candidate.expand_timesteps
+        makes_text_video = candidate.transformer.in_channels != 36
+        return takes_image if req.image_to_video else makes_text_video
+
+    size = spec.transformer.params * spec.experts
+    smaller = sorted(((ref, known) for ref, known in KNOWN_MODELS.items()
+                      if known.transformer.params * known.experts < size and does(known)),
+                     key=lambda item: -item[1].transformer.params)
+    for ref, known in smaller:
+        sized = replace(req, width=req.width // known.size_multiple * known.size_multiple or known.size_multiple,
+                        height=req.height // known.size_multiple * known.size_multiple or known.size_multiple)
+        chosen = plan_memory(known, sized, hw) if fits(known, sized, hw) else None
+        if chosen is not None:
+            where = (f"{chosen.predicted_peak_ram_gb:.1f} GB RAM" if hw.device == "cpu" else
+                     f"{chosen.predicted_peak_vram_gb:.1f} GB device memory, {chosen.predicted_peak_ram_gb:.1f} GB RAM")
+            return f"Use a smaller model: {known.name} ({ref}) fits here at this size, peaking at {where}."
+    return None
+
+
 def _suggest(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override) -> list[str]:
+    """Changes that make this request fit, each checked with the planner; none when nothing would."""
     tips = []
     for frames in range(req.frames - 4, 0, -4):
         if fits(spec, replace(req, frames=frames), hw, override):
@@ -385,9 +471,10 @@ def _suggest(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: O
         if fits(spec, replace(req, width=w, height=h), hw, override):
             tips.append(f"Use {w}x{h} instead of {req.width}x{req.height}.")
             break
-    if override.strategy and override.strategy != "leaf_offload":
-        tips.append("Set the strategy back to Auto to let the planner step down the ladder.")
-    q4 = spec.transformer.params * spec.experts * GGUF_Q4_BYTES / mem.GB
-    tips.append(f"Use a GGUF Q4 file of the transformer (about {q4:.1f} GB instead of "
-                f"{mem.transformer_weights_gb(spec, 2):.1f} GB), or a smaller model.")
+    if (override.strategy or override.text_encoder or override.vae_tiling is not None) \
+            and fits(spec, req, hw, Override()):
+        tips.append("Set Strategy, Text encoder and VAE tiling back to Auto: the planner finds a plan that fits.")
+    smaller = _smaller_model(spec, req, hw)
+    if smaller:
+        tips.append(smaller)
     return tips

@@ -41,13 +41,17 @@ def plan_request(request: GenerationRequest, hardware: HardwareProfile, models_d
 
 def plan_table(plan: Plan) -> str:
     """The plan as a readable text table (the CLI's output without --json)."""
-    lines = [f"Strategy: {plan.strategy}   fits: {'yes' if plan.fits else 'NO'}",
-             f"Predicted peak: {plan.predicted_peak_vram_gb:.2f} GB device (budget {plan.budget_vram_gb:.2f}), "
-             f"{plan.predicted_peak_ram_gb:.2f} GB RAM (budget {plan.budget_ram_gb:.2f})",
-             "", f"{'phase':<12} {'device GB':>10} {'RAM GB':>8}  where each component lives"]
+    cpu = plan.device == "cpu"
+    ram = f"{plan.predicted_peak_ram_gb:.2f} GB RAM (budget {plan.budget_ram_gb:.2f})"
+    device = f"{plan.predicted_peak_vram_gb:.2f} GB device (budget {plan.budget_vram_gb:.2f}), "
+    lines = [f"Strategy: {plan.strategy}{' (CPU only: everything in RAM)' if cpu else ''}   "
+             f"fits: {'yes' if plan.fits else 'NO'}",
+             f"Predicted peak: {ram if cpu else device + ram}",
+             "", f"{'phase':<12} " + ("" if cpu else f"{'device GB':>10} ") + f"{'RAM GB':>8}  where each component lives"]
     for phase in plan.phases:
         where = ", ".join(f"{k}={v}" for k, v in phase.placement.items())
-        lines.append(f"{phase.phase:<12} {phase.peak_vram_gb:>10.2f} {phase.peak_ram_gb:>8.2f}  {where}")
+        vram = "" if cpu else f"{phase.peak_vram_gb:>10.2f} "
+        lines.append(f"{phase.phase:<12} {vram}{phase.peak_ram_gb:>8.2f}  {where}")
     lines += ["", "Why:"] + [f"  - {d}" for d in plan.decisions]
     if plan.suggestions:
         lines += ["", "To make it fit:"] + [f"  - {s}" for s in plan.suggestions]

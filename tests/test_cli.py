@@ -133,7 +133,14 @@ def test_plan_that_fits_nowhere_exits_non_zero_and_says_what_would_fit(tmp_path)
                                       "--width", "832"), capture_output=True, text=True, timeout=120,
                           env=app_env(), cwd=ROOT)
     assert done.returncode == 1
-    assert "fits: NO" in done.stdout and "To make it fit:" in done.stdout and "GGUF" in done.stdout
+    assert "fits: NO" in done.stdout and "To make it fit:" not in done.stdout and "GGUF" not in done.stdout
+    assert "Neither fewer frames, a smaller size nor a smaller known model makes it fit" in done.stdout
+    roomier = _hardware_file(tmp_path, vram_total_gb=12, vram_free_gb=11.5, ram_total_gb=32, ram_available_gb=28)
+    done = subprocess.run(app_command("plan", "--preset", "wan21-i2v-14b", "--hardware", str(roomier), "--frames",
+                                      "81", "--width", "832"), capture_output=True, text=True, timeout=120,
+                          env=app_env(), cwd=ROOT)
+    assert done.returncode == 1 and "To make it fit:" in done.stdout
+    assert "Use a smaller model: Wan2.2 TI2V 5B (Wan-AI/Wan2.2-TI2V-5B-Diffusers) fits here" in done.stdout
     as_json = subprocess.run(app_command("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--json"),
                              capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["fits"] is False

@@ -63,7 +63,9 @@ def _peaks(plan: Plan) -> str:
 
 
 def _settings(plan: Plan) -> str:
-    tiles = f"in {plan.vae_tile}px tiles" if plan.vae_tile else "untiled"
+    tiles = f"in {plan.vae_tile}px tiles" if plan.vae_tiled else "whole (untiled)"
+    if plan.device == "cpu":
+        return f"Computes in {plan.dtype} on the CPU; the VAE decodes {tiles}."
     fp8 = ", transformer weights in fp8" if plan.fp8 else ""
     return (f"Computes in {plan.dtype}{fp8}; text encoder: {plan.text_encoder}; "
             f"VAE ({plan.vae_dtype}) decodes {tiles}.")

@@ -21,8 +21,8 @@ MODE_TITLES = {"t2v": "Text to Video", "i2v": "Image to Video"}
 # What markdown would read as links, images, HTML, emphasis, code, tables or maths; a backslash before each
 # shows it as it is. Not '.', '-', '(' or ')': inside a bare URL (made a link) the backslash would show.
 MARKDOWN_CHARS = re.compile(r"[\\`*_\[\]!<>|~$]")
-# Said when a plan does not fit and the planner has no more specific advice.
-GENERAL_TIP = "Pick a smaller size or fewer frames, or a smaller model."
+# Said when a plan does not fit and no change the planner knows would make it fit.
+NO_WAY_OUT = "Neither fewer frames, a smaller size nor a smaller known model makes it fit on this machine."
 # How a form's changes can be checked before a run.
 TRY_IT = ("Press Use, change the size or frames in the form, and watch its Memory plan (under the buttons) "
           "until it fits.")
@@ -72,7 +72,7 @@ def plan_summary(plan: Plan, hardware: HardwareProfile) -> dict:
         "expected_peak_vram_gb": plan.predicted_peak_vram_gb, "expected_peak_ram_gb": plan.predicted_peak_ram_gb,
         "budget_vram_gb": plan.budget_vram_gb, "budget_ram_gb": plan.budget_ram_gb,
         "text_encoder": plan.text_encoder, "vae_tile": plan.vae_tile,
-        "to_make_it_fit": [] if plan.fits else list(plan.suggestions or (GENERAL_TIP,)),
+        "to_make_it_fit": list(plan.suggestions),
     }
 
 
@@ -115,8 +115,10 @@ def _expected_lines(entry: dict) -> list[str]:
     strategy = f"**{plan['strategy']}** ({plan['strategy_text']})"
     if plan["fits"]:
         return [f"- **Expected on this machine:** peak {peaks}; strategy {strategy}. Fits."]
-    lines = [f"- **Does NOT fit this machine:** it needs {_shortfall(plan)}, with strategy {strategy}.",
-             "  To make it fit:"]
+    lines = [f"- **Does NOT fit this machine:** it needs {_shortfall(plan)}, with strategy {strategy}."]
+    if not plan["to_make_it_fit"]:
+        return lines + [f"  {NO_WAY_OUT}"]
+    lines.append("  To make it fit:")
     lines += [f"  - {tip}" for tip in plan["to_make_it_fit"]]
     lines.append(f"  - {TRY_IT}")
     return lines

@@ -48,6 +48,32 @@ def plan(hw_name, request_name, **override):
     return plan_memory(KNOWN_MODELS[ref], request, HARDWARE[hw_name], Override(**override))
 
 
+def assert_each_suggestion_makes_it_fit(chosen, hw_name, request_name, **override):
+    """Every tip of a plan that does not fit, applied as it says, gives a plan that fits; without a tip the
+    plan says that nothing smaller would fit."""
+    import re
+    from dataclasses import replace
+
+    ref, request = REQUESTS[request_name]
+    hw = HARDWARE[hw_name]
+    if not chosen.suggestions:
+        assert any("Neither fewer frames, a smaller size nor a smaller known model" in d for d in chosen.decisions)
+    for tip in chosen.suggestions:
+        spec, changed, forced = KNOWN_MODELS[ref], request, Override(**override)
+        if found := re.match(r"Use (\d+) frames instead", tip):
+            changed = replace(request, frames=int(found[1]))
+        elif found := re.match(r"Use (\d+)x(\d+) instead", tip):
+            changed = replace(request, width=int(found[1]), height=int(found[2]))
+        elif found := re.search(r"\(([\w.-]+/[\w.-]+)\) fits here", tip):
+            spec = KNOWN_MODELS[found[1]]
+            assert spec.transformer.params * spec.experts < KNOWN_MODELS[ref].transformer.params * KNOWN_MODELS[ref].experts
+        elif tip.startswith("Set Strategy, Text encoder and VAE tiling back to Auto"):
+            forced = Override()
+        else:
+            raise AssertionError(f"a tip the test cannot check: {tip}")
+        assert plan_memory(spec, changed, hw, forced).fits, tip
+
+
 @pytest.mark.parametrize("hw_name, request_name", CASES)
 def test_a_fitting_plan_stays_inside_the_budget_with_the_margin(hw_name, request_name):
     chosen = plan(hw_name, request_name)
@@ -55,7 +81,7 @@ def test_a_fitting_plan_stays_inside_the_budget_with_the_margin(hw_name, request
     vram_budget, ram_budget = budgets(hw)
     assert vram_budget < hw.vram_free_gb and ram_budget < hw.ram_available_gb  # a margin is kept
     if not chosen.fits:
-        assert chosen.suggestions and any("GGUF" in s for s in chosen.suggestions)
+        assert_each_suggestion_makes_it_fit(chosen, hw_name, request_name)
         return
     for phase in chosen.phases:
         if hw.backend == "mps":
@@ -133,8 +159,17 @@ def test_a_request_that_fits_nowhere_says_what_would_make_it_fit():
                            ram_total_gb=8, ram_available_gb=6)
     chosen = plan_memory(KNOWN_MODELS[I2V_14], PlanRequest(832, 480, 81, True), tiny)
     assert not chosen.fits and chosen.strategy == LADDER[-1]
-    assert any("GGUF" in s for s in chosen.suggestions)
     assert any("Nothing fits" in d for d in chosen.decisions)
+    # Nothing this app can load closes the gap here: no tip pretends otherwise.
+    assert chosen.suggestions == ()
+    assert any("Neither fewer frames, a smaller size nor a smaller known model makes it fit" in d
+               for d in chosen.decisions)
+    # A forced strategy that does not fit, where the planner's own choice would: going back to Auto is offered.
+    roomier = HardwareProfile(backend="cuda", device_name="8 GB card", vram_total_gb=8, vram_free_gb=7.5,
+                              ram_total_gb=64, ram_available_gb=58)
+    tight = plan_memory(KNOWN_MODELS[T2V_13], PlanRequest(832, 480, 81), roomier, Override(strategy="all_on_device"))
+    assert not tight.fits and plan_memory(KNOWN_MODELS[T2V_13], PlanRequest(832, 480, 81), roomier).fits
+    assert any(t.startswith("Set Strategy, Text encoder and VAE tiling back to Auto") for t in tight.suggestions)
 
 
 def test_overrides_are_honoured():
@@ -153,10 +188,51 @@ def test_plan_serialises_to_the_documented_json_shape():
     assert {"placement", "peak_vram_gb", "peak_ram_gb"} <= set(data["phases"]["denoise"])
 
 
+CPU_24 = HardwareProfile(backend="cpu", device_name="x86", ram_total_gb=24, ram_available_gb=22)
+
+
 def test_cpu_only_machine_plans_in_ram():
-    cpu = HardwareProfile(backend="cpu", device_name="x86", ram_total_gb=24, ram_available_gb=22)
-    chosen = plan_memory(KNOWN_MODELS[T2V_13], PlanRequest(480, 480, 25), cpu)
+    chosen = plan_memory(KNOWN_MODELS[T2V_13], PlanRequest(480, 480, 25), CPU_24)
     assert chosen.device == "cpu" and chosen.dtype == "float32" and chosen.predicted_peak_vram_gb == 0
+    assert chosen.text_encoder == "cpu"    # what the page and `plan` both show
+
+
+@pytest.mark.parametrize("ref, size", [(T2V_13, PlanRequest(832, 480, 81)),
+                                          (I2V_14, PlanRequest(480, 480, 33, image_to_video=True))])
+def test_on_a_cpu_every_phase_holds_the_weights_once_and_nothing_is_transferred(ref, size):
+    """Every weight is in RAM from the load on: each phase is the weights plus its own working memory."""
+    from engine import memory as mem
+
+    spec = KNOWN_MODELS[ref]
+    chosen = plan_memory(spec, size, CPU_24)
+    phases = {p.phase: p for p in chosen.phases}
+    assert "transfer" not in phases
+    weights = (spec.transformer.params + spec.text_encoder_params + spec.vae_params
+               + (spec.image_encoder_params if size.image_to_video else 0)) * 4 / mem.GB
+    assert abs(phases["load"].peak_ram_gb - (weights + mem.BASE_RAM_CPU_ONLY_GB)) < 0.02
+    for phase in chosen.phases:
+        extra = phase.peak_ram_gb - phases["load"].peak_ram_gb
+        assert 0 <= extra < 3.5, phase       # activations or decoded frames, never the weights a second time
+        assert phase.peak_vram_gb == 0 and set(phase.placement.values()) == {"cpu"}
+    assert not chosen.fits
+    said = " ".join(chosen.decisions)
+    assert "slow, but it works" not in said.lower()
+    assert f"which needs {chosen.predicted_peak_ram_gb:.1f} GB, but only" in said
+    assert "GGUF" not in " ".join(chosen.suggestions)
+
+
+def test_on_a_cpu_overrides_are_explained_and_tiles_larger_than_the_frame_are_not_tiles():
+    from engine.modelspec import SELFTEST_SPECS
+
+    chosen = plan_memory(SELFTEST_SPECS["selftest-t2v"], PlanRequest(64, 64, 9), CPU_24,
+                         Override(strategy="group_offload", vae_tiling=True))
+    assert chosen.fits and chosen.strategy == "group_offload"
+    assert chosen.vae_tile == 512 and not chosen.vae_tiled
+    said = " ".join(chosen.decisions)
+    assert "changes no memory figure" in said
+    assert "a 64x64 frame is no larger than one 512px tile, so it decodes whole" in said
+    auto = plan_memory(SELFTEST_SPECS["selftest-t2v"], PlanRequest(64, 64, 9), CPU_24)
+    assert [p.peak_ram_gb for p in auto.phases] == [p.peak_ram_gb for p in chosen.phases]
 
 
 @pytest.mark.parametrize("hw_name", ["rtx3060-12-32", "rtx4060-laptop-8-32"])

@@ -40,13 +40,18 @@ def test_a_fitting_plan_shows_strategy_peaks_phases_and_reasons():
 
 
 def test_a_plan_that_does_not_fit_says_so_and_what_to_change():
-    plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-14B-Diffusers"], PlanRequest(832, 480, 81), CARD_4GB)
+    plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-14B-Diffusers"], PlanRequest(832, 480, 81), RTX_3060)
     assert not plan.fits and plan.suggestions
     text = plan_markdown(plan)
     assert "(does NOT fit)" in text
     assert "**To make it fit**" in text
     assert all(f"- {tip}" in text for tip in plan.suggestions)
+    assert "Use a smaller model: Wan2.2 TI2V 5B" in text
     assert "streamed: transformer" in text
+    hopeless = plan_markdown(plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-14B-Diffusers"], PlanRequest(832, 480, 81),
+                                         CARD_4GB))
+    assert "**To make it fit**" not in hopeless and "GGUF" not in hopeless
+    assert "Neither fewer frames, a smaller size nor a smaller known model makes it fit" in hopeless
 
 
 def test_a_cpu_plan_has_no_device_column():
@@ -73,8 +78,12 @@ def test_form_values_with_overrides(ctx):
     text = form_plan_markdown(ctx, RTX_3060, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9,
                               "group_offload", "cpu", "On")
     assert "**Strategy: group_offload** (fits)" in text
-    assert "text encoder: cpu" in text and "decodes in " in text and "px tiles" in text
-    assert "Strategy forced to 'group_offload'" in text
+    assert "text encoder: cpu" in text and "Strategy forced to 'group_offload'" in text
+    # A 64x64 frame is smaller than any tile: tiling on changes nothing, and the plan says so.
+    assert "decodes whole (untiled)" in text and "no larger than one 512px tile" in text
+    tiled = form_plan_markdown(ctx, RTX_3060, "t2v", "wan21-t2v-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+                               832, 480, 81, "Auto", "Auto", "On")
+    assert "decodes in 512px tiles" in tiled and "VAE tiling is on (your choice)" in tiled
 
 
 def test_image_to_video_form_plans_the_image_encoder(ctx):

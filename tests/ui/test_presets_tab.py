@@ -59,11 +59,16 @@ def test_cards_show_settings_expected_memory_and_strategy(ctx):
 
 
 def test_a_card_that_does_not_fit_says_what_to_change(ctx):
-    entry = next(e for e in preset_entries(ctx, CARD_4GB) if e["name"] == "wan21-i2v-14b")
+    entry = next(e for e in preset_entries(ctx, CARD_12GB) if e["name"] == "wan21-i2v-14b")
     assert not entry["plan"]["fits"] and entry["plan"]["to_make_it_fit"]
     text = card_markdown(entry)
     assert "**Does NOT fit this machine:** it needs " in text and "GB available" in text
     assert "To make it fit:" in text and all(tip in text for tip in entry["plan"]["to_make_it_fit"])
+    # Where nothing would make it fit, the card says so instead of offering tips that cannot work.
+    hopeless = next(e for e in preset_entries(ctx, CARD_4GB) if e["name"] == "wan21-i2v-14b")
+    assert hopeless["plan"]["to_make_it_fit"] == []
+    text = card_markdown(hopeless)
+    assert "To make it fit" not in text and "Neither fewer frames, a smaller size nor a smaller known model" in text
 
 
 def test_cpu_cards_and_cards_without_hardware(ctx):
@@ -142,7 +147,7 @@ def test_presets_lists_expected_memory_and_plan_of_every_preset(client, server):
         assert plan is not None, entry["plan_problem"]
         assert plan["strategy"] in LADDER and isinstance(plan["fits"], bool) and plan["machine"]
         assert plan["expected_peak_vram_gb"] >= 0 and plan["expected_peak_ram_gb"] > 0
-        assert plan["fits"] or plan["to_make_it_fit"]
+        assert plan["fits"] or plan["to_make_it_fit"] is not None
     assert entries["selftest-t2v"]["plan"]["fits"] and not entries["selftest-t2v"]["user"]
     # A user preset found at start-up is listed; a bad one is reported and skipped.
     assert entries["slow-fox"]["user"] and "broken" not in entries
