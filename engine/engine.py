@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import traceback
 from collections import OrderedDict
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -29,7 +30,8 @@ from .hardware import HardwareProfile, detect_hardware
 from .latents import (DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, latents_path, load_latents,
                       save_latents, stem_of)
 from .memory import VAE_TILES
-from .models import ResolvedModel, classify_ref, resolve_model, size_multiple_of, takes_last_frame
+from .model_limits import check_model_limits
+from .models import ResolvedModel, classify_ref, resolve_model, takes_last_frame
 from .modelspec import ModelSpec, spec_for
 from .planner import LADDER, Override, Plan, PlanRequest, plan_memory
 from .preview import PREVIEW_EVERY_SECONDS, LivePreview, PreviewMap, preview_map_for
@@ -37,6 +39,7 @@ from .request import GenerationRequest, InputError, check_inputs
 from .runtime import RamPeakSampler, clock, free_device_memory, peak_vram_gb, reset_peak_vram, synchronize
 from .record import redecode_record, run_record, write_media
 from .schedulers import make_scheduler
+from .selftest import selftest_built
 
 SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
 TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer needs exactly that
@@ -138,11 +141,15 @@ class Engine:
     def _resolve(self, ref: str, job: _Job) -> ResolvedModel:
         if self.loaded is not None and self.loaded.model.ref == ref:
             return self.loaded.model
-        if classify_ref(ref) == "hub":
+        kind = classify_ref(ref)
+        if kind == "hub":
             def progress(done, total, unit):
                 job.emit(DownloadProgress(job.id, done, total, unit))
             with self._phase(job, "download"):
                 return resolve_model(ref, self.models_dir, progress)
+        if kind == "selftest" and not selftest_built(ref, self.models_dir):
+            with self._phase(job, "build_model"):   # the first use on this machine builds and saves it
+                return resolve_model(ref, self.models_dir)
         return resolve_model(ref, self.models_dir)
 
     def _ensure_loaded(self, resolved: ResolvedModel, plan: Plan, job: _Job) -> LoadedModel:
@@ -191,20 +198,26 @@ class Engine:
 
     # ----- one run ----------------------------------------------------------
     def run(self, request: GenerationRequest, job_id: str, emit: Emit,
-            should_cancel: Callable[[], bool] = lambda: False) -> Event:
-        """Run one job to a terminal event (finished, cancelled or failed), which is also emitted."""
-        job = _Job(job_id, emit, should_cancel)
+            should_cancel: Callable[[], bool] = lambda: False, timings: dict | None = None) -> Event:
+        """Run one job to a terminal event (finished, cancelled or failed), which is also emitted.
+
+        ``timings``: phases the job went through before it reached the engine (its wait for the engine
+        process to start), counted in its total and its sidecar."""
+        job = _Job(job_id, emit, should_cancel, timings=dict(timings or {}))
         emit(JobStarted(job_id, f"{request.mode} with {request.model}"))
         ram = job.ram = RamPeakSampler()
         try:
             with ram.running():
                 result = self._run(request, job, ram)
         except Cancelled:
-            result = JobCancelled(job_id, len(job.step_seconds), request.steps)
+            result = JobCancelled(job_id, len(job.step_seconds), request.steps, job.phase, self.loaded is not None)
         except Exception as exc:  # every failure reaches the page as an event
             result = failure_event(job_id, exc, job.phase)
+            if result.kind == "runtime":   # a fault, not a user's mistake: its traceback goes to the console
+                traceback.print_exc()
             if job.latents:
-                result = replace(result, latents=job.latents, hint=f"{result.hint} {DECODE_AGAIN_HINT}")
+                result = replace(result, latents=job.latents, hint=" ".join(filter(None, (result.hint,
+                                                                                        DECODE_AGAIN_HINT))))
         emit(result)
         return result
 
@@ -216,8 +229,8 @@ class Engine:
         request = check_inputs(request)
         reset_peak_vram()
         resolved = self._resolve(request.model, job)
-        self._check_model_fits_request(resolved, request)
         spec = spec_for(resolved.ref, resolved.folder)
+        self._check_model_fits_request(resolved, spec, request)
         plan = self.plan_for(request, spec)
         if not plan.fits and not request.strategy:
             raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
@@ -285,7 +298,7 @@ class Engine:
         return loaded, latents
 
     @staticmethod
-    def _check_model_fits_request(model: ResolvedModel, request: GenerationRequest) -> None:
+    def _check_model_fits_request(model: ResolvedModel, spec: ModelSpec, request: GenerationRequest) -> None:
         if request.mode == "i2v" and not model.image_to_video:
             raise InputError(f"{model.ref} is a text-to-video model; pick an image-to-video model for this tab")
         if request.mode != "i2v" and model.image_to_video:
@@ -298,11 +311,7 @@ class Engine:
             if first_last and not request.last_image:
                 raise InputError(f"{model.ref} is a first-and-last-frame model and needs a last frame too; "
                                  "add one")
-        multiple = size_multiple_of(model.folder)
-        for name, value in (("width", request.width), ("height", request.height)):
-            if value % multiple:
-                lower = max(multiple, value // multiple * multiple)
-                raise InputError(f"{name} {value} is not a multiple of {multiple}, which {model.ref} needs; try {lower}")
+        check_model_limits(spec, request.width, request.height, request.frames)
 
     def _encode_text(self, loaded: LoadedModel, request: GenerationRequest, job: _Job):
         pipe, plan = loaded.pipe, loaded.plan
@@ -451,9 +460,10 @@ class Engine:
             return decode_latents(vae, video_processor, latents, tile, device)
 
     # ----- decode again, from saved latents ------------------------------------
-    def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False) -> Event:
+    def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False,
+                     timings: dict | None = None) -> Event:
         """Decode saved latents into a new video (no denoising); the terminal event is also emitted."""
-        job = _Job(job_id, emit, lambda: False)
+        job = _Job(job_id, emit, lambda: False, timings=dict(timings or {}))
         emit(JobStarted(job_id, f"decode again from {Path(path).name}"))
         ram = RamPeakSampler()
         try:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Phase names, in the order a run passes through them.
+# Phase names, in the order a run passes through them. "engine_start" is the time a job waited for a new
+# engine process to load its libraries; "build_model" builds a self-test model the first time it is used.
 PHASES = (
-    "download", "load", "transfer", "text_encode", "image_encode",
+    "engine_start", "download", "build_model", "load", "transfer", "text_encode", "image_encode",
     "denoise", "vae_decode", "export",
 )
 
@@ -98,17 +99,25 @@ class JobFinished(Event):
 
 @dataclass(frozen=True)
 class JobCancelled(Event):
-    at_step: int
+    at_step: int                 # denoising steps done (0: stopped before the denoising)
     total: int
+    phase: str | None = None     # the phase it stopped in (or after)
+    model_loaded: bool = False   # a model is loaded now, so the next run needs no load
 
 
 @dataclass(frozen=True)
 class JobFailed(Event):
-    message: str
-    hint: str
+    message: str            # what went wrong, as sentences
+    hint: str               # what to do about it ("" when every problem already says so)
     phase: str | None = None
     kind: str = "runtime"   # "input" (settings), "model", "runtime" or "crash" (worker died)
     latents: str | None = None   # saved latents to decode again, when the denoising had finished
+    problems: tuple[str, ...] = ()   # kind "input": one sentence per problem, each saying what to change
+
+    @property
+    def text(self) -> str:
+        """The message and the hint in one line (for the command line and API callers)."""
+        return " ".join(part for part in (self.message, self.hint) if part)
 
 
 TERMINAL_EVENTS = (JobFinished, JobCancelled, JobFailed)

@@ -5,14 +5,14 @@ import errno
 
 from .events import JobFailed
 from .models import ModelError
-from .request import InputError
+from .request import InputError, sentence
 
 
 def failure_event(job_id: str, exc: BaseException, phase: str | None) -> JobFailed:
     """The JobFailed event for an exception raised during ``phase``."""
     message, hint = describe_failure(exc, phase)
     kind = "input" if isinstance(exc, InputError) else "model" if isinstance(exc, ModelError) else "runtime"
-    return JobFailed(job_id, message, hint, phase, kind)
+    return JobFailed(job_id, message, hint, phase, kind, problems=getattr(exc, "problems", ()))
 
 
 OUT_OF_MEMORY_MARKERS = ("out of memory", "hip error: out of memory", "mps backend out of memory")
@@ -29,14 +29,14 @@ def describe_failure(exc: BaseException, phase: str | None) -> tuple[str, str]:
     """Return (message, what to do) for an exception raised during ``phase``."""
     where = f" during {phase.replace('_', ' ')}" if phase else ""
     if isinstance(exc, InputError):
-        return f"The settings cannot run: {exc}", "Change the settings named above and try again."
+        return str(exc), ""   # each problem says what to change
     if isinstance(exc, ModelError):
-        return f"The model cannot be used: {exc}", "Pick another model or preset, or fix the model folder."
+        return sentence(f"the model cannot be used: {exc}"), "Pick another model or preset, or fix the model folder."
     text = str(exc) or exc.__class__.__name__
     if is_out_of_memory(exc):
         return (f"Out of device memory{where}.",
                 "Lower the size or the number of frames, or pick a smaller model; then try again.")
     if getattr(exc, "errno", None) == errno.ENOSPC or "no space left on device" in text.lower():
         return f"The disk is full{where}.", "Free some disk space or choose another outputs folder."
-    return (f"{exc.__class__.__name__}{where}: {text}",
+    return (sentence(f"{exc.__class__.__name__}{where}: {text}"),
             "Try again; if it repeats, run 'python app.py doctor' and report the error with its output.")

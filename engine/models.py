@@ -215,16 +215,6 @@ def resolve_model(ref: str, models_dir: Path,
     return ResolvedModel(ref, folder, source, revision, pipeline_class, components)
 
 
-def size_multiple_of(folder: Path) -> int:
-    """The pixel multiple a model's width and height must keep (VAE factor x patch size)."""
-    try:
-        vae = json.loads((folder / "vae" / "config.json").read_text())
-        transformer = json.loads((folder / "transformer" / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return 16
-    return int(vae.get("scale_factor_spatial", 8)) * int((transformer.get("patch_size") or [1, 2, 2])[-1])
-
-
 def takes_last_frame(folder: Path) -> bool | None:
     """Whether an image-to-video model is a first-and-last-frame one (its image embedding has a position
     table for two images: it then needs a last frame, and other models cannot take one); None if unknown."""

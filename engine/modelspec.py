@@ -31,6 +31,10 @@ class TransformerShape:
     params: int
     block_params: int            # one transformer block
     patch: int = 2               # spatial patch size
+    patch_t: int = 1             # temporal patch size
+    # Rows of the rotary position table along each axis (frames, height, width, in patches): the
+    # largest latent grid the transformer can place. 1024 for every published Wan model.
+    rope_max_seq_len: int = 1024
 
     @property
     def dim(self) -> int:
@@ -64,6 +68,17 @@ class ModelSpec:
     def wan22_vae(self) -> bool:
         return self.vae_z == 48
 
+    @property
+    def max_frames(self) -> int:
+        """The most video frames the transformer's position table covers."""
+        latent_frames = self.transformer.rope_max_seq_len * self.transformer.patch_t
+        return (latent_frames - 1) * self.vae_temporal + 1
+
+    @property
+    def max_side(self) -> int:
+        """The widest (or tallest) frame in pixels the transformer's position table covers."""
+        return self.transformer.rope_max_seq_len * self.transformer.patch * self.vae_spatial
+
     def tokens(self, width: int, height: int, frames: int) -> int:
         latent_frames = (frames - 1) // self.vae_temporal + 1
         cell = self.vae_spatial * self.transformer.patch
@@ -91,7 +106,7 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 
 # The built-in self-test models (engine/selftest.py), so a plan needs no build; a test checks
 # these against the built folders.
-_TINY = TransformerShape(2, 2, 12, 32, 16, 28_328, 6_680)
+_TINY = TransformerShape(2, 2, 12, 32, 16, 28_328, 6_680, rope_max_seq_len=32)
 SELFTEST_SPECS: dict[str, ModelSpec] = {
     "selftest-t2v": ModelSpec("selftest-t2v", _TINY, text_encoder_params=23_872,
                               text_encoder_largest_params=3_168, vae_params=13_861),
@@ -110,10 +125,12 @@ def spec_from_folder(folder: Path, name: str | None = None) -> ModelSpec:
     tensors = component_tensors(folder)
     params = {part: sum(counts.values()) for part, counts in tensors.items()}
     block_params = _block_params(tensors.get("transformer", {}), config["num_layers"])
+    patch = config.get("patch_size") or [1, 2, 2]
     shape = TransformerShape(
         layers=config["num_layers"], heads=config["num_attention_heads"], head_dim=config["attention_head_dim"],
         ffn=config["ffn_dim"], in_channels=config["in_channels"], params=params.get("transformer", 0),
-        block_params=block_params, patch=int((config.get("patch_size") or [1, 2, 2])[-1]))
+        block_params=block_params, patch=int(patch[-1]), patch_t=int(patch[0]),
+        rope_max_seq_len=int(config.get("rope_max_seq_len", 1024)))
     return ModelSpec(
         name=name or folder.name, transformer=shape,
         text_encoder_params=params.get("text_encoder", 0),

@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .hardware import HardwareProfile
+from .model_limits import check_model_limits
 from .models import ModelError, classify_ref, hub_cache_dir
 from .modelspec import ModelSpec, spec_for
 from .planner import Override, Plan, PlanRequest, plan_memory
@@ -33,7 +34,9 @@ def find_spec(ref: str, models_dir: Path) -> ModelSpec:
 
 
 def plan_request(request: GenerationRequest, hardware: HardwareProfile, models_dir: Path) -> Plan:
+    """The plan for ``request``; InputError first when the model cannot make its size or frame count."""
     spec = find_spec(request.model, models_dir)
+    check_model_limits(spec, request.width, request.height, request.frames)
     override = Override(strategy=request.strategy, text_encoder=request.text_encoder, vae_tiling=request.vae_tiling)
     size = PlanRequest(request.width, request.height, request.frames, request.mode == "i2v")
     return plan_memory(spec, size, hardware, override)

@@ -23,8 +23,26 @@ MAX_SEED = 2**32 - 1
 MAX_PROMPT_CHARS = 4000
 
 
+def sentence(text: str) -> str:
+    """``text`` as a sentence: a capital first letter and a full stop (or its own ? or !) at the end."""
+    text = text.strip()
+    if not text:
+        return text
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "?", "!")) else text + "."
+
+
 class InputError(ValueError):
-    """The request cannot run; the message says what to change."""
+    """The request cannot run; each problem says what is wrong and what to change.
+
+    Built from one problem or a list of them (short clauses such as "width 70 is not a multiple of 16:
+    try 64 or 80"); ``problems`` holds them as sentences, and ``str()`` is those sentences in a row.
+    """
+
+    def __init__(self, problems: str | list[str] | tuple[str, ...]):
+        listed = [problems] if isinstance(problems, str) else list(problems)
+        self.problems = tuple(sentence(p) for p in listed if p.strip())
+        super().__init__(" ".join(self.problems))
 
 
 # Control characters that separate words: turned into whitespace, not counted as removed.
@@ -264,7 +282,7 @@ def check_shape(request: GenerationRequest) -> GenerationRequest:
     problems: list[str] = []
     width, height, frames, _ = _shape(request, problems)
     if problems:
-        raise InputError("; ".join(problems))
+        raise InputError(problems)
     return replace(request, width=width, height=height, frames=frames)
 
 
@@ -353,7 +371,7 @@ def check_inputs_with_notes(request: GenerationRequest) -> tuple[GenerationReque
             problems.append(outputs_problem)
 
     if problems:
-        raise InputError("; ".join(problems))
+        raise InputError(problems)
     checked = replace(
         request, prompt=prompt, negative_prompt=negative, width=width, height=height, frames=frames,
         steps=steps, seed=seed, fps=fps, guidance=guidance, shift=shift, size_multiple=multiple,

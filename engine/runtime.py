@@ -75,5 +75,31 @@ class RamPeakSampler:
             self._thread.join()
 
 
+def load_libraries() -> None:
+    """Import what every job needs (torch, diffusers' Wan pipelines, the encoders' classes) and quiet the
+    libraries' own console output: their loading bars (progress reaches the page as events) and the note
+    that torchvision is missing (the image processor works without it)."""
+    import logging
+
+    import diffusers
+    import torch  # noqa: F401
+    import transformers
+
+    for name in ("WanPipeline", "WanImageToVideoPipeline", "AutoencoderKLWan", "WanTransformer3DModel"):
+        getattr(diffusers, name)
+    for name in ("UMT5EncoderModel", "CLIPVisionModel"):
+        getattr(transformers, name)
+    diffusers.utils.logging.disable_progress_bar()
+    transformers.utils.logging.disable_progress_bar()
+
+    class _NoTorchvisionNote(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return "requires torchvision" not in record.getMessage()
+
+    logging.getLogger("transformers").addFilter(_NoTorchvisionNote())
+    for handler in logging.getLogger("transformers").handlers:
+        handler.addFilter(_NoTorchvisionNote())
+
+
 def clock() -> float:
     return time.perf_counter()

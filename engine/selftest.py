@@ -93,13 +93,18 @@ def build_selftest_pipeline(ref: str, first_last: bool = False):
     return WanPipeline(**parts)
 
 
+def selftest_built(ref: str, models_dir: Path) -> bool:
+    """Whether the self-test model ``ref`` has been built in ``models_dir`` already."""
+    return (Path(models_dir) / ref / "model_index.json").is_file()
+
+
 def ensure_selftest_model(ref: str, models_dir: Path) -> Path:
     """Return the folder of a self-test model, building and saving it on first use."""
     import shutil
     import tempfile
 
     folder = Path(models_dir) / ref
-    if (folder / "model_index.json").is_file():
+    if selftest_built(ref, models_dir):
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     # Build in a private folder and rename it into place: two processes building at once

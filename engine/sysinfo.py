@@ -25,6 +25,12 @@ class EngineMemory:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class EngineStarting:
+    """The engine process is loading its libraries (torch, diffusers) and cannot take a job yet."""
+    seconds: float                 # since it started
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value / GIB, 2)
 

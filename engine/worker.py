@@ -13,19 +13,22 @@ import json
 import os
 import signal
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Iterator
 
-from .events import Event, Info, JobFailed, LatentsSaved, PhaseStarted, is_terminal
+from .events import Event, Info, JobFailed, LatentsSaved, PhaseFinished, PhaseStarted, is_terminal
 from .failures import failure_event
 from .latents import DECODE_AGAIN_HINT
 from .hardware import HardwareProfile
+from .model_limits import check_model_limits
 from .models import ModelError, precheck_model
+from .planning import find_spec
 from .request import GenerationRequest, InputError, check_inputs_with_notes
-from .sysinfo import EngineMemory
+from .sysinfo import EngineMemory, EngineStarting
 
 _SPAWN = mp.get_context("spawn")
 # Applied in the worker before torch loads: flash attention on ROCm (AOTriton) and an
@@ -36,22 +39,33 @@ PLATFORM_ENV = {
 }
 
 
-def _serve_status(conn, engine) -> None:
-    """Answer memory questions from the app while the main thread runs jobs (a daemon thread)."""
-    from .sysinfo import engine_memory
+@dataclass
+class _Starting:
+    """The engine process while it loads its libraries; ``engine`` is set once it can take jobs."""
+    since: float
+    engine: object = None
 
+
+def _serve_status(conn, state: _Starting) -> None:
+    """Answer memory questions from the app while the main thread starts up or runs jobs (a daemon thread)."""
     while True:
         try:
             conn.recv()
         except (EOFError, OSError):
             return
-        loaded = engine.loaded
-        hardware = engine.hardware
-        try:
-            reply = engine_memory(hardware.backend, hardware.device_name,
-                                  loaded.model.ref if loaded else None, loaded.plan.strategy if loaded else None)
-        except Exception as exc:   # never let a status question take the engine down
-            reply = f"{type(exc).__name__}: {exc}"
+        engine = state.engine
+        if engine is None:
+            reply = EngineStarting(round(time.monotonic() - state.since, 1))
+        else:
+            from .sysinfo import engine_memory
+
+            loaded = engine.loaded
+            hardware = engine.hardware
+            try:
+                reply = engine_memory(hardware.backend, hardware.device_name,
+                                      loaded.model.ref if loaded else None, loaded.plan.strategy if loaded else None)
+            except Exception as exc:   # never let a status question take the engine down
+                reply = f"{type(exc).__name__}: {exc}"
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):
@@ -60,16 +74,23 @@ def _serve_status(conn, engine) -> None:
 
 def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json: str | None,
                  options: dict) -> None:
-    """Entry point of the worker process: serve requests until told to stop."""
+    """Entry point of the worker process: load the libraries, say so, then serve requests until told to stop."""
     # Platform settings must be in place before torch initialises the device.
     for name, value in PLATFORM_ENV.items():
         os.environ.setdefault(name, value)
+    state = _Starting(time.monotonic())
+    threading.Thread(target=_serve_status, args=(status_conn, state), name="engine-status", daemon=True).start()
+    from .runtime import load_libraries
+
+    load_libraries()   # torch, diffusers and transformers: seconds that belong to no job's load
     from .engine import Engine
     from .hardware import HardwareProfile
 
     hardware = HardwareProfile.from_dict(json.loads(hardware_json)) if hardware_json else None
     engine = Engine(models_dir, hardware, **options)
-    threading.Thread(target=_serve_status, args=(status_conn, engine), name="engine-status", daemon=True).start()
+    engine.hardware   # the device is probed (and its driver started) now, not during the first job
+    state.engine = engine
+    conn.send(("ready", time.monotonic() - state.since))
     while True:
         try:
             message = conn.recv()
@@ -77,11 +98,11 @@ def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json
             return
         kind = message[0]
         if kind == "run":
-            _, request, job_id = message
-            engine.run(request, job_id, conn.send, cancel_event.is_set)
+            _, request, job_id, timings = message
+            engine.run(request, job_id, conn.send, cancel_event.is_set, timings)
         elif kind == "decode":
-            _, path, job_id, tiled, on_cpu = message
-            engine.decode_saved(path, job_id, conn.send, tiled=tiled, on_cpu=on_cpu)
+            _, path, job_id, tiled, on_cpu, timings = message
+            engine.decode_saved(path, job_id, conn.send, tiled=tiled, on_cpu=on_cpu, timings=timings)
         elif kind == "unload":
             engine.unload()
             conn.send(("unloaded",))
@@ -89,6 +110,17 @@ def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json
             conn.send(("hardware", engine.hardware.to_dict()))
         elif kind == "stop":
             return
+
+
+def precheck(request: GenerationRequest, models_dir: str | Path) -> None:
+    """Refuse, before any heavy work, a model reference that cannot be used and a size or frame count the
+    model cannot make (known from its files, or from the known models' table before a download)."""
+    precheck_model(request.model)
+    try:
+        spec = find_spec(request.model, Path(models_dir))
+    except ModelError:   # a model whose shapes are unknown until it is downloaded: the engine checks it then
+        return
+    check_model_limits(spec, request.width, request.height, request.frames)
 
 
 def _signal_name(exitcode: int | None) -> str:
@@ -107,6 +139,7 @@ class _Worker:
     process: object
     conn: object
     status: object    # a second pipe, answered by a thread in the engine process even during a job
+    ready: bool = False   # it has said that its libraries are loaded
 
 
 class WorkerClient:
@@ -187,9 +220,25 @@ class WorkerClient:
     def busy(self) -> bool:
         return self._job_lock.locked()
 
+    def _wait_ready(self, worker: _Worker) -> bool:
+        """Wait until a new engine process has loaded its libraries; False if it died first."""
+        while not worker.ready:
+            ready = wait([worker.conn, worker.process.sentinel])
+            if worker.conn not in ready:
+                return False
+            try:
+                reply = worker.conn.recv()
+            except (EOFError, OSError):
+                return False
+            worker.ready = reply[0] == "ready"
+        return True
+
     def _call(self, message, expect: str):
         with self._job_lock:
             worker = self._ensure_worker()
+            if not self._wait_ready(worker):
+                worker = self._ensure_worker()
+                self._wait_ready(worker)
             worker.conn.send(message)
             reply = worker.conn.recv()
             assert reply[0] == expect, reply
@@ -201,9 +250,10 @@ class WorkerClient:
     def hardware(self) -> dict:
         return self._call(("hardware",), "hardware")[1]
 
-    def memory(self, timeout: float = 5.0) -> EngineMemory | None:
-        """What the engine process holds now (device memory, its RAM, the loaded model); answered
-        during a job too. None when no engine process is running or it does not answer in time."""
+    def memory(self, timeout: float = 5.0) -> EngineMemory | EngineStarting | None:
+        """What the engine process holds now (device memory, its RAM, the loaded model), or that it is still
+        loading its libraries; answered during a job too. None when no engine process is running or it does
+        not answer in time."""
         with self._status_lock:
             worker = self._worker
             if worker is None or not worker.process.is_alive():
@@ -217,7 +267,7 @@ class WorkerClient:
                 reply = worker.status.recv()
             except (EOFError, OSError):
                 return None
-        return reply if isinstance(reply, EngineMemory) else None
+        return reply if isinstance(reply, (EngineMemory, EngineStarting)) else None
 
     def hardware_profile(self) -> HardwareProfile:
         """The engine process's hardware, asked once and cached (the app never probes the GPU itself)."""
@@ -239,29 +289,45 @@ class WorkerClient:
         job_id = job_id or self.new_job_id()
         try:
             request, notes = check_inputs_with_notes(request)
-            precheck_model(request.model)
+            precheck(request, self.models_dir)
         except (InputError, ModelError) as exc:
             yield failure_event(job_id, exc, None)
             return
         for note in notes:   # cleaned prompts, converted images: said before the job starts
             yield Info(job_id, note)
-        yield from self._exchange(("run", request, job_id), job_id)
+        yield from self._exchange(lambda timings: ("run", request, job_id, timings), job_id)
 
     def decode(self, latents: str, tiled: bool = False, on_cpu: bool = False,
                job_id: str | None = None) -> Iterator[Event]:
         """Decode saved latents again (tiled, or on the CPU) into a new video, without denoising."""
         job_id = job_id or self.new_job_id()
-        yield from self._exchange(("decode", str(latents), job_id, tiled, on_cpu), job_id)
+        yield from self._exchange(lambda timings: ("decode", str(latents), job_id, tiled, on_cpu, timings), job_id)
+
+    def _starting(self, job_id: str) -> Iterator[Event]:
+        """While a new engine process loads its libraries, the job says so and times it (phase engine_start);
+        returns the engine, ready, and the job's timings so far."""
+        worker = self._ensure_worker()
+        if worker.ready:
+            return worker, {}
+        yield PhaseStarted(job_id, "engine_start")
+        start = time.monotonic()
+        if not self._wait_ready(worker):   # it died while starting: one more try with a fresh one
+            worker = self._ensure_worker()
+            self._wait_ready(worker)
+        waited = time.monotonic() - start
+        yield PhaseFinished(job_id, "engine_start", waited)
+        return worker, {"engine_start": round(waited, 4)}
 
     def _exchange(self, message, job_id: str) -> Iterator[Event]:
+        """Run one job in the engine: ``message(timings)`` is what to send it, with the timings so far."""
         with self._job_lock:
             self._cancel.clear()
-            worker = self._ensure_worker()
+            worker, timings = yield from self._starting(job_id)
             try:
-                worker.conn.send(message)
+                worker.conn.send(message(timings))
             except (BrokenPipeError, OSError):
-                worker = self._ensure_worker()
-                worker.conn.send(message)
+                worker, timings = yield from self._starting(job_id)
+                worker.conn.send(message(timings))
             events = self._read_events(worker, job_id)
             finished = False
             try:

@@ -70,6 +70,11 @@ def image_file(tmp_path_factory) -> Path:
     return path
 
 
+def said(clause: str) -> str:
+    """How a problem's clause reads in a message: as a sentence, with a capital first letter."""
+    return clause[:1].upper() + clause[1:]
+
+
 def tiny_request(presets, model: str, outputs: Path, mode: str = "t2v", **overrides) -> GenerationRequest:
     preset = presets["selftest-i2v" if mode == "i2v" else "selftest-t2v"]
     prompt = overrides.pop("prompt", "a red fox in the snow")

@@ -24,7 +24,7 @@ from engine.presets import PresetError, load_preset_file
 from engine.request import (MAX_PROMPT_CHARS, InputError, check_inputs, check_inputs_with_notes,
                             clean_prompt)
 from engine.weights import WeightFileError, read_header
-from tests.conftest import tiny_request
+from tests.conftest import said, tiny_request
 
 W, H = 64, 48
 
@@ -66,7 +66,7 @@ def test_an_image_cut_in_half_is_refused_naming_the_file(i2v, tmp_path, fmt, suf
     cut = tmp_path / f"half.{suffix}"
     cut.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
     message = _refused(replace(i2v, image=str(cut)))
-    assert f"image 'half.{suffix}' is truncated or damaged" in message
+    assert f"Image 'half.{suffix}' is truncated or damaged" in message
     assert "save or export it again" in message
     with pytest.raises(ImageError, match="truncated or damaged"):
         fit_image(cut, W, H)
@@ -79,7 +79,7 @@ def test_a_damaged_png_checksum_is_refused(i2v, tmp_path):
     data[len(data) // 2] ^= 0xFF   # flip a byte inside the compressed data
     bad = tmp_path / "flipped.png"
     bad.write_bytes(bytes(data))
-    assert "image 'flipped.png' is truncated or damaged" in _refused(replace(i2v, image=str(bad)))
+    assert "Image 'flipped.png' is truncated or damaged" in _refused(replace(i2v, image=str(bad)))
 
 
 def test_the_last_image_is_checked_and_named_too(i2v, tmp_path):
@@ -87,8 +87,8 @@ def test_the_last_image_is_checked_and_named_too(i2v, tmp_path):
     empty.write_bytes(b"")
     text = tmp_path / "end.jpg"
     text.write_text("not an image at all")
-    assert "last image 'end.png' is empty (0 bytes)" in _refused(replace(i2v, last_image=str(empty)))
-    assert "last image 'end.jpg' is not a readable image" in _refused(replace(i2v, last_image=str(text)))
+    assert "Last image 'end.png' is empty (0 bytes)" in _refused(replace(i2v, last_image=str(empty)))
+    assert "Last image 'end.jpg' is not a readable image" in _refused(replace(i2v, last_image=str(text)))
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -96,7 +96,7 @@ def test_the_last_image_is_checked_and_named_too(i2v, tmp_path):
     (["a.png"], "image must be a file path, got list"),
 ])
 def test_an_image_that_is_not_a_path_is_refused(i2v, value, expected):
-    assert expected in _refused(replace(i2v, image=value))
+    assert said(expected) in _refused(replace(i2v, image=value))
 
 
 def test_a_folder_or_heic_given_as_image_says_so(i2v, tmp_path):
@@ -125,7 +125,7 @@ def test_a_decompression_bomb_is_refused_from_its_header_without_decoding(
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
     message = _refused(replace(i2v, image=str(bomb)))
-    assert f"image 'bomb.png' {expected}" in message and "scale it down" in message
+    assert f"Image 'bomb.png' {expected}" in message and "scale it down" in message
     with pytest.raises(ImageError, match="80-megapixel limit"):
         fit_image(bomb, W, H)
     assert Image.MAX_IMAGE_PIXELS == pil_limit, "PIL's global limit must not change"
@@ -133,7 +133,7 @@ def test_a_decompression_bomb_is_refused_from_its_header_without_decoding(
 
 
 def test_a_text_to_video_request_with_a_last_image_is_refused(good, image_file):
-    assert "a last image was given but the mode is text-to-video" in _refused(
+    assert "A last image was given but the mode is text-to-video" in _refused(
         replace(good, last_image=str(image_file)))
 
 
@@ -302,7 +302,7 @@ def test_the_request_carries_the_cleaned_prompts_and_notes_say_what_changed(good
     (dict(negative_prompt=["blurry"]), "the negative prompt must be text, got list"),
 ])
 def test_bad_prompts_are_refused(good, change, expected):
-    assert expected in _refused(replace(good, **change))
+    assert said(expected) in _refused(replace(good, **change))
 
 
 def test_length_is_counted_after_cleaning(good):
@@ -373,7 +373,7 @@ def test_numbers_given_as_strings_or_integral_floats_are_normalised(good, field,
     ("outputs_dir", "", "no outputs folder given"),
 ])
 def test_bad_numbers_are_refused_with_a_clear_message(good, field, value, expected):
-    assert expected in _refused(replace(good, **{field: value}))
+    assert said(expected) in _refused(replace(good, **{field: value}))
 
 
 # ----- model folders with damaged safetensors files --------------------------------------------

@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from engine.models import ModelError, check_model_folder, classify_ref, precheck_model, resolve_model, size_multiple_of
+from engine.models import ModelError, check_model_folder, classify_ref, precheck_model, resolve_model
+from engine.modelspec import spec_from_folder
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 
@@ -104,4 +105,4 @@ def test_selftest_model_is_built_once_and_reused(tmp_path):
 
 
 def test_size_multiple_comes_from_the_model(model_dirs):
-    assert size_multiple_of(model_dirs["tiny-t2v"]) == 16
+    assert spec_from_folder(model_dirs["tiny-t2v"]).size_multiple == 16

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from engine.request import GenerationRequest, InputError, check_inputs
-from tests.conftest import tiny_request
+from tests.conftest import said, tiny_request
 
 
 @pytest.fixture
@@ -45,14 +45,17 @@ def test_good_request_passes_and_is_normalised(good):
 def test_bad_values_are_refused_with_what_to_change(good, change, expected):
     with pytest.raises(InputError) as info:
         check_inputs(replace(good, **change))
-    assert expected in str(info.value)
+    assert said(expected) in str(info.value)
 
 
 def test_every_problem_is_listed_at_once(good):
     with pytest.raises(InputError) as info:
         check_inputs(replace(good, width=70, frames=10, prompt=""))
-    message = str(info.value)
-    assert "width 70" in message and "frames must be 4k+1" in message and "prompt is empty" in message
+    problems = info.value.problems
+    assert len(problems) == 3 and all(p[0].isupper() and p.endswith(".") for p in problems), problems
+    assert problems[0].startswith("The prompt is empty: describe")
+    assert problems[1].startswith("Width 70 is not a multiple of 16") and problems[2].startswith("Frames must be 4k+1")
+    assert str(info.value) == " ".join(problems)
 
 
 def test_unreadable_and_empty_images_are_refused(good, tmp_path):
