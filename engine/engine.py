@@ -62,6 +62,23 @@ class LoadedModel:
     plan: Plan
     scheduler_config: dict
     preview_map: PreviewMap | None = None   # latent -> RGB for live previews, made at the first one
+    image_pipe: object = None   # Wan2.2 TI2V-5B's image-to-video pipeline, over the same components
+
+    def for_mode(self, mode: str):
+        """The pipeline that runs ``mode``: the loaded one or, for image to video with a text-and-image model
+        (Wan2.2 TI2V-5B), an image-to-video pipeline made once over the same components: nothing is
+        loaded or copied, and every hook the plan applied stays on them."""
+        if mode != "i2v" or self.model.image_to_video:
+            return self.pipe
+        if self.image_pipe is None:
+            from diffusers import WanImageToVideoPipeline
+
+            parts = {name: getattr(self.pipe, name, None)
+                     for name in ("tokenizer", "text_encoder", "vae", "scheduler", "transformer", "transformer_2")}
+            self.image_pipe = WanImageToVideoPipeline(**parts, boundary_ratio=self.pipe.config.get("boundary_ratio"),
+                                                      expand_timesteps=True)
+            self.image_pipe.set_progress_bar_config(disable=True)
+        return self.image_pipe
 
 
 @dataclass
@@ -299,7 +316,7 @@ class Engine:
 
     @staticmethod
     def _check_model_fits_request(model: ResolvedModel, spec: ModelSpec, request: GenerationRequest) -> None:
-        if request.mode == "i2v" and not model.image_to_video:
+        if request.mode == "i2v" and not model.takes_image:
             raise InputError(f"{model.ref} is a text-to-video model; pick an image-to-video model for this tab")
         if request.mode != "i2v" and model.image_to_video:
             raise InputError(f"{model.ref} is an image-to-video model; use the Image to Video tab with an image")
@@ -354,7 +371,7 @@ class Engine:
             return {}
         from .images import fit_image
 
-        pipe, plan = loaded.pipe, loaded.plan
+        pipe, plan = loaded.for_mode(request.mode), loaded.plan
         image = fit_image(request.image, request.width, request.height)
         last = (fit_image(request.last_image, request.width, request.height, name="last image")
                 if request.last_image else None)
@@ -367,7 +384,7 @@ class Engine:
         return inputs
 
     def _denoise(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
-        pipe = loaded.pipe
+        pipe = loaded.for_mode(request.mode)
         pipe.scheduler = make_scheduler(loaded.scheduler_config, request.shift, request.sigmas)
         image_inputs = dict(image_inputs)
         cached = image_inputs.pop("cached_image_embeds", None)
@@ -384,7 +401,7 @@ class Engine:
     def _denoise_loop(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
         import torch
 
-        pipe = loaded.pipe
+        pipe = loaded.for_mode(request.mode)
         total = request.steps
         last = [0.0]
         previews = LivePreview(job.id, total, self.preview_seconds, request.fps / pipe.vae_scale_factor_temporal,

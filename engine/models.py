@@ -34,6 +34,7 @@ class ResolvedModel:
     revision: str        # commit hash for hub models, "local" or "builtin" otherwise
     pipeline_class: str
     components: tuple[str, ...]
+    expand_timesteps: bool = False   # Wan2.2 TI2V-5B: one model for text and image to video
 
     @property
     def selftest(self) -> bool:
@@ -41,7 +42,13 @@ class ResolvedModel:
 
     @property
     def image_to_video(self) -> bool:
+        """An image-to-video-only model (it needs a first frame)."""
         return self.pipeline_class == "WanImageToVideoPipeline"
+
+    @property
+    def takes_image(self) -> bool:
+        """It can start from an image: an image-to-video model, or Wan2.2 TI2V-5B."""
+        return self.image_to_video or self.expand_timesteps
 
 
 def hub_cache_dir() -> Path:
@@ -57,8 +64,9 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def check_model_folder(folder: Path) -> tuple[str, tuple[str, ...]]:
-    """Check a diffusers-layout folder; return its pipeline class and component names."""
+def check_model_folder(folder: Path) -> tuple[str, tuple[str, ...], bool]:
+    """Check a diffusers-layout folder; return its pipeline class, component names and whether it is a
+    text-and-image-to-video model (Wan2.2 TI2V-5B: ``expand_timesteps``)."""
     index_file = folder / "model_index.json"
     if not index_file.is_file():
         raise ModelError(
@@ -89,7 +97,7 @@ def check_model_folder(folder: Path) -> tuple[str, tuple[str, ...]]:
             if not any(f.name.endswith(WEIGHT_SUFFIXES) for f in part.iterdir()):
                 raise ModelError(f"{folder.name}: component '{name}' has no weight files; download the model again")
             check_weight_files(folder, part)
-    return pipeline_class, components
+    return pipeline_class, components, bool(index.get("expand_timesteps", False))
 
 
 def _damaged(folder: Path, file: Path, reason: str) -> ModelError:
@@ -211,8 +219,8 @@ def resolve_model(ref: str, models_dir: Path,
     else:
         folder = _download(ref, on_progress)
         revision = folder.name
-    pipeline_class, components = check_model_folder(folder)
-    return ResolvedModel(ref, folder, source, revision, pipeline_class, components)
+    pipeline_class, components, expand_timesteps = check_model_folder(folder)
+    return ResolvedModel(ref, folder, source, revision, pipeline_class, components, expand_timesteps)
 
 
 def takes_last_frame(folder: Path) -> bool | None:

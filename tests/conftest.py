@@ -21,7 +21,8 @@ if str(ROOT) not in sys.path:
 
 from engine.presets import load_presets  # noqa: E402
 from engine.request import GenerationRequest  # noqa: E402
-from engine.selftest import SELFTEST_I2V, SELFTEST_T2V, build_selftest_pipeline  # noqa: E402
+from engine.selftest import (SELFTEST_I2V, SELFTEST_T2V, _TEXT_DIM, _text_encoder, _tokenizer,  # noqa: E402
+                             build_selftest_pipeline)
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +34,41 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
         build_selftest_pipeline(ref).save_pretrained(base / name)
         dirs[name] = base / name
     return dirs
+
+
+def tiny_ti2v_pipeline():
+    """A tiny Wan2.2-5B look-alike: 48 latent channels, a residual VAE with 2x2 patches (16x), per-token
+    timesteps, and latents_mean / latents_std that are not 0 / 1, so the un-normalising matters."""
+    import torch
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    torch.manual_seed(0)
+    stats = torch.Generator().manual_seed(1)
+    vae = AutoencoderKLWan(
+        base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+        temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12,
+        patch_size=2, scale_factor_spatial=16, latents_mean=(0.3 * torch.randn(48, generator=stats)).tolist(),
+        latents_std=(0.5 + torch.rand(48, generator=stats)).tolist())
+    transformer = WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=48, out_channels=48,
+        text_dim=_TEXT_DIM, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
+        qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
+    return WanPipeline(tokenizer=_tokenizer(), text_encoder=_text_encoder(), vae=vae, transformer=transformer,
+                       scheduler=scheduler, expand_timesteps=True)
+
+
+@pytest.fixture(scope="session")
+def ti2v_pipe():
+    return tiny_ti2v_pipeline()
+
+
+@pytest.fixture(scope="session")
+def ti2v_dir(ti2v_pipe, tmp_path_factory):
+    """The tiny Wan2.2-5B look-alike saved as a diffusers folder."""
+    folder = tmp_path_factory.mktemp("ti2v") / "tiny-ti2v"
+    ti2v_pipe.save_pretrained(folder)
+    return folder
 
 
 @pytest.fixture(scope="session")

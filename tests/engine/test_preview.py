@@ -17,7 +17,7 @@ from engine.latents import load_latents
 from engine.preview import (DERIVE_LATENT_FRAMES, DERIVE_LATENT_SIZE, DERIVE_SEED, PreviewMap, clean_estimate,
                             encode_animation, fit_map, known_map, latents_to_frames, preview_map_for)
 from engine.schedulers import make_scheduler
-from engine.selftest import SELFTEST_T2V, _TEXT_DIM, _text_encoder, _tokenizer, _vae, build_selftest_pipeline
+from engine.selftest import SELFTEST_T2V, _vae, build_selftest_pipeline
 from engine.worker import WorkerClient
 from tests.conftest import tiny_request
 
@@ -25,37 +25,6 @@ CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ra
 FASTWAN_SIGMAS = (1.0, 0.757, 0.522)
 
 
-def tiny_ti2v_pipeline():
-    """A tiny Wan2.2-5B look-alike: 48 latent channels, a residual VAE with 2x2 patches (16x), per-token
-    timesteps, and latents_mean / latents_std that are not 0 / 1, so the un-normalising matters."""
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-
-    torch.manual_seed(0)
-    stats = torch.Generator().manual_seed(1)
-    vae = AutoencoderKLWan(
-        base_dim=8, decoder_base_dim=8, z_dim=48, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-        temperal_downsample=[False, True, True], is_residual=True, in_channels=12, out_channels=12,
-        patch_size=2, scale_factor_spatial=16, latents_mean=(0.3 * torch.randn(48, generator=stats)).tolist(),
-        latents_std=(0.5 + torch.rand(48, generator=stats)).tolist())
-    transformer = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=48, out_channels=48,
-        text_dim=_TEXT_DIM, freq_dim=256, ffn_dim=32, num_layers=2, cross_attn_norm=True,
-        qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
-    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=5.0)
-    return WanPipeline(tokenizer=_tokenizer(), text_encoder=_text_encoder(), vae=vae, transformer=transformer,
-                       scheduler=scheduler, expand_timesteps=True)
-
-
-@pytest.fixture(scope="module")
-def ti2v_pipe():
-    return tiny_ti2v_pipeline()
-
-
-@pytest.fixture(scope="module")
-def ti2v_dir(ti2v_pipe, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("ti2v") / "tiny-ti2v"
-    ti2v_pipe.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
