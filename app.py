@@ -140,6 +140,8 @@ def _build_request(args):
 
 def _print_timings(view, out) -> None:
     rows = view.timing_rows()
+    if not rows:   # refused before anything ran
+        return
     width = max(len(r[0]) for r in rows) if rows else 10
     print("Phase timings:", file=out)
     for label, seconds, detail in rows:
@@ -171,7 +173,7 @@ def decode(args) -> int:
 def _follow(client, events) -> int:
     """Print a job's progress and timings; the exit code says how it ended."""
     from engine.events import (Info, JobCancelled, JobFailed, JobFinished, PhaseStarted, StepFinished)
-    from ui.job_view import PHASE_LABELS, JobView
+    from ui.job_view import JobView
 
     view = JobView()
     tty = sys.stderr.isatty()
@@ -187,7 +189,7 @@ def _follow(client, events) -> int:
                 continue
             view.apply(event)
             if isinstance(event, PhaseStarted):
-                print(f"[{PHASE_LABELS.get(event.phase, event.phase)}]", file=sys.stderr)
+                print(f"[{view.label(event.phase)}]", file=sys.stderr)
             elif isinstance(event, Info):
                 print(f"  {event.message}", file=sys.stderr)
             elif isinstance(event, StepFinished):
@@ -213,7 +215,10 @@ def _follow(client, events) -> int:
         return EXIT_CANCELLED
     failure = view.failure
     assert isinstance(failure, JobFailed)
-    print(f"error: {failure.message}\n{failure.hint}", file=sys.stderr)
+    if len(failure.problems) > 1:
+        print(f"error: {view.status}", *(f"  - {problem}" for problem in failure.problems), sep="\n", file=sys.stderr)
+    else:
+        print(f"error: {failure.text}", file=sys.stderr)
     if failure.latents:
         print(f"Latents saved: {failure.latents}\nDecode them again with: python app.py decode {failure.latents} "
               "--tiled (or --cpu)", file=sys.stderr)
@@ -342,8 +347,10 @@ def _presets_with_user_folder(folder: str):
 
 
 def serve(args) -> int:
+    from engine import APP_NAME
+    from engine.jobqueue import JobQueue
     from engine.worker import WorkerClient
-    from ui.app_ui import build_app
+    from ui.app_ui import MAX_QUEUE, PAGE_CSS, build_app, server_threads
     from ui.context import AppContext
 
     if args.max_queue is not None and args.max_queue < 1:
@@ -352,15 +359,22 @@ def serve(args) -> int:
     Path(args.outputs).mkdir(parents=True, exist_ok=True)
     presets, user_presets = _presets_with_user_folder(args.user_presets)
     client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, preview_seconds=args.preview_every)
-    client.start()  # the engine process warms up while the page loads
+    client.start()  # the engine process loads its libraries while the page starts and loads
+    max_queue = args.max_queue or MAX_QUEUE
     ctx = AppContext(client, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
-                     models_dir=args.models_dir, user_presets=user_presets)
-    demo = build_app(ctx, max_queue=args.max_queue)
+                     models_dir=args.models_dir, user_presets=user_presets, jobs=JobQueue(max_queue))
+    demo = build_app(ctx)
     try:
+        # quiet: gradio's own start-up lines (and its tip about share=True) give way to ours.
         demo.launch(server_name="0.0.0.0" if args.listen else args.host, server_port=args.port,
                     share=args.share, auth=auth, inbrowser=not args.no_browser,
                     allowed_paths=[str(Path(args.outputs).resolve())], max_file_size="50mb",
-                    footer_links=["api"])
+                    footer_links=["api"], css=PAGE_CSS, max_threads=server_threads(max_queue), quiet=True,
+                    prevent_thread_lock=True)
+        print(f"{APP_NAME} is running at {demo.local_url} (Ctrl+C stops it)", flush=True)
+        if demo.share_url:
+            print(f"Share link for colleagues (password required): {demo.share_url}", flush=True)
+        demo.block_thread()
     finally:
         client.close()
     return 0

@@ -35,7 +35,7 @@ from .models import ResolvedModel, classify_ref, resolve_model, takes_last_frame
 from .modelspec import ModelSpec, spec_for
 from .planner import LADDER, Override, Plan, PlanRequest, plan_memory
 from .preview import PREVIEW_EVERY_SECONDS, LivePreview, PreviewMap, preview_map_for
-from .request import GenerationRequest, InputError, check_inputs
+from .request import MODE_NAMES, GenerationRequest, InputError, check_inputs
 from .runtime import RamPeakSampler, clock, free_device_memory, peak_vram_gb, reset_peak_vram, synchronize
 from .record import redecode_record, run_record, write_media
 from .schedulers import make_scheduler
@@ -221,7 +221,7 @@ class Engine:
         ``timings``: phases the job went through before it reached the engine (its wait for the engine
         process to start), counted in its total and its sidecar."""
         job = _Job(job_id, emit, should_cancel, timings=dict(timings or {}))
-        emit(JobStarted(job_id, f"{request.mode} with {request.model}"))
+        emit(JobStarted(job_id, f"{MODE_NAMES.get(request.mode, request.mode)} with {request.model}"))
         ram = job.ram = RamPeakSampler()
         try:
             with ram.running():
@@ -328,7 +328,7 @@ class Engine:
             if first_last and not request.last_image:
                 raise InputError(f"{model.ref} is a first-and-last-frame model and needs a last frame too; "
                                  "add one")
-        check_model_limits(spec, request.width, request.height, request.frames)
+        check_model_limits(spec, request.width, request.height, request.frames, request.mode)
 
     def _encode_text(self, loaded: LoadedModel, request: GenerationRequest, job: _Job):
         pipe, plan = loaded.pipe, loaded.plan

@@ -1,15 +1,15 @@
 """What one model can make: the frame counts and sizes its transformer and VAE allow, checked before a run.
 
-The request's own checks (engine/request.py) hold for every model; these come from the model's
-configs (its rotary position table and patch sizes, its VAE's scale factors), so that a frame count
-the form accepts but the model cannot place is refused with a sentence, not a shape error mid-run.
+They come from the model's configs (its rotary position table and patch sizes, its VAE's scale factors),
+so that a frame count the form accepts but the model cannot place is refused with a sentence, not a
+shape error mid-run. The request's checks (engine/request.py) take them when they are known.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .modelspec import ModelSpec
-from .request import MAX_FRAMES, MAX_SIDE, InputError
+from .request import MAX_FRAMES, MAX_SIDE, InputError, _check_frames, _check_size
 
 
 @dataclass(frozen=True)
@@ -32,25 +32,12 @@ def limits_of(spec: ModelSpec) -> Limits:
     return Limits(spec.name, frames, side, spec.size_multiple, spec.transformer.rope_max_seq_len)
 
 
-def limit_problems(limits: Limits, width: int, height: int, frames: int) -> list[str]:
-    """What in (width, height, frames) this model cannot make, each with what to use instead."""
-    problems = []
-    if frames > limits.max_frames:
-        problems.append(f"frames {frames} is more than {limits.name} can make (its position table has "
-                        f"{limits.position_rows} rows for the frames): use at most {limits.max_frames}")
+def check_model_limits(spec: ModelSpec, width: int, height: int, frames: int, mode: str = "t2v") -> None:
+    """Raise InputError listing what of (width, height, frames) this model cannot make, each with what to use."""
+    problems: list[str] = []
+    limits = limits_of(spec)
     for side, value in (("width", width), ("height", height)):
-        if value > limits.max_side:
-            problems.append(f"{side} {value} is more than {limits.name} can take (its position table has "
-                            f"{limits.position_rows} rows across): use at most {limits.max_side}")
-        elif value % limits.size_multiple:
-            lower = max(limits.size_multiple, value // limits.size_multiple * limits.size_multiple)
-            problems.append(f"{side} {value} is not a multiple of {limits.size_multiple}, which {limits.name} "
-                            f"needs: try {lower} or {lower + limits.size_multiple}")
-    return problems
-
-
-def check_model_limits(spec: ModelSpec, width: int, height: int, frames: int) -> None:
-    """Raise InputError listing what this model cannot make (see limit_problems)."""
-    problems = limit_problems(limits_of(spec), width, height, frames)
+        _check_size(side, value, limits.size_multiple, problems, limits)
+    _check_frames(frames, mode, problems, limits)
     if problems:
         raise InputError(problems)

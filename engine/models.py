@@ -182,12 +182,31 @@ def is_hub_ref(ref: str) -> bool:
     return bool(REPO_ID.match(ref)) and not Path(ref).expanduser().exists()
 
 
+# A folder name is at most 255 bytes on the usual file systems; a path at most 4096.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+
+def check_ref_length(ref: str) -> None:
+    """Refuse a model reference too long to be a repo id or a path (before the file system refuses it)."""
+    parts = ref.replace("\\", "/").split("/")
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in parts), default=0)
+    if longest > MAX_NAME_BYTES or len(ref.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise ModelError(f"the model name {ref[:40]!r}... is {len(ref)} characters long, too long for a repo id "
+                         f"or a folder (at most {MAX_NAME_BYTES} per name); give a repo id (org/name), a folder "
+                         f"or {' or '.join(SELFTEST_REFS)}")
+
+
 def classify_ref(ref: str) -> str:
     """'selftest', 'local' or 'hub'; raises ModelError for a reference that is none of them.
 
     Cheap: touches no weights and no network, so the app can call it before any work.
     """
+    if ref is not None and not isinstance(ref, str):
+        raise ModelError(f"the model must be text (a repo id, a folder or a self-test model), got "
+                         f"{type(ref).__name__}")
     ref = (ref or "").strip()
+    check_ref_length(ref)
     if ref in SELFTEST_REFS:
         return "selftest"
     if ref and Path(ref).expanduser().is_dir():

@@ -24,6 +24,18 @@ RUNG_TEXT = {
     "fp8_group_offload": "fp8 transformer weights streamed block by block from RAM",
     "leaf_offload": "transformer streamed layer by layer from RAM (slowest, least device memory)",
 }
+CPU_ONLY = "CPU only"
+CPU_ONLY_TEXT = "everything in RAM, computed on the CPU"
+
+
+def strategy_words(strategy: str, device: str) -> tuple[str, str]:
+    """(the strategy's name, what it does) as the page and the command line say them: a CPU-only machine's
+    plan is "CPU only" (its rung is all_on_device, and the device is the CPU)."""
+    if device == "cpu":
+        return (CPU_ONLY if strategy == "all_on_device" else f"{strategy} (on the CPU)"), CPU_ONLY_TEXT
+    return strategy, RUNG_TEXT.get(strategy, strategy)
+
+
 # Where the text (and image) encoder lives: always on the device; moved there whole to encode; streamed
 # through it layer by layer to encode; or run on the CPU.
 TEXT_ENCODER_PLACES = ("device", "offload", "streamed", "cpu")

@@ -4,10 +4,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .hardware import HardwareProfile
-from .model_limits import check_model_limits
+from .model_limits import Limits, check_model_limits, limits_of
 from .models import ModelError, classify_ref, hub_cache_dir
 from .modelspec import ModelSpec, spec_for
-from .planner import Override, Plan, PlanRequest, plan_memory
+from .planner import Override, Plan, PlanRequest, plan_memory, strategy_words
 from .request import GenerationRequest
 
 
@@ -33,10 +33,19 @@ def find_spec(ref: str, models_dir: Path) -> ModelSpec:
     return spec
 
 
+def limits_for(ref, models_dir: str | Path) -> Limits | None:
+    """What the model ``ref`` can make, from its files (or the known models' table before a download); None
+    when that is not known here (a model not downloaded yet, or a reference that cannot be used)."""
+    try:
+        return limits_of(find_spec(ref, Path(models_dir)))
+    except (ModelError, ValueError, OSError, TypeError, KeyError):
+        return None
+
+
 def plan_request(request: GenerationRequest, hardware: HardwareProfile, models_dir: Path) -> Plan:
     """The plan for ``request``; InputError first when the model cannot make its size or frame count."""
     spec = find_spec(request.model, models_dir)
-    check_model_limits(spec, request.width, request.height, request.frames)
+    check_model_limits(spec, request.width, request.height, request.frames, request.mode)
     override = Override(strategy=request.strategy, text_encoder=request.text_encoder, vae_tiling=request.vae_tiling)
     size = PlanRequest(request.width, request.height, request.frames, request.mode == "i2v")
     return plan_memory(spec, size, hardware, override)
@@ -47,7 +56,8 @@ def plan_table(plan: Plan) -> str:
     cpu = plan.device == "cpu"
     ram = f"{plan.predicted_peak_ram_gb:.2f} GB RAM (budget {plan.budget_ram_gb:.2f})"
     device = f"{plan.predicted_peak_vram_gb:.2f} GB device (budget {plan.budget_vram_gb:.2f}), "
-    lines = [f"Strategy: {plan.strategy}{' (CPU only: everything in RAM)' if cpu else ''}   "
+    name, what = strategy_words(plan.strategy, plan.device)
+    lines = [f"Strategy: {name} ({what})   "
              f"fits: {'yes' if plan.fits else 'NO'}",
              f"Predicted peak: {ram if cpu else device + ram}",
              "", f"{'phase':<12} " + ("" if cpu else f"{'device GB':>10} ") + f"{'RAM GB':>8}  where each component lives"]

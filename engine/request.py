@@ -10,10 +10,16 @@ import unicodedata
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 from .planner import LADDER, TEXT_ENCODER_PLACES
 from .presets import Preset
 
+if TYPE_CHECKING:
+    from .model_limits import Limits
+
 MODES = ("t2v", "i2v", "t2i")
+MODE_NAMES = {"t2v": "text to video", "i2v": "image to video", "t2i": "text to image"}
 MIN_SIDE, MAX_SIDE = 32, 2048
 MAX_FRAMES = 257
 MAX_STEPS = 200
@@ -208,24 +214,35 @@ def _as_float(name: str, value, problems: list[str]) -> float | None:
     return number + 0.0   # turns -0.0 into 0.0
 
 
-def _check_size(name: str, value: int, multiple: int, problems: list[str]) -> None:
+def _check_size(name: str, value: int, multiple: int, problems: list[str], limits: Limits | None = None) -> None:
+    """Width or height: in range, within what the model can take (``limits``, when known), a multiple."""
+    which = f", which {limits.name} needs" if limits else ""
     if value < MIN_SIDE or value > MAX_SIDE:
         problems.append(f"{name} {_show(value)} is out of range: use {MIN_SIDE} to {MAX_SIDE} pixels")
+    elif limits and value > limits.max_side:
+        problems.append(f"{name} {value} is more than {limits.name} can take (its position table has "
+                        f"{limits.position_rows} rows across): use at most {limits.max_side}")
     elif value % multiple:
         lower = max(multiple, value // multiple * multiple)
-        problems.append(f"{name} {value} is not a multiple of {multiple}: try {lower} or {lower + multiple}")
+        problems.append(f"{name} {value} is not a multiple of {multiple}{which}: try {lower} or {lower + multiple}")
 
 
-def _check_frames(frames: int, mode: str, problems: list[str]) -> None:
+def _check_frames(frames: int, mode: str, problems: list[str], limits: Limits | None = None) -> None:
+    """The frame count: 1 for a still; else 4k+1, in range and within what the model can make."""
     if mode == "t2i":
         if frames != 1:
             problems.append(f"text-to-image makes 1 frame, got frames={_show(frames)}")
         return
+    most = limits.max_frames if limits else MAX_FRAMES
     if frames < 1 or frames > MAX_FRAMES:
-        problems.append(f"frames {_show(frames)} is out of range: use 1 to {MAX_FRAMES}")
+        problems.append(f"frames {_show(frames)} is out of range: use 1 to {most}")
+    elif limits and frames > limits.max_frames:
+        problems.append(f"frames {frames} is more than {limits.name} can make (its position table has "
+                        f"{limits.position_rows} rows for the frames): use at most {limits.max_frames}")
     elif (frames - 1) % 4:
         lower = (frames - 1) // 4 * 4 + 1
-        problems.append(f"frames must be 4k+1 (1, 5, 9, ..., 81): {frames} is not; try {lower} or {lower + 4}")
+        problems.append(f"frames must be 4k+1 (1, 5, 9, ... up to {most}): {frames} is not; "
+                        f"try {lower} or {lower + 4}")
 
 
 def _check_image(name: str, path, problems: list[str], notes: list[str] | None = None,
@@ -262,25 +279,25 @@ def check_outputs_dir(path: str) -> str | None:
     return None
 
 
-def _shape(request: GenerationRequest, problems: list[str]):
-    """Width, height and frames as whole numbers, each checked; problems are appended."""
-    multiple = _as_int("size_multiple", request.size_multiple, problems) or 16
+def _shape(request: GenerationRequest, problems: list[str], limits: Limits | None = None):
+    """Width, height and frames as whole numbers, each checked (against the model's ``limits`` when known)."""
+    multiple = limits.size_multiple if limits else (_as_int("size_multiple", request.size_multiple, problems) or 16)
     width = _as_int("width", request.width, problems)
     height = _as_int("height", request.height, problems)
     frames = _as_int("frames", request.frames, problems)
     if width is not None:
-        _check_size("width", width, multiple, problems)
+        _check_size("width", width, multiple, problems, limits)
     if height is not None:
-        _check_size("height", height, multiple, problems)
+        _check_size("height", height, multiple, problems, limits)
     if frames is not None:
-        _check_frames(frames, request.mode, problems)
+        _check_frames(frames, request.mode, problems, limits)
     return width, height, frames, multiple
 
 
-def check_shape(request: GenerationRequest) -> GenerationRequest:
+def check_shape(request: GenerationRequest, limits: Limits | None = None) -> GenerationRequest:
     """Only the size checks (what a memory plan depends on), with the same messages as a run."""
     problems: list[str] = []
-    width, height, frames, _ = _shape(request, problems)
+    width, height, frames, _ = _shape(request, problems, limits)
     if problems:
         raise InputError(problems)
     return replace(request, width=width, height=height, frames=frames)
@@ -301,15 +318,17 @@ def _check_prompt(name: str, value, required: bool, problems: list[str], notes: 
     return text
 
 
-def check_inputs(request: GenerationRequest) -> GenerationRequest:
+def check_inputs(request: GenerationRequest, limits: Limits | None = None) -> GenerationRequest:
     """Validate ``request`` and return it with numbers normalised and prompts cleaned.
 
+    ``limits``: what the request's model can make (engine/model_limits.py), when it is known.
     Raises InputError listing every problem, each saying what to change.
     """
-    return check_inputs_with_notes(request)[0]
+    return check_inputs_with_notes(request, limits)[0]
 
 
-def check_inputs_with_notes(request: GenerationRequest) -> tuple[GenerationRequest, list[str]]:
+def check_inputs_with_notes(request: GenerationRequest,
+                            limits: Limits | None = None) -> tuple[GenerationRequest, list[str]]:
     """check_inputs, plus notes for the user about what was changed or will be.
 
     Notes are sentences such as "prompt: removed 3 control characters" or
@@ -326,7 +345,7 @@ def check_inputs_with_notes(request: GenerationRequest) -> tuple[GenerationReque
     if not isinstance(request.model, str) or not request.model.strip():
         problems.append("no model chosen: pick a preset or give a model (repo id, folder or selftest-t2v)")
 
-    width, height, frames, multiple = _shape(request, problems)
+    width, height, frames, multiple = _shape(request, problems, limits)
     steps = _as_int("steps", request.steps, problems)
     seed = -1 if request.seed is None else _as_int("seed", request.seed, problems)   # None: random
     fps = _as_int("fps", request.fps, problems)

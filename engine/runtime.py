@@ -75,15 +75,26 @@ class RamPeakSampler:
             self._thread.join()
 
 
+class _NoTorchvisionNote:
+    """A logging filter: transformers says its image processor falls back to PIL without torchvision; that is
+    what the app wants, so the note is not shown."""
+
+    @staticmethod
+    def filter(record) -> bool:
+        return "requires torchvision" not in record.getMessage()
+
+
 def load_libraries() -> None:
     """Import what every job needs (torch, diffusers' Wan pipelines, the encoders' classes) and quiet the
     libraries' own console output: their loading bars (progress reaches the page as events) and the note
     that torchvision is missing (the image processor works without it)."""
-    import logging
+    import transformers
 
+    library_logger = transformers.utils.logging.get_logger("transformers")   # sets up its console handler
+    for handler in library_logger.handlers:
+        handler.addFilter(_NoTorchvisionNote())
     import diffusers
     import torch  # noqa: F401
-    import transformers
 
     for name in ("WanPipeline", "WanImageToVideoPipeline", "AutoencoderKLWan", "WanTransformer3DModel"):
         getattr(diffusers, name)
@@ -91,14 +102,6 @@ def load_libraries() -> None:
         getattr(transformers, name)
     diffusers.utils.logging.disable_progress_bar()
     transformers.utils.logging.disable_progress_bar()
-
-    class _NoTorchvisionNote(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return "requires torchvision" not in record.getMessage()
-
-    logging.getLogger("transformers").addFilter(_NoTorchvisionNote())
-    for handler in logging.getLogger("transformers").handlers:
-        handler.addFilter(_NoTorchvisionNote())
 
 
 def clock() -> float:

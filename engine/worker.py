@@ -24,9 +24,8 @@ from .events import Event, Info, JobFailed, LatentsSaved, PhaseFinished, PhaseSt
 from .failures import failure_event
 from .latents import DECODE_AGAIN_HINT
 from .hardware import HardwareProfile
-from .model_limits import check_model_limits
 from .models import ModelError, precheck_model
-from .planning import find_spec
+from .planning import limits_for
 from .request import GenerationRequest, InputError, check_inputs_with_notes
 from .sysinfo import EngineMemory, EngineStarting
 
@@ -110,17 +109,6 @@ def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json
             conn.send(("hardware", engine.hardware.to_dict()))
         elif kind == "stop":
             return
-
-
-def precheck(request: GenerationRequest, models_dir: str | Path) -> None:
-    """Refuse, before any heavy work, a model reference that cannot be used and a size or frame count the
-    model cannot make (known from its files, or from the known models' table before a download)."""
-    precheck_model(request.model)
-    try:
-        spec = find_spec(request.model, Path(models_dir))
-    except ModelError:   # a model whose shapes are unknown until it is downloaded: the engine checks it then
-        return
-    check_model_limits(spec, request.width, request.height, request.frames)
 
 
 def _signal_name(exitcode: int | None) -> str:
@@ -279,23 +267,34 @@ class WorkerClient:
     def new_job_id(self) -> str:
         return f"job-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
 
-    def submit(self, request: GenerationRequest, job_id: str | None = None) -> Iterator[Event]:
-        """Run ``request`` in the worker, yielding its events; the last one is terminal.
+    def check(self, request: GenerationRequest) -> tuple[GenerationRequest, list[str]]:
+        """``request`` checked as a run checks it before anything heavy (settings, images, the model and what
+        it can make), with notes for the user; raises InputError or ModelError saying what to change."""
+        request, notes = check_inputs_with_notes(request, limits_for(request.model, self.models_dir))
+        precheck_model(request.model)
+        return request, notes
 
-        Bad input is refused here, before the worker does anything heavy. The engine stays
-        reserved for this job until the iterator ends: a caller that stops early must close() it,
-        which cancels the job at its next step and waits for the engine to finish it.
+    def run(self, request: GenerationRequest, notes: list[str] | tuple = (),
+            job_id: str | None = None) -> Iterator[Event]:
+        """Run a request that ``check`` passed, yielding its events; the last one is terminal.
+
+        The engine stays reserved for this job until the iterator ends: a caller that stops early must
+        close() it, which cancels the job at its next step and waits for the engine to finish it.
         """
         job_id = job_id or self.new_job_id()
-        try:
-            request, notes = check_inputs_with_notes(request)
-            precheck(request, self.models_dir)
-        except (InputError, ModelError) as exc:
-            yield failure_event(job_id, exc, None)
-            return
         for note in notes:   # cleaned prompts, converted images: said before the job starts
             yield Info(job_id, note)
         yield from self._exchange(lambda timings: ("run", request, job_id, timings), job_id)
+
+    def submit(self, request: GenerationRequest, job_id: str | None = None) -> Iterator[Event]:
+        """``check`` then ``run``: bad input ends in a JobFailed event, before the engine does anything."""
+        job_id = job_id or self.new_job_id()
+        try:
+            request, notes = self.check(request)
+        except (InputError, ModelError) as exc:
+            yield failure_event(job_id, exc, None)
+            return
+        yield from self.run(request, notes, job_id)
 
     def decode(self, latents: str, tiled: bool = False, on_cpu: bool = False,
                job_id: str | None = None) -> Iterator[Event]:

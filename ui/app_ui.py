@@ -1,4 +1,4 @@
-"""The whole page: one tab module each, wired to the worker client."""
+"""The whole page: one tab module each, wired to the worker client and the job queue."""
 from __future__ import annotations
 
 import gradio as gr
@@ -7,39 +7,60 @@ from engine import APP_NAME, __version__
 
 from . import decode_tab, history_tab, i2v_tab, presets_tab, simple_api, system_panel, t2v_tab
 from .context import AppContext
-from .generate import GPU_QUEUE
 from .tabs import TAB_IDS
 
 # Jobs waiting beyond this are refused with a "queue full" message (serve --max-queue N changes it).
 MAX_QUEUE = 16
+# Threads the server may use: every waiting job holds one while it waits its turn, and the page's own
+# events (the system panel, the plan, the history) need theirs.
+SERVER_THREADS = 40
+# The page's own styles: results at their own size (a 64x64 video is not blown up to the column's width),
+# the status as a box of its own, the preset cards' buttons as buttons.
+PAGE_CSS = """
+#t2v-video video, #i2v-video video, #decode-video video, #history-video video,
+#t2i-image img { width: auto !important; height: auto !important; max-width: 100%; max-height: 100%;
+                 margin: 0 auto; display: block; object-fit: contain; }
+.wan-status:not(:empty) { border-left: 3px solid var(--color-accent); padding-left: 10px; }
+.preset-card button { border: 1px solid var(--button-primary-border-color); }
+#app-title h1 { margin-bottom: 0; }
+#app-title small { font-size: 0.45em; font-weight: 400; }
+"""
 
 
-def build_app(ctx: AppContext, max_queue: int | None = None) -> gr.Blocks:
-    """The page; ``max_queue`` jobs may wait (default MAX_QUEUE), beyond that a submission is refused."""
+def server_threads(max_queue: int) -> int:
+    return max(SERVER_THREADS, max_queue + 24)
+
+
+def build_app(ctx: AppContext) -> gr.Blocks:
+    """The page; ``ctx.jobs.max_waiting`` jobs may wait their turn, beyond that a submission is refused."""
     with gr.Blocks(title=APP_NAME) as demo:
-        gr.Markdown(f"# {APP_NAME}\nWan video generation on your own machine. v{__version__}")
-        system_panel.build(ctx)
+        gr.Markdown(f"# {APP_NAME} <small>v{__version__}: Wan video generation on your own machine</small>",
+                    elem_id="app-title")
+        after_job = system_panel.build(ctx)
         with gr.Tabs() as tabs:
             with gr.Tab("Text to Video", id=TAB_IDS["t2v"]):
-                t2v_form = t2v_tab.build(ctx)
+                t2v_form = t2v_tab.build(ctx, after_job)
             with gr.Tab("Image to Video", id=TAB_IDS["i2v"]):
-                i2v_form = i2v_tab.build(ctx)
+                i2v_form = i2v_tab.build(ctx, after_job)
             with gr.Tab("Presets", id=TAB_IDS["presets"]):
                 presets_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form})
             with gr.Tab("History", id=TAB_IDS["history"]):
                 history_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form})
-            with gr.Tab("Decode again", id=TAB_IDS["decode"]):
-                decode_tab.build(ctx)
+            with gr.Tab("Decode again", id=TAB_IDS["decode"]) as decode:
+                decode_tab.build(ctx, decode.select)
         with gr.Row():
-            unload_btn = gr.Button("Unload model (free its memory)", size="sm", elem_id="unload")
+            unload_btn = gr.Button("Unload model (free its memory)", size="sm", elem_id="unload", scale=0,
+                                   min_width=260)
             unload_status = gr.Markdown(elem_id="unload-status")
 
-        def unload_model():
-            ctx.client.unload()
+        def unload_model(session: gr.Request = None):
+            # In the queue like a job: it waits for the running one to end instead of cutting in.
+            with ctx.jobs.turn(getattr(session, "session_hash", None), "unload"):
+                ctx.client.unload()
             return "The model was unloaded; the next run loads it again."
 
-        unload_btn.click(unload_model, None, unload_status, api_name="unload", concurrency_id=GPU_QUEUE)
+        unload_btn.click(unload_model, None, unload_status, api_name="unload", concurrency_id="unload")
         simple_api.build(ctx)
-    # One GPU job at a time; cancel (queue=False) runs beside it.
-    demo.queue(max_size=max_queue or MAX_QUEUE, default_concurrency_limit=1)
+    # The JobQueue orders the engine's jobs; gradio's own queue only passes events on.
+    demo.queue(max_size=ctx.jobs.max_waiting + 8, default_concurrency_limit=1)
     return demo

@@ -2,12 +2,11 @@
 from __future__ import annotations
 
 import os
-import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.models import ModelError
+from engine.jobqueue import JobQueue
+from engine.models import ModelError, check_ref_length
 from engine.presets import Preset, UserPresets
 from engine.selftest import SELFTEST_REFS
 from engine.worker import WorkerClient
@@ -39,7 +38,11 @@ def checked_model_ref(ref: str | None, models_dir: str | Path, allow_paths: bool
     with the same message whether it exists or not, so the page cannot be used to probe the disk.
     Touches nothing but ``stat``; the engine still checks the model itself.
     """
+    if ref is not None and not isinstance(ref, str):
+        raise ModelError(f"the model must be text (a repo id, a folder or a self-test model), got "
+                         f"{type(ref).__name__}")
     ref = (ref or "").strip()
+    check_ref_length(ref)
     if not ref or allow_paths or ref in SELFTEST_REFS or ref in trusted:
         return ref
     models = Path(models_dir)
@@ -65,82 +68,6 @@ def checked_model_ref(ref: str | None, models_dir: str | Path, allow_paths: bool
     return ref               # a repo id (or nonsense, which the engine refuses with its own message)
 
 
-# How a job's status line starts once the job has said how it ended (ui/job_view.py writes them).
-ENDINGS = ("Done", "Cancelled", "Failed")
-
-
-def where_it_was(status: str) -> str:
-    """A running job's status line cut to where it was ("Denoising: step 57/200, 0.04 s/step..." ->
-    "Denoising: step 57/200")."""
-    return status.splitlines()[0].split(",")[0].rstrip(".") if status else ""
-
-
-class RunningJob:
-    """Which page session started the job the engine is running (so only it may cancel)."""
-
-    def __init__(self):
-        self._lock = threading.Condition()
-        self._session: str | None = None
-        self._status: str | None = None
-        self._last: tuple[str | None, float] = (None, 0.0)
-        self._last_status: str | None = None
-
-    def start(self, session: str | None) -> None:
-        with self._lock:
-            self._session = session
-            self._status = "starting"
-
-    def update(self, status: str) -> None:
-        """What the running job is doing now (shown to every visitor in the system panel)."""
-        with self._lock:
-            self._status = status
-
-    def finish(self) -> None:
-        with self._lock:
-            self._last = (self._session, time.monotonic())
-            self._last_status = self._status
-            self._session = None
-            self._status = None
-            self._lock.notify_all()
-
-    def wait_until_ended(self, session: str | None, timeout_s: float) -> tuple[bool, str | None]:
-        """Wait until ``session``'s job has ended: (ended, what it was last doing), or (False, None) on timeout."""
-        with self._lock:
-            ended = self._lock.wait_for(lambda: not (self._session is not None and self._session == session),
-                                        timeout=timeout_s)
-            return (True, self._last_status) if ended else (False, None)
-
-    def recently_owned_by(self, session: str | None, seconds: float = 30.0) -> bool:
-        """The running job is this session's, or the job that just ended was (a cancel that
-        arrives as its job is being stopped still gets a truthful answer)."""
-        with self._lock:
-            if self._session is not None and self._session == session:
-                return True
-            last, when = self._last
-            return session is not None and last == session and time.monotonic() - when < seconds
-
-    def last_ended(self) -> tuple[str, float] | None:
-        """(the first sentence of what the last job said at its end, seconds since it ended), or None."""
-        with self._lock:
-            if not self._last_status or not self._last[1]:
-                return None
-            first = self._last_status.splitlines()[0].split(". ")[0].rstrip(".")
-            if not first.startswith(ENDINGS):
-                # Its page went away or cancelled it before it could say how it ended.
-                first = f"stopped during {where_it_was(first)}"
-            return first, time.monotonic() - self._last[1]
-
-    @property
-    def status(self) -> str | None:
-        """None while no job runs."""
-        with self._lock:
-            return self._status
-
-    def owned_by(self, session: str | None) -> bool:
-        with self._lock:
-            return self._session is not None and self._session == session
-
-
 @dataclass(frozen=True)
 class AppContext:
     client: WorkerClient
@@ -151,7 +78,8 @@ class AppContext:
     allow_model_paths: bool = False
     # Folders inside it are accepted as models; default: the worker's models folder.
     models_dir: str | None = None
-    running: RunningJob = field(default_factory=RunningJob)
+    # Every engine job goes through it: one runs, the others wait their turn (serve --max-queue N).
+    jobs: JobQueue = field(default_factory=JobQueue)
     # The user's own presets (saved from the page), kept in ``presets`` too; None: saving is off.
     user_presets: UserPresets | None = None
 
@@ -178,7 +106,8 @@ class AppContext:
 
     def preset_or_default(self, name: str | None, mode: str) -> Preset:
         """The named preset, or the mode's default when the name is unknown or empty."""
-        return self.presets.get(name or "") or self.presets[self.default_preset(mode)]
+        found = self.presets.get(name) if isinstance(name, str) else None
+        return found or self.presets[self.default_preset(mode)]
 
     def model_ref(self, ref: str | None) -> str:
         """A model reference from the page or the API, checked (ModelError when refused); see checked_model_ref."""

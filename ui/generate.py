@@ -1,120 +1,195 @@
-"""Running a job from the page: build the request, stream events, render updates."""
+"""Running a job from the page or the API: check it, wait for its turn in the queue, stream its events.
+
+The generation events run with ``preprocess=False``: every value reaches ``build_request`` as the page or
+the API client sent it (numbers unrounded, images as upload records), so each mistake gets the app's own
+sentence, said once in the job's status, before the job waits or loads anything.
+"""
 from __future__ import annotations
 
 import html
-from typing import Iterator
+import sys
+from dataclasses import replace
+from typing import Callable, Iterator
 
 import gradio as gr
 
-from engine.events import JobFailed, JobFinished, JobStarted, PreviewReady
+from engine.events import Event, JobFailed
+from engine.failures import failure_event
+from engine.jobqueue import QueueFull
 from engine.models import ModelError
-from engine.request import GenerationRequest
+from engine.request import GenerationRequest, InputError
 
-from .context import ENDINGS, AppContext, RunningJob, where_it_was
+from .context import AppContext
 from .job_view import JobView
 from .plan_panel import AUTO, override_fields
 
-# Every event that runs the engine shares this queue, so jobs run one at a time in order.
+# Every event that runs the engine is in this concurrency group; the JobQueue orders them.
 GPU_QUEUE = "gpu"
+# Seconds between a waiting job's updates of its place and estimate.
+WAIT_UPDATE_S = 1.0
+
+Show = Callable[[JobView, "Event | None"], dict]
 
 
-def build_request(ctx: AppContext, mode: str, preset_name: str, prompt: str, negative_prompt: str,
-                  model: str, width, height, frames, steps, guidance, shift, seed,
-                  strategy: str | None = AUTO, text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO,
-                  image: str | None = None, last_image: str | None = None) -> GenerationRequest:
-    """The request for a page or API call; a model path the app does not accept is refused here, before any work."""
-    preset = ctx.preset_or_default(preset_name, mode)
+def upload_path(payload, name: str) -> str | None:
+    """The file of an image as the page or an API client sent it (gradio's upload record, whose path gradio
+    has checked is an upload), or None for no image; InputError for anything else."""
+    if payload is None or payload == "":
+        return None
+    if isinstance(payload, dict):
+        path = payload.get("path")
+        if isinstance(path, str) and path:
+            return path
+        if str(payload.get("url") or "").startswith("data:"):
+            raise InputError(f"the {name} came as inline data: upload it as a file")
+    raise InputError(f"the {name} is not an uploaded file: upload a PNG, JPEG or WebP image")
+
+
+def _preset(ctx: AppContext, name, mode: str):
+    """The named preset of the caller, or the tab's default when none is named."""
+    if name in (None, ""):
+        return ctx.presets[ctx.default_preset(mode)]
+    preset = ctx.presets.get(name) if isinstance(name, str) else None
+    if preset is None:
+        choices = ", ".join(ctx.presets_for(mode))
+        raise InputError(f"preset {str(name)[:60]!r} is unknown: pick one of {choices} (reload the page if it "
+                         "was deleted meanwhile)")
+    return preset
+
+
+def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prompt, model, width, height, frames,
+                  steps, guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO,
+                  image=None, last_image=None) -> GenerationRequest:
+    """The request for a page or API call, from the values as sent: a field left empty is missing (not the
+    preset's), -1 or no seed is random. Raises InputError or ModelError saying what to change."""
+    preset = _preset(ctx, preset_name, mode)
+    model = ctx.model_ref(model or preset.model)
+    fields = dict(width=width, height=height, frames=1 if mode == "t2i" else frames, steps=steps,
+                  guidance=guidance, shift=shift, seed=-1 if seed is None else seed)
+    request = GenerationRequest.from_preset(
+        preset, prompt, mode=mode, model=model, negative_prompt=negative_prompt, outputs_dir=ctx.outputs_dir,
+        image=upload_path(image, "image"), last_image=upload_path(last_image, "last image"),
+        **fields, **override_fields(strategy, text_encoder, vae_tiling))
+    # from_preset takes a None as "the preset's value": a field the caller left empty is missing instead.
+    return replace(request, prompt=prompt, **{name: None for name, value in fields.items() if value is None})
+
+
+def _say(text: str) -> None:
+    """One line in the console for what a user got wrong (their own mistake: no traceback)."""
+    print(f"[page] {text}", file=sys.stderr, flush=True)
+
+
+def _fail(view: JobView, failure: JobFailed) -> gr.Error:
+    """The failure is in the status already (said once there); the page gets a short toast that closes by
+    itself, API callers the whole text as their error."""
+    view.apply(failure)
+    gr.Warning(f"{view.status} See the status under the result.", duration=6, title="Not started"
+               if failure.kind in ("input", "model", "queue") else "Failed")
+    _say(f"{view.status} {failure.text}")
+    return gr.Error(html.escape(failure.text, quote=False), visible=False, print_exception=False)
+
+
+def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Callable[[], Callable[[], Iterator]],
+            show: Show) -> Iterator[dict]:
+    """One job, from a click or an API call, as updates of the page (``show(view, event)``).
+
+    ``prepare()`` checks the request (InputError or ModelError at once: nothing waits or loads) and returns
+    what starts it in the engine. Then the job waits its turn in ctx.jobs, showing its place and an
+    estimate; its owner's Cancel takes it out. Once it runs, every engine event updates the view.
+    """
+    view = JobView()
+    owner = getattr(session, "session_hash", None)
     try:
-        model = ctx.model_ref(model or preset.model)
-    except ModelError as exc:
-        # The page renders error text as HTML; the reference is the caller's own text.
-        raise gr.Error(html.escape(str(exc), quote=False), duration=None, title="Model refused") from None
-    return GenerationRequest.from_preset(
-        preset, prompt or "", mode=mode, model=model,
-        negative_prompt=negative_prompt, width=width, height=height,
-        frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
-        seed=-1 if seed is None else seed, image=image, last_image=last_image,
-        outputs_dir=ctx.outputs_dir, **override_fields(strategy, text_encoder, vae_tiling))
+        start = prepare()
+        ticket = ctx.jobs.join(owner, what)
+    except (InputError, ModelError) as exc:
+        error = _fail(view, failure_event("refused", exc, None))
+        yield show(view, None)
+        raise error from None
+    except QueueFull as exc:
+        error = _fail(view, JobFailed("refused", str(exc), "", None, "queue"))
+        yield show(view, None)
+        raise error from None
+    ending = None
+    try:
+        while not ctx.jobs.wait_turn(ticket, WAIT_UPDATE_S):
+            if ticket.withdrawn:
+                yield show(view.withdrawn(), None)
+                return
+            yield show(view.waiting(ctx.jobs.place(ticket), ctx.jobs.estimate(ticket)), None)
+        view = JobView()   # the wait is over: what the page shows from now on is the job
+        events = start()
+        try:
+            for event in events:
+                view.apply(event)
+                ctx.jobs.report(ticket, view.status, view.eta)
+                yield show(view, event)
+                if isinstance(event, JobFailed):
+                    ending = view.ending
+                    raise _fail(view, event)
+        finally:
+            events.close()   # a closed page: cancels the job and waits for the engine to be free
+        ending = view.ending
+    finally:
+        ctx.jobs.leave(ticket, ending or view.ending)
+
+
+def engine_job(ctx: AppContext, make: Callable[[], GenerationRequest]) -> Callable[[], Callable[[], Iterator]]:
+    """``prepare`` for run_job: the request from ``make``, checked as the engine will check it."""
+    def prepare():
+        request, notes = ctx.client.check(make())
+        return lambda: ctx.client.run(request, notes)
+    return prepare
 
 
 def cancel(ctx: AppContext, session: gr.Request | None) -> str:
-    """Stop the running job at its next step, if the caller's session started it.
+    """Take the caller's waiting jobs out of the queue and stop their running one at its next step.
 
-    On the page the Cancel button also takes the caller's waiting jobs out of the queue
-    (gradio's own cancel, scoped to the session); this answers for the running one.
+    Only what the caller's own session started is touched; the answer says what happened.
     """
     mine = getattr(session, "session_hash", None)
-    if ctx.running.owned_by(mine):
+    withdrawn = ctx.jobs.withdraw(mine)
+    left = f" Your {'waiting job was' if withdrawn == 1 else f'{withdrawn} waiting jobs were'} taken out of the " \
+           "queue." if withdrawn else ""
+    if ctx.jobs.runs_for(mine):
         ctx.client.cancel()
-        return "Cancelling at the next step... the model stays loaded."
-    if ctx.running.recently_owned_by(mine):
-        return "Cancelled. The model stays loaded."
-    return ("Nothing of yours is running: only the person who started the running job can cancel it. "
-            "A job of yours waiting in the queue is taken out of it.")
+        return "Cancelling your job at the end of its current step." + left
+    if withdrawn:
+        return left.strip() + " It will not run."
+    if ctx.jobs.ended_recently_for(mine):
+        return "Nothing to cancel: your last job had already finished."
+    return "Nothing of yours is running or waiting: only the person who started a job can cancel it."
 
 
-def cancelled_status(running: RunningJob, mine: str | None, timeout_s: float = 60.0) -> str | None:
-    """The status to end a cancel with once session ``mine``'s job has really stopped (None: nothing of theirs ran).
-
-    Written after the job's last update, so a step that was on its way when Cancel was
-    pressed cannot leave the page saying the job still runs.
-    """
-    if not running.recently_owned_by(mine):
-        return None
-    ended, last = running.wait_until_ended(mine, timeout_s)
-    if not ended:
-        return "Cancel asked for; the job has not stopped yet (it stops at the end of its current step)."
-    last = last.splitlines()[0] if last else ""
-    if last.startswith("Done"):
-        return (f"Nothing of yours was running: your last job had already finished ({last}). "
-                "A job of yours waiting in the queue is taken out of it.")
-    if last.startswith(ENDINGS):
-        return f"{last} Your earlier result is kept."
-    where = f" during {where_it_was(last)}" if last else ""
-    return f"Cancelled{where}. The model stays loaded; your earlier result is kept."
-
-
-def wire_cancel(ctx: AppContext, button: gr.Button, status, preview, runs: list, api_name: str | None = None) -> None:
-    """The tab's Cancel: stops this visitor's running job (public as ``api_name`` when given), takes their
-    waiting ``runs`` out of the queue (gradio's cancels=, scoped to the session), clears the preview and,
-    once the job has stopped, says so."""
+def wire_cancel(ctx: AppContext, button: gr.Button, answer: gr.Textbox, api_name: str | None = None) -> None:
+    """The tab's Cancel: the answer as a toast on the page (the job's own status says how it ended) and as
+    the return value of ``api_name`` when given."""
     def cancel_mine(session: gr.Request):
-        return cancel(ctx, session)
-
-    def settle(session: gr.Request):
-        final = cancelled_status(ctx.running, getattr(session, "session_hash", None))
-        return gr.skip() if final is None else final, ""
+        said = cancel(ctx, session)
+        gr.Info(said, duration=5, title="Cancel")
+        return said
 
     visibility = {"api_name": api_name} if api_name else {"api_visibility": "private"}
-    button.click(cancel_mine, None, status, queue=False, cancels=runs, **visibility).then(
-        settle, None, [status, preview], queue=False, api_visibility="private")
+    # Its own group without a limit: a cancel never waits behind the jobs it is meant to stop.
+    button.click(cancel_mine, None, answer, concurrency_id="cancel", concurrency_limit=None,
+                 show_progress="hidden", **visibility)
 
 
-def stream(ctx: AppContext, events: Iterator, progress: gr.Progress,
-           session: gr.Request | None = None) -> Iterator[tuple]:
-    """Yield (result, status markdown, timing rows, seed used, preview html, chart html) per event.
+def start_job(button: gr.Button, cancel_button: gr.Button, fn, inputs: list, outputs: list, ctx: AppContext,
+              api_name: str):
+    """``button`` runs ``fn`` as a job (public as ``api_name``); the page's Cancel turns red from the click
+    until that job has ended. Returns the job's event, for what follows it."""
+    armed = button.click(lambda: gr.Button(variant="stop"), None, cancel_button, queue=False,
+                         api_visibility="private", show_progress="hidden")
+    run = armed.then(fn, inputs, outputs, api_name=api_name, **gpu_event(ctx))
+    run.then(lambda: gr.Button(variant="secondary"), None, cancel_button, queue=False, api_visibility="private",
+             show_progress="hidden")
+    return run
 
-    The result slot stays unchanged (gr.skip) until a new file exists, so an
-    earlier output is never lost; the live preview is cleared when it arrives.
-    A failure ends with gr.Error, which the page shows and API clients receive
-    as an exception.
-    """
-    view = JobView()
-    try:
-        for event in events:
-            if isinstance(event, JobStarted):
-                ctx.running.start(getattr(session, "session_hash", None))
-            view.apply(event)
-            ctx.running.update(view.status)
-            progress(view.progress, desc=view.status)
-            rows = view.timing_rows()
-            if isinstance(event, JobFinished):
-                yield event.paths[0], view.markdown(), rows, event.seed, "", view.chart_html()
-                continue
-            preview = view.preview_html() if isinstance(event, PreviewReady) else gr.skip()
-            yield gr.skip(), view.markdown(), rows, gr.skip(), preview, view.chart_html()
-            if isinstance(event, JobFailed):
-                raise gr.Error(f"{event.message} {event.hint}", duration=None)
-    finally:
-        events.close()   # cancels and releases the engine at once when the stream ends early
-        ctx.running.finish()
+
+def gpu_event(ctx: AppContext) -> dict:
+    """How an event that runs the engine is registered: values as sent (run_job checks them), no gradio
+    progress overlay (the status and the chart say it all), and enough slots that every job reaches the
+    JobQueue, which orders them: the running one, every waiting one, and one being refused."""
+    return {"concurrency_id": GPU_QUEUE, "concurrency_limit": ctx.jobs.max_waiting + 2, "preprocess": False,
+            "show_progress": "hidden"}

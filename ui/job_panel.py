@@ -1,42 +1,76 @@
-"""The right-hand column of a generation tab: live preview, result, status, timings."""
+"""The right-hand column of a generation tab: live preview, result, status, timings; and how a job's view
+becomes updates of it."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import gradio as gr
 
-from .job_view import TIMING_HEADERS
+from engine.events import Event, JobFinished, PreviewReady
+
+from .job_view import TIMING_HEADERS, JobView
 
 
 @dataclass
 class JobPanel:
     preview: gr.HTML
-    result: gr.components.Component      # gr.Video or gr.Image
+    result: gr.Video
+    still: gr.Image | None               # the 1-frame mode's result (Text to Video tab only)
     status: gr.Markdown
     seed_used: gr.Number
     chart: gr.HTML
     timings: gr.Dataframe
+    cancel_answer: gr.Textbox            # what Cancel answered (hidden: the page shows it as a toast)
 
     def outputs(self, result: gr.components.Component | None = None) -> list:
-        """Components in the order ui.generate.stream yields them."""
+        """The components a generation event writes, in the order its API returns them."""
         return [result or self.result, self.status, self.timings, self.seed_used, self.preview, self.chart]
 
-    def reveal_seed_after(self, *runs) -> None:
-        """The seed box appears on the page once a run has finished (API callers get the plain number)."""
-        for run in runs:
-            run.success(lambda: gr.Number(visible=True), None, self.seed_used, queue=False,
-                        api_visibility="private", show_progress="hidden")
+    def show(self, result: gr.components.Component | None = None):
+        """``show(view, event)`` for ui.generate.run_job: the updates of this panel for one event.
+
+        The result changes only when a new file exists, so an earlier output is never lost; a job that is
+        refused or waits changes nothing but the status; the live preview goes when the job ends.
+        """
+        result = result or self.result
+
+        def show(view: JobView, event: Event | None) -> dict:
+            updates = {self.status: view.markdown()}
+            if event is None:         # refused, waiting or taken out of the queue: the last job's figures stay
+                return updates
+            updates |= {self.timings: view.timing_rows(), self.chart: view.chart_html()}
+            if isinstance(event, PreviewReady):
+                updates[self.preview] = view.preview_html()
+            if isinstance(event, JobFinished):
+                updates |= {result: event.paths[0], self.seed_used: event.seed}
+            if view.ended:
+                updates[self.preview] = ""
+            return updates
+        return show
+
+    def reveal_after(self, video_runs=(), still_runs=()) -> None:
+        """After a run the seed box appears (API callers get the plain number), and the result box of what was
+        made is shown alone: a video replaces the still's box, a still the video's."""
+        for run in video_runs:
+            run.success(lambda: (gr.Number(visible=True), gr.Video(visible=True),
+                                 *([gr.Image(visible=False)] if self.still is not None else [])),
+                        None, [self.seed_used, self.result, *([self.still] if self.still is not None else [])],
+                        queue=False, api_visibility="private", show_progress="hidden")
+        for run in still_runs:
+            run.success(lambda: (gr.Number(visible=True), gr.Video(visible=False), gr.Image(visible=True)),
+                        None, [self.seed_used, self.result, self.still], queue=False, api_visibility="private",
+                        show_progress="hidden")
 
 
-def build_job_panel(prefix: str, video: bool = True, image: bool = False) -> tuple[JobPanel, gr.Image | None]:
+def build_job_panel(prefix: str, still: bool = False) -> JobPanel:
     """Preview, result video (and a result image for the 1-frame mode), status, seed, chart, timing table."""
     preview = gr.HTML("", elem_id=f"{prefix}-preview", label="Live preview")
-    result = gr.Video(label="Result video", elem_id=f"{prefix}-video", autoplay=True, loop=True)
-    still = None
-    if image:
-        still = gr.Image(label="Result image", type="filepath", elem_id="t2i-image", interactive=False,
-                         visible=False)
-    status = gr.Markdown(elem_id=f"{prefix}-status")
+    result = gr.Video(label="Result video", elem_id=f"{prefix}-video", autoplay=True, loop=True, height=400)
+    image = None
+    if still:
+        image = gr.Image(label="Result image", type="filepath", elem_id="t2i-image", interactive=False,
+                         visible=False, height=400)
+    status = gr.Markdown(elem_id=f"{prefix}-status", elem_classes=["wan-status"])
     # Hidden until a run has finished: an empty number box would show 0.
     seed_used = gr.Number(value=None, label="Seed used", precision=0, interactive=False, visible=False,
                           elem_id=f"{prefix}-seed-used")
@@ -44,4 +78,5 @@ def build_job_panel(prefix: str, video: bool = True, image: bool = False) -> tup
         chart = gr.HTML("", elem_id=f"{prefix}-timing-chart")
         timings = gr.Dataframe(headers=TIMING_HEADERS, label="Phase timings", interactive=False,
                                elem_id=f"{prefix}-timings", type="array")
-    return JobPanel(preview, result, status, seed_used, chart, timings), still
+    answer = gr.Textbox(visible=False, elem_id=f"{prefix}-cancel-answer")
+    return JobPanel(preview, result, image, status, seed_used, chart, timings, answer)

@@ -11,14 +11,41 @@ from dataclasses import dataclass, field
 
 from engine.events import (DownloadProgress, Event, Info, JobCancelled, JobFailed, JobFinished,
                            JobStarted, PhaseFinished, PhaseStarted, PlanReady, PreviewReady, StepFinished)
+from engine.planner import strategy_words
 
 from .timing_chart import timing_chart_html
 
 PHASE_LABELS = {
-    "download": "Download", "load": "Load (disk to RAM)", "transfer": "Transfer (to device)",
-    "text_encode": "Text encode", "image_encode": "Image encode", "denoise": "Denoise",
-    "vae_decode": "VAE decode", "export": "Export",
+    "engine_start": "Engine start (libraries)", "download": "Download", "build_model": "Build self-test model",
+    "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "text_encode": "Text encode",
+    "image_encode": "Image encode", "denoise": "Denoise", "vae_decode": "VAE decode", "export": "Export",
 }
+
+
+# On a CPU-only machine nothing moves to a device: the engine's "transfer" only applies the plan.
+CPU_PHASE_LABELS = {"transfer": "Apply the plan"}
+
+
+def phase_label(phase: str, device: str | None = None) -> str:
+    """A phase as the page and the command line name it (``device``: the plan's, "cpu" on a CPU-only machine)."""
+    if device == "cpu" and phase in CPU_PHASE_LABELS:
+        return CPU_PHASE_LABELS[phase]
+    return PHASE_LABELS.get(phase, phase)
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value < 90 else f"{value / 60:.0f} min"
+
+
+def queue_status(place: int, estimate: float | None) -> str:
+    """What a waiting job shows: its place and how long it may wait."""
+    when = f"about {_seconds(estimate)} until it starts" if estimate is not None else \
+        "no estimate until a job has finished"
+    return f"Waiting in the queue: {_plural(place, 'job')} ahead of yours, {when}."
 TIMING_HEADERS = ["Phase", "Seconds", "Detail"]
 
 
@@ -41,17 +68,18 @@ class JobView:
     result: JobFinished | None = None
     failure: JobFailed | None = None
     cancelled: JobCancelled | None = None
+    left_queue: bool = False          # taken out of the queue before it ran
 
     def apply(self, event: Event) -> "JobView":
         if isinstance(event, JobStarted):
-            self.status = "Started: " + event.description
+            self.status = "Started: " + event.description + "."
         elif isinstance(event, Info):
             self.notes.append(event.message)
         elif isinstance(event, PlanReady):
             self.plan = event.plan
         elif isinstance(event, PhaseStarted):
             self.running_phase = event.phase
-            self.status = PHASE_LABELS.get(event.phase, event.phase) + "..."
+            self.status = self.label(event.phase) + "..."
         elif isinstance(event, PhaseFinished):
             self.phase_seconds[event.phase] = event.seconds
             self.running_phase = None
@@ -77,11 +105,60 @@ class JobView:
                 self.status += " " + event.note
         elif isinstance(event, JobCancelled):
             self.cancelled = event
-            self.status = f"Cancelled after step {event.at_step} of {event.total}. The model stays loaded."
+            loaded = " The model stays loaded, so the next run starts without loading it." if event.model_loaded else ""
+            self.status = (f"Cancelled {self._where_it_stopped(event)}: nothing new was saved, and the earlier "
+                           f"result is kept.{loaded}")
         elif isinstance(event, JobFailed):
             self.failure = event
-            self.status = f"Failed: {event.message} {event.hint}"
+            self.status = self._failure_headline(event)
         return self
+
+    def waiting(self, place: int, estimate: float | None) -> "JobView":
+        self.status = queue_status(place, estimate)
+        return self
+
+    def withdrawn(self) -> "JobView":
+        self.status = "Taken out of the queue: it did not run, and the earlier result is kept."
+        self.left_queue = True
+        return self
+
+    def label(self, phase: str) -> str:
+        return phase_label(phase, (self.plan or {}).get("device"))
+
+    def _where_it_stopped(self, event: JobCancelled) -> str:
+        if event.at_step:
+            return f"during the denoising, after step {event.at_step} of {event.total}"
+        if event.phase:
+            return f"after {self.label(event.phase)}"
+        return "before it started"
+
+    def _failure_headline(self, event: JobFailed) -> str:
+        if event.kind == "input":
+            return "Not started: the settings need a change."
+        if event.kind == "model":
+            return "Not started: the model cannot be used."
+        if event.kind == "queue":
+            return "Not started: the queue is full."
+        where = f" during {self.label(event.phase)}" if event.phase else ""
+        return f"Failed{where}."
+
+    @property
+    def ended(self) -> bool:
+        return self.result is not None or self.cancelled is not None or self.failure is not None or self.left_queue
+
+    @property
+    def ending(self) -> str | None:
+        """How the job ended, in words every visitor may see (the system panel): no prompt, no message text."""
+        if self.result is not None:
+            return f"done in {sum(self.result.timings.values()):.1f} s"
+        if self.cancelled is not None:
+            return "cancelled " + self._where_it_stopped(self.cancelled)
+        if self.failure is not None:
+            kind = {"input": "not started (settings)", "model": "not started (model)"}.get(self.failure.kind)
+            return kind or self._failure_headline(self.failure).rstrip(".").lower()
+        if self.running_phase:
+            return f"stopped during {self.label(self.running_phase)}"
+        return None
 
     @property
     def progress(self) -> float:
@@ -105,10 +182,10 @@ class JobView:
 
     def chart_phases(self) -> list[tuple[str, str, float | None]]:
         """(phase, label, seconds; None while it runs) in run order, for the bar chart."""
-        shown = [(p, PHASE_LABELS[p], self.phase_seconds[p]) for p in PHASE_LABELS if p in self.phase_seconds]
+        shown = [(p, self.label(p), self.phase_seconds[p]) for p in PHASE_LABELS if p in self.phase_seconds]
         if self.running_phase and self.running_phase not in self.phase_seconds:
             running = sum(self.step_seconds) if self.running_phase == "denoise" else None
-            shown.append((self.running_phase, PHASE_LABELS.get(self.running_phase, self.running_phase), running))
+            shown.append((self.running_phase, self.label(self.running_phase), running))
         return shown
 
     def chart_html(self) -> str:
@@ -129,23 +206,34 @@ class JobView:
 
     def timing_rows(self) -> list[list]:
         rows = []
-        for phase, label in PHASE_LABELS.items():
+        for phase in PHASE_LABELS:
+            label = self.label(phase)
             if phase in self.phase_seconds:
                 detail = ""
                 if phase == "denoise" and self.step_seconds:
                     detail = f"{len(self.step_seconds)} steps, {self.rate_text()}"
                 rows.append([label, round(self.phase_seconds[phase], 3), detail])
             elif phase == self.running_phase:
-                detail = "running"
-                if phase == "denoise" and self.total_steps:
-                    detail = f"step {self.step}/{self.total_steps}, {self.rate_text()}, ETA {self.eta or 0:.0f} s"
-                rows.append([label, None, detail])
+                rows.append([label, None, self._running_detail(phase)])
         if self.result is not None:
             rows.append(["Total", round(sum(self.phase_seconds.values()), 3),
                          _memory_detail(self.result)])
         return rows
 
+    def _running_detail(self, phase: str) -> str:
+        """The detail of the phase that was running when the last event came: still running, or how it ended."""
+        steps = f"step {self.step}/{self.total_steps}" if phase == "denoise" and self.total_steps else ""
+        if self.cancelled is not None:
+            return f"cancelled at {steps}" if steps else "cancelled"
+        if self.failure is not None:
+            return f"failed at {steps}" if steps else "failed"
+        if steps:
+            return f"{steps}, {self.rate_text()}, ETA {self.eta or 0:.0f} s"
+        return "running"
+
     def markdown(self) -> str:
+        if self.failure is not None:
+            return self._failure_markdown()
         lines = [f"**{self.status}**"]
         if self.result is None and any(p is not None for p in self.peaks):
             vram, ram = self.peaks
@@ -157,12 +245,27 @@ class JobView:
         return "\n".join(lines)
 
 
+    def _failure_markdown(self) -> str:
+        """The failure said once: a headline, then each problem (with what to change) or the message and hint."""
+        failure = self.failure
+        lines = [f"**{self.status}**"]
+        if len(failure.problems) > 1:
+            lines += ["", *(f"- {problem}" for problem in failure.problems)]
+        else:
+            lines += ["", failure.text]
+        if self.plan:
+            lines += ["", plan_line(self.plan)]
+        lines += [f"- {note}" for note in self.notes]
+        return "\n".join(lines)
+
+
 def plan_line(plan: dict) -> str:
     """'Plan: group_offload (predicted peak ...)' from a Plan.to_dict()."""
     ram = f"{plan.get('predicted_peak_ram_gb', 0):.2f} GB RAM"
     peak = ram if plan.get("device") == "cpu" else f"{plan.get('predicted_peak_vram_gb', 0):.2f} GB device, {ram}"
     fits = "" if plan.get("fits", True) else "; predicted not to fit"
-    return f"Plan: {plan.get('strategy')} (predicted peak {peak}{fits})"
+    name, _ = strategy_words(str(plan.get("strategy")), str(plan.get("device")))
+    return f"Plan: {name} (predicted peak {peak}{fits})"
 
 
 def _memory_detail(result: JobFinished) -> str:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.hardware import HardwareProfile
-from engine.planner import LADDER, RUNG_TEXT, TEXT_ENCODER_PLACES, Plan
-from engine.planning import plan_request
+from engine.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
+from engine.planning import limits_for, plan_request
 from engine.request import GenerationRequest, check_shape
 
 from .context import AppContext
@@ -30,16 +30,17 @@ def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO
         return None if value in (None, "", AUTO) else value
 
     tiling = chosen(vae_tiling)
-    return {"strategy": chosen(strategy), "text_encoder": chosen(text_encoder),
-            "vae_tiling": None if tiling is None else tiling == "On"}
+    # Anything but On or Off stays as it came, for the request's check to refuse with its own message.
+    tiling = {"On": True, "Off": False}.get(tiling, tiling) if isinstance(tiling, str) else tiling
+    return {"strategy": chosen(strategy), "text_encoder": chosen(text_encoder), "vae_tiling": tiling}
 
 
 def plan_markdown(plan: Plan) -> str:
     """Headline, peaks against budgets, a table of phases, the reasons and (when it does not fit) what to change."""
     verdict = "fits" if plan.fits else "does NOT fit"
     cpu = plan.device == "cpu"   # no device memory to show
-    what = "everything in RAM, computed on the CPU" if cpu else RUNG_TEXT.get(plan.strategy, plan.strategy)
-    lines = [f"**Strategy: {plan.strategy}** ({verdict}): {what}.",
+    name, what = strategy_words(plan.strategy, plan.device)
+    lines = [f"**Strategy: {name}** ({verdict}): {what}.",
              "", _peaks(plan), "", _settings(plan), "",
              "| Phase |" + ("" if cpu else " Device GB |") + " RAM GB | Where the components live |",
              "|---|" + ("" if cpu else "--:|") + "--:|---|"]
@@ -90,6 +91,9 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, pr
                                 override_fields(strategy, text_encoder, vae_tiling))
         plan = plan_request(request, hardware, Path(ctx.client.models_dir))
     except ValueError as exc:   # InputError, ModelError and a bad override are all ValueErrors
+        problems = getattr(exc, "problems", ())
+        if len(problems) > 1:
+            return "**No plan yet:**\n" + "\n".join(f"- {problem}" for problem in problems)
         return f"**No plan yet:** {exc}"
     kind = "image to video" if mode == "i2v" else "video"
     subject = (f"_For `{request.model}`, {kind} {request.width}x{request.height}, {request.frames} frames, "
@@ -104,4 +108,4 @@ def _plan_request(ctx: AppContext, mode: str, preset_name: str | None, model: st
     request = GenerationRequest.from_preset(
         preset, "", mode=mode, model=ctx.model_ref(model or preset.model), width=width, height=height, frames=frames,
         outputs_dir=ctx.outputs_dir, **overrides)
-    return check_shape(request)
+    return check_shape(request, limits_for(request.model, ctx.client.models_dir))

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 from engine.hardware import HardwareProfile
-from engine.planner import RUNG_TEXT, Plan
+from engine.planner import Plan, strategy_words
 from engine.planning import plan_request
 from engine.presets import Preset
 from engine.request import GenerationRequest
@@ -64,10 +64,10 @@ def expected_plan(preset: Preset, hardware: HardwareProfile, models_dir: Path) -
 
 
 def plan_summary(plan: Plan, hardware: HardwareProfile) -> dict:
-    cpu = plan.device == "cpu"
     return {
         "strategy": plan.strategy,
-        "strategy_text": "everything in RAM, computed on the CPU" if cpu else RUNG_TEXT.get(plan.strategy, ""),
+        "strategy_name": strategy_words(plan.strategy, plan.device)[0],
+        "strategy_text": strategy_words(plan.strategy, plan.device)[1],
         "fits": plan.fits, "device": plan.device, "machine": hardware.summary(),
         "expected_peak_vram_gb": plan.predicted_peak_vram_gb, "expected_peak_ram_gb": plan.predicted_peak_ram_gb,
         "budget_vram_gb": plan.budget_vram_gb, "budget_ram_gb": plan.budget_ram_gb,
@@ -112,7 +112,7 @@ def _expected_lines(entry: dict) -> list[str]:
         peaks = f"{ram} (CPU only: no device memory)"
     else:
         peaks = f"{plan['expected_peak_vram_gb']:.2f} GB device memory, {ram}"
-    strategy = f"**{plan['strategy']}** ({plan['strategy_text']})"
+    strategy = f"**{plan.get('strategy_name', plan['strategy'])}** ({plan['strategy_text']})"
     if plan["fits"]:
         return [f"- **Expected on this machine:** peak {peaks}; strategy {strategy}. Fits."]
     lines = [f"- **Does NOT fit this machine:** it needs {_shortfall(plan)}, with strategy {strategy}."]

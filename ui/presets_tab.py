@@ -112,7 +112,8 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
         with gr.Group(elem_id=f"preset-card-{name}", elem_classes=["preset-card"]):
             gr.Markdown(card_markdown(entry))
             with gr.Row():
-                use = gr.Button(f"Use {entry['title']}", size="sm", elem_id=f"use-preset-{name}")
+                use = gr.Button("Use this preset", size="sm", variant="primary", elem_id=f"use-preset-{name}",
+                                scale=0, min_width=160)
                 if entry.get("user"):   # the user's own: Delete asks first
                     delete = gr.Button("Delete", size="sm", variant="stop", elem_id=f"delete-preset-{name}")
                     sure = gr.Button(f"Yes, delete {name}", size="sm", variant="stop", visible=False,

@@ -1,13 +1,14 @@
 """The system panel: device, device memory and RAM in use, what the engine holds and does.
 
-Refreshed every few seconds while the page is open, idle or during a run; the engine
-process answers on its own status channel, so a running job never blocks it.
+Refreshed every few seconds while the page is open, idle or during a run, and at once when a job of
+this page ends; the engine process answers on its own status channel, so a running job never blocks it.
+Every visitor sees it: it names what runs and how the last job ended, never anyone's prompt or messages.
 """
 from __future__ import annotations
 
 import gradio as gr
 
-from engine.sysinfo import GIB, EngineMemory
+from engine.sysinfo import GIB, EngineMemory, EngineStarting
 
 from .context import AppContext
 
@@ -26,15 +27,20 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
-def system_markdown(memory: EngineMemory | None, ram_total: int, ram_available: int,
-                    running: str | None, last: tuple[str, float] | None = None) -> str:
-    """One compact block: device line, memory line, engine line (pure, for tests). ``last`` is the last
-    job's final word and how long ago it ended, shown while idle: a job shorter than the refresh is
-    seen there too."""
+def system_markdown(memory: EngineMemory | EngineStarting | None, ram_total: int, ram_available: int,
+                    running: str | None, last: tuple[str, float] | None = None, waiting: int = 0) -> str:
+    """Two compact lines: the machine, then the engine (pure, for tests). ``running`` is what the running job
+    does; ``last`` how the last job ended and how long ago (shown while idle, so a job shorter than the
+    refresh is seen too); ``waiting`` how many jobs wait their turn."""
     ram_used = (ram_total - ram_available) / GIB
     ram = f"RAM {ram_used:.1f} / {ram_total / GIB:.1f} GB in use"
+    queue = f" · {waiting} waiting" if waiting else ""
     if memory is None:
-        return f"**System:** engine process not started yet (it starts with the first job) · {ram}"
+        return f"**System:** {ram}  \n**Engine:** not running (it starts with the app and again after a fault){queue}"
+    if isinstance(memory, EngineStarting):
+        doing = f" · {running}" if running else ""
+        return (f"**System:** {ram}  \n**Engine:** starting: loading torch and diffusers "
+                f"({memory.seconds:.0f} s so far){doing}{queue}")
     device = f"{memory.device_name} ({memory.backend})"
     if memory.vram_total_gb is not None:
         vram = (f"VRAM {_gb(memory.vram_used_gb)} / {_gb(memory.vram_total_gb)} in use "
@@ -49,18 +55,20 @@ def system_markdown(memory: EngineMemory | None, ram_total: int, ram_available: 
         said, seconds = last
         state += f" · last job: {said} (ended {_ago(seconds)})"
     return (f"**System:** {device} · {vram} · {ram}, engine process {_gb(memory.engine_ram_gb)}  \n"
-            f"**Engine:** {state} · {model}")
+            f"**Engine:** {state}{queue} · {model}")
 
 
 def current_markdown(ctx: AppContext) -> str:
     import psutil
 
     mem = psutil.virtual_memory()
-    return system_markdown(ctx.client.memory(timeout=2.0), mem.total, mem.available, ctx.running.status,
-                           ctx.running.last_ended())
+    running = ctx.jobs.running
+    return system_markdown(ctx.client.memory(timeout=2.0), mem.total, mem.available,
+                           running.doing if running else None, ctx.jobs.last_ending(), ctx.jobs.waiting)
 
 
-def build(ctx: AppContext) -> gr.Markdown:
+def build(ctx: AppContext):
+    """The panel; returns ``after_job(run)``, which refreshes it as soon as ``run`` has ended."""
     panel = gr.Markdown("**System:** reading...", elem_id="system-panel")
     timer = gr.Timer(REFRESH_SECONDS)
 
@@ -71,4 +79,7 @@ def build(ctx: AppContext) -> gr.Markdown:
     timer.tick(refresh, None, panel, queue=False, show_progress="hidden", api_visibility="private")
     gr.on(None, refresh, None, panel, queue=False, show_progress="hidden", api_name="system",
           api_visibility="public")
-    return panel
+
+    def after_job(run) -> None:
+        run.then(refresh, None, panel, queue=False, show_progress="hidden", api_visibility="private")
+    return after_job

@@ -7,8 +7,8 @@ import re
 
 from PIL import Image
 
-from engine.events import (JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted, PreviewReady,
-                           StepFinished)
+from engine.events import (JobCancelled, JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted,
+                           PreviewReady, StepFinished)
 from ui.job_view import JobView
 
 
@@ -26,9 +26,38 @@ def test_view_tracks_phases_steps_and_result():
     assert view.timing_rows()[-1] == ["Total", 4.0, "peak RAM 1.50 GB"]
 
 
-def test_failure_is_shown_with_what_to_do():
-    view = JobView().apply(JobFailed("j", "Out of device memory.", "Lower the size.", "denoise"))
-    assert view.status == "Failed: Out of device memory. Lower the size."
+def test_failure_is_shown_once_with_what_to_do():
+    view = JobView().apply(PhaseStarted("j", "denoise"))
+    view.apply(StepFinished("j", 3, 10, 0.5, 3.5))
+    view.apply(JobFailed("j", "Out of device memory during denoise.", "Lower the size.", "denoise"))
+    assert view.status == "Failed during Denoise."
+    assert view.markdown() == "**Failed during Denoise.**\n\nOut of device memory during denoise. Lower the size."
+    # The phase table says where it failed, not that it still runs.
+    assert view.timing_rows() == [["Denoise", None, "failed at step 3/10"]]
+
+
+def test_settings_mistakes_are_a_list_of_sentences_under_one_headline():
+    problems = ("The prompt is empty: describe what the video should show.", "Width 70 is not a multiple of 16: "
+                "try 64 or 80.")
+    view = JobView().apply(JobFailed("j", " ".join(problems), "", None, "input", problems=problems))
+    assert view.status == "Not started: the settings need a change."
+    assert view.markdown().splitlines() == ["**Not started: the settings need a change.**", "",
+                                            f"- {problems[0]}", f"- {problems[1]}"]
+    one = JobView().apply(JobFailed("j", problems[0], "", None, "input", problems=problems[:1]))
+    assert one.markdown() == f"**Not started: the settings need a change.**\n\n{problems[0]}"
+    assert "Failed" not in one.markdown() and "Change the settings named above" not in one.markdown()
+
+
+def test_a_cancel_says_where_it_stopped_and_only_then_that_the_model_stays_loaded():
+    view = JobView().apply(PhaseStarted("j", "denoise")).apply(StepFinished("j", 22, 60, 0.5, 19.0))
+    view.apply(JobCancelled("j", 22, 60, "denoise", True))
+    assert view.status == ("Cancelled during the denoising, after step 22 of 60: nothing new was saved, and the "
+                           "earlier result is kept. The model stays loaded, so the next run starts without loading it.")
+    assert view.timing_rows() == [["Denoise", None, "cancelled at step 22/60"]]   # no ETA any more
+    during_load = JobView().apply(PhaseStarted("j", "load")).apply(JobCancelled("j", 0, 60, "load", False))
+    assert during_load.status == ("Cancelled after Load (disk to RAM): nothing new was saved, and the earlier "
+                                  "result is kept.")
+    assert during_load.timing_rows() == [["Load (disk to RAM)", None, "cancelled"]]
 
 
 def _steps(view, seconds):

@@ -71,7 +71,7 @@ def test_dropdowns_become_request_overrides():
 def test_form_values_plan_the_selftest_model(ctx):
     text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
     assert "_For `selftest-t2v`, video 64x64, 9 frames, on CPU only (4 cores)" in text
-    assert "**Strategy: all_on_device** (fits)" in text
+    assert "**Strategy: CPU only** (fits): everything in RAM, computed on the CPU." in text
 
 
 def test_form_values_with_overrides(ctx):
@@ -113,8 +113,11 @@ def test_a_folder_that_is_not_a_model_is_one_line(ctx, tmp_path):
 
 def test_bad_sizes_say_what_to_change(ctx):
     text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 70, 64, 10)
-    assert text == ("**No plan yet:** width 70 is not a multiple of 16: try 64 or 80; frames must be 4k+1 "
-                    "(1, 5, 9, ..., 81): 10 is not; try 9 or 13")
+    assert text == ("**No plan yet:**\n- Width 70 is not a multiple of 16, which selftest-t2v needs: try 64 or 80."
+                    "\n- Frames must be 4k+1 (1, 5, 9, ... up to 125): 10 is not; try 9 or 13.")
+    too_long = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 129)
+    assert too_long == ("**No plan yet:** Frames 129 is more than selftest-t2v can make (its position table has 32 "
+                        "rows for the frames): use at most 125.")
     assert "whole number" in form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64.5, 64, 9)
 
 

@@ -1,8 +1,9 @@
-"""The system panel's text: what it says while idle, while running, and of the last job."""
+"""The system panel's text: what it says while the engine starts, idle, running, and of the last job."""
 from __future__ import annotations
 
-from engine.sysinfo import GIB, EngineMemory
-from ui.context import RunningJob
+from engine.events import JobCancelled, JobFailed, JobFinished, PhaseStarted, PlanReady
+from engine.sysinfo import GIB, EngineMemory, EngineStarting
+from ui.job_view import JobView
 from ui.system_panel import system_markdown
 
 MEMORY = EngineMemory(backend="cuda", device_name="RTX 3060", vram_total_gb=12.0, vram_used_gb=9.1,
@@ -11,30 +12,35 @@ MEMORY = EngineMemory(backend="cuda", device_name="RTX 3060", vram_total_gb=12.0
 
 
 def test_idle_it_tells_how_the_last_job_ended_and_running_it_tells_what_runs():
-    idle = system_markdown(MEMORY, 32 * GIB, 20 * GIB, None, ("Done in 3.2 s", 4.2))
+    idle = system_markdown(MEMORY, 32 * GIB, 20 * GIB, None, ("done in 3.2 s", 4.2))
     assert "VRAM 9.1 GB / 12.0 GB in use (engine 8.6 GB, cached 9.0 GB)" in idle
     assert "RAM 12.0 / 32.0 GB in use, engine process 13.2 GB" in idle
-    assert idle.endswith("**Engine:** idle · last job: Done in 3.2 s (ended 4 s ago) · "
+    assert idle.endswith("**Engine:** idle · last job: done in 3.2 s (ended 4 s ago) · "
                          "`Wan-AI/Wan2.1-T2V-1.3B-Diffusers` loaded (text_encoder_offload)")
-    running = system_markdown(MEMORY, 32 * GIB, 20 * GIB, "Denoising: step 3/30", ("Done in 3.2 s", 4.2))
-    assert "**Engine:** running: Denoising: step 3/30 · " in running and "last job" not in running
+    running = system_markdown(MEMORY, 32 * GIB, 20 * GIB, "Denoising: step 3/30", ("done in 3.2 s", 4.2), waiting=2)
+    assert "**Engine:** running: Denoising: step 3/30 · 2 waiting · " in running and "last job" not in running
     assert "last job" not in system_markdown(MEMORY, 32 * GIB, 20 * GIB, None, None)
-    later = system_markdown(MEMORY, 32 * GIB, 20 * GIB, None, ("Cancelled after step 4 of 30", 600))
-    assert "last job: Cancelled after step 4 of 30 (ended 10 min ago)" in later
+    later = system_markdown(MEMORY, 32 * GIB, 20 * GIB, None, ("cancelled after step 4 of 30", 600))
+    assert "last job: cancelled after step 4 of 30 (ended 10 min ago)" in later
+    assert len(later.splitlines()) == 2     # two lines, whatever happened: the tabs never move down
 
 
-def test_the_last_job_is_its_final_word_once_it_has_ended():
-    running = RunningJob()
-    assert running.last_ended() is None
-    running.start("alice")
-    running.update("Denoising: step 2/4")
-    assert running.last_ended() is None
-    running.update("Done in 1.1 s. Seed used: 3. Noise from a self-test model.\nSaved to outputs/x.mp4")
-    running.finish()
-    said, seconds = running.last_ended()
-    assert said == "Done in 1.1 s" and 0 <= seconds < 5       # its first sentence
+def test_while_the_engine_loads_its_libraries_it_says_so():
+    starting = system_markdown(EngineStarting(4.4), 32 * GIB, 20 * GIB, "Engine start (libraries)...")
+    assert "**Engine:** starting: loading torch and diffusers (4 s so far) · Engine start (libraries)..." in starting
+    assert "not started" not in starting
 
-    running.start("bob")
-    running.update("Denoising: step 57/200, 0.04 s/step (23.1 steps/s), about 6 s left")
-    running.finish()          # its stream was closed before the job could say how it ended
-    assert running.last_ended()[0] == "stopped during Denoising: step 57/200"
+
+def test_the_last_job_is_named_without_anyone_s_text():
+    """Every visitor sees the panel: a job's ending there is a few public words, never its messages."""
+    done = JobView().apply(JobFinished("j", ("a.mp4",), "a.json", 5, {"load": 1.0, "denoise": 2.25}))
+    assert done.ending == "done in 3.2 s"
+    cancelled = JobView().apply(PhaseStarted("j", "denoise")).apply(JobCancelled("j", 3, 40, "denoise", True))
+    assert cancelled.ending == "cancelled during the denoising, after step 3 of 40"
+    crash = JobView().apply(JobFailed("j", "The engine process stopped unexpectedly during load (SIGKILL) in "
+                                      "/home/alice/secret-prompt.txt.", "Try again.", "load", "crash"))
+    assert crash.ending == "failed during load (disk to ram)" and "alice" not in crash.ending
+    settings = JobView().apply(JobFailed("j", "The prompt 'my secret' is too long.", "", None, "input"))
+    assert settings.ending == "not started (settings)"
+    on_cpu = JobView().apply(PlanReady("j", {"device": "cpu"})).apply(PhaseStarted("j", "transfer"))
+    assert on_cpu.ending == "stopped during Apply the plan"
