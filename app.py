@@ -38,6 +38,11 @@ def _overrides(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return build_parsers()[0]
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The command line's parser and each command's own, by name."""
     parser = argparse.ArgumentParser(prog="app.py", description="Wan Studio: Wan video generation, locally.")
     sub = parser.add_subparsers(dest="command")
 
@@ -99,13 +104,21 @@ def build_parser() -> argparse.ArgumentParser:
     doctor = sub.add_parser("doctor", help="print the detected hardware and software (paste it into bug reports)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     _common(doctor)
-    return parser
+    return parser, {"serve": serve, "generate": gen, "plan": plan, "decode": decode, "doctor": doctor}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    if not argv or argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+    parser, commands = build_parsers()
+    if argv and argv[0] in ("-h", "--help"):
+        # The page is the default command: its options are what most people look for.
+        serve = commands["serve"]
+        print(parser.format_help())
+        print("Starting the page is the default: 'python app.py [options]' is 'python app.py serve [options]'.\n")
+        print(serve.format_help().replace("usage: app.py serve", "usage: app.py [serve]", 1))
+        raise SystemExit(0)
+    if not argv or argv[0] not in COMMANDS:
         argv = ["serve", *argv]
-    return build_parser().parse_args(argv)
+    return parser.parse_args(argv)
 
 
 # ----- generate -----------------------------------------------------------

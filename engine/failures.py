@@ -5,7 +5,8 @@ import errno
 
 from .events import JobFailed
 from .models import ModelError
-from .request import InputError, sentence
+from .request import InputError
+from .words import sentence
 
 
 def failure_event(job_id: str, exc: BaseException, phase: str | None) -> JobFailed:

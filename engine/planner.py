@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from . import memory as mem
 from .hardware import HardwareProfile
 from .modelspec import ModelSpec
+from .words import plural
 
 # Rungs of the ladder, fastest (and highest quality) first.
 LADDER = ("all_on_device", "text_encoder_offload", "group_offload", "fp8_storage", "fp8_group_offload",
@@ -475,7 +476,7 @@ def _suggest(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: O
     tips = []
     for frames in range(req.frames - 4, 0, -4):
         if fits(spec, replace(req, frames=frames), hw, override):
-            tips.append(f"Use {frames} frames instead of {req.frames}.")
+            tips.append(f"Use {plural(frames, 'frame')} instead of {req.frames}.")
             break
     for scale in (0.75, 0.5):
         w = max(spec.size_multiple, int(req.width * scale) // spec.size_multiple * spec.size_multiple)

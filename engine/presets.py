@@ -21,6 +21,8 @@ NAME_CHARS = re.compile(r"[A-Za-z0-9_-]+")
 MAX_NAME_CHARS = 64
 MAX_TITLE_CHARS = 100
 MAX_DESCRIPTION_CHARS = 1000
+# How a preset name's refused characters are named in the message.
+CHAR_NAMES = {" ": "a space", ".": "a dot", "/": "a slash", "\\": "a backslash", "\t": "a tab"}
 # Enough for anyone; stops a page caller from filling the disk with presets.
 MAX_USER_PRESETS = 200
 
@@ -143,8 +145,10 @@ def check_user_preset_name(name: object, builtin_names=()) -> str:
         raise PresetError(f"the name has {len(name)} characters; use at most {MAX_NAME_CHARS}")
     if not NAME_CHARS.fullmatch(name):
         bad = sorted({c for c in name if not NAME_CHARS.fullmatch(c)})
-        shown = " ".join(repr(c) for c in bad)
-        raise PresetError(f"the name {name!r} has {shown}: use only letters, digits, '-' and '_' (no spaces or dots)")
+        named = [CHAR_NAMES.get(c, repr(c)) for c in bad]
+        shown = named[0] if len(named) == 1 else ", ".join(named[:-1]) + " and " + named[-1]
+        raise PresetError(f"the name {name!r} has {shown} in it: use only letters, digits, '-' and '_' "
+                          "(no spaces or dots)")
     return name
 
 

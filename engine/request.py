@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from .planner import LADDER, TEXT_ENCODER_PLACES
 from .presets import Preset
+from .words import plural, sentence
 
 if TYPE_CHECKING:
     from .model_limits import Limits
@@ -27,15 +28,6 @@ MAX_GUIDANCE = 30.0
 MAX_SHIFT = 50.0
 MAX_SEED = 2**32 - 1
 MAX_PROMPT_CHARS = 4000
-
-
-def sentence(text: str) -> str:
-    """``text`` as a sentence: a capital first letter and a full stop (or its own ? or !) at the end."""
-    text = text.strip()
-    if not text:
-        return text
-    text = text[0].upper() + text[1:]
-    return text if text.endswith((".", "?", "!")) else text + "."
 
 
 class InputError(ValueError):
@@ -58,10 +50,6 @@ _SEPARATORS = {"\t": " ", "\x0b": "\n", "\x0c": "\n", "\x1c": "\n", "\x1d": "\n"
 # word joiner, soft hyphen, direction marks and overrides). ZWJ/ZWNJ are kept: emoji and scripts need them.
 _INVISIBLE = set("\u200b\ufeff\u2060\u00ad\u200e\u200f\u061c") | {chr(c) for c in range(0x202A, 0x202F)} \
     | {chr(c) for c in range(0x2066, 0x206A)}
-
-
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
 
 
 def clean_prompt(text: str) -> tuple[str, list[str]]:
@@ -104,12 +92,12 @@ def clean_prompt(text: str) -> tuple[str, list[str]]:
     cleaned = re.sub(r"\n{3,}", "\n\n", cleaned).strip()
     warnings = []
     if control:
-        warnings.append(f"removed {_plural(control, 'control character')}")
+        warnings.append(f"removed {plural(control, 'control character')}")
     if invisible:
-        warnings.append(f"removed {_plural(invisible, 'invisible character')} "
+        warnings.append(f"removed {plural(invisible, 'invisible character')} "
                         "(zero-width space, byte-order mark or direction mark)")
     if broken:
-        warnings.append(f"removed {_plural(broken, 'broken character')} (unpaired surrogate)")
+        warnings.append(f"removed {plural(broken, 'broken character')} (unpaired surrogate)")
     return cleaned, warnings
 
 

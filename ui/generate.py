@@ -19,6 +19,7 @@ from engine.jobqueue import QueueFull
 from engine.models import ModelError
 from engine.request import GenerationRequest, InputError
 
+from .chains import when_ended
 from .context import AppContext
 from .job_view import JobView
 from .plan_panel import AUTO, override_fields
@@ -182,9 +183,9 @@ def start_job(button: gr.Button, cancel_button: gr.Button, fn, inputs: list, out
     armed = button.click(lambda: gr.Button(variant="stop"), None, cancel_button, queue=False,
                          api_visibility="private", show_progress="hidden")
     run = armed.then(fn, inputs, outputs, api_name=api_name, **gpu_event(ctx))
-    run.then(lambda: gr.Button(variant="secondary"), None, cancel_button, queue=False, api_visibility="private",
-             show_progress="hidden")
+    when_ended(run, lambda: gr.Button(variant="secondary"), None, cancel_button)
     return run
+
 
 
 def gpu_event(ctx: AppContext) -> dict:

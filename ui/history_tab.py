@@ -22,7 +22,7 @@ from .tabs import TAB_IDS, tab_by_id
 
 def _error(exc: HistoryError) -> gr.Error:
     # The page renders error text as HTML; a key is the caller's own text.
-    return gr.Error(html.escape(str(exc), quote=False), title="History")
+    return gr.Error(html.escape(str(exc), quote=False), title="History", print_exception=False)
 
 
 def _shown(entry: HistoryEntry | None) -> tuple:
@@ -103,7 +103,7 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     def show(keys, evt: gr.SelectData):
         index = evt.index if isinstance(evt.index, int) else -1
         if not 0 <= index < len(keys):
-            raise gr.Error("That output is no longer listed; press Refresh.", title="History")
+            raise gr.Error("That output is no longer listed; press Refresh.", title="History", print_exception=False)
         entry = entry_for(keys[index])
         return (entry.key, entry_markdown(entry), *_shown(entry), gr.Button(interactive=True),
                 gr.Button(interactive=True), gr.Group(visible=False))

@@ -6,6 +6,7 @@ import re
 from pathlib import Path
 
 from engine.history import HistoryEntry
+from engine.words import plural
 
 from .job_view import PHASE_LABELS
 
@@ -28,7 +29,7 @@ def _size(entry: HistoryEntry) -> str:
     if entry.kind == "image":
         return f"{entry.width}x{entry.height}, image"
     fps = f" at {entry.fps} fps ({(entry.frames - 1) / entry.fps:.1f} s)" if entry.fps else ""
-    return f"{entry.width}x{entry.height}, {entry.frames} frames{fps}"
+    return f"{entry.width}x{entry.height}, {plural(entry.frames, 'frame')}{fps}"
 
 
 def _timings_table(timings: dict[str, float]) -> list[str]:

@@ -46,16 +46,10 @@ def build(ctx: AppContext, after_job) -> Form:
     with gr.Row():
         with gr.Column(scale=1):
             with gr.Row():
-                image = gr.Image(label="First frame", type="filepath", elem_id="i2v-image", height=220,
+                image = gr.Image(label="First frame", type="filepath", elem_id="i2v-image", height=180,
                                  sources=["upload", "clipboard"])
                 last_image = gr.Image(label="Last frame (optional; first-and-last-frame models)", type="filepath",
-                                      elem_id="i2v-last-image", height=220, sources=["upload", "clipboard"])
-            with gr.Row(equal_height=True):
-                fitted = gr.Image(label="What the model starts from", type="pil", interactive=False,
-                                  elem_id="i2v-fitted", height=150, min_width=150, scale=1)
-                with gr.Column(scale=2):
-                    fit_note = gr.Markdown(NO_IMAGE, elem_id="i2v-fit-note")
-                    aspect_btn = gr.Button("Use the image's aspect", size="sm", elem_id="i2v-use-aspect")
+                                      elem_id="i2v-last-image", height=180, sources=["upload", "clipboard"])
 
             def actions():
                 with gr.Row():
@@ -65,6 +59,13 @@ def build(ctx: AppContext, after_job) -> Form:
             form, (run_btn, cancel_btn) = build_form(ctx, "i2v", "i2v", actions)
             panel = build_plan_panel(ctx, form, "i2v", "i2v")
         with gr.Column(scale=1):
+            # Beside the result: the first frame as the model will start from it, at the video's size.
+            with gr.Row(equal_height=True):
+                fitted = gr.Image(label="What the model starts from", type="pil", interactive=False,
+                                  elem_id="i2v-fitted", height=150, min_width=150, scale=1)
+                with gr.Column(scale=2):
+                    fit_note = gr.Markdown(NO_IMAGE, elem_id="i2v-fit-note")
+                    aspect_btn = gr.Button("Use the image's aspect", size="sm", elem_id="i2v-use-aspect")
             job = build_job_panel("i2v")
 
     # The plan overrides come last, so callers that leave them out get Auto.
@@ -77,7 +78,7 @@ def build(ctx: AppContext, after_job) -> Form:
 
     run = start_job(run_btn, cancel_btn, image_to_video, [image, last_image, *form.settings(), *panel.overrides()],
                     job.outputs(), ctx, "image_to_video")
-    job.reveal_after(video_runs=[run])
+    job.reveal_after(run)
     wire_cancel(ctx, cancel_btn, job.cancel_answer)
     after_job(run)
     # The upload as sent (preprocess=False): a file that is no image gets this app's sentence, not an error.

@@ -21,10 +21,11 @@ class JobPanel:
     chart: gr.HTML
     timings: gr.Dataframe
     cancel_answer: gr.Textbox            # what Cancel answered (hidden: the page shows it as a toast)
+    made: gr.State                       # what the last job made: "video", "still" or None (not in the API)
 
     def outputs(self, result: gr.components.Component | None = None) -> list:
-        """The components a generation event writes, in the order its API returns them."""
-        return [result or self.result, self.status, self.timings, self.seed_used, self.preview, self.chart]
+        """The components a generation event writes, in the order its API returns them (the state is not)."""
+        return [result or self.result, self.status, self.timings, self.seed_used, self.preview, self.chart, self.made]
 
     def show(self, result: gr.components.Component | None = None):
         """``show(view, event)`` for ui.generate.run_job: the updates of this panel for one event.
@@ -33,33 +34,36 @@ class JobPanel:
         refused or waits changes nothing but the status; the live preview goes when the job ends.
         """
         result = result or self.result
+        kind = "still" if result is self.still else "video"
 
         def show(view: JobView, event: Event | None) -> dict:
-            updates = {self.status: view.markdown()}
+            updates = {self.status: view.markdown(), self.made: None}
             if event is None:         # refused, waiting or taken out of the queue: the last job's figures stay
                 return updates
             updates |= {self.timings: view.timing_rows(), self.chart: view.chart_html()}
             if isinstance(event, PreviewReady):
                 updates[self.preview] = view.preview_html()
             if isinstance(event, JobFinished):
-                updates |= {result: event.paths[0], self.seed_used: event.seed}
+                updates |= {result: event.paths[0], self.seed_used: event.seed, self.made: kind}
             if view.ended:
                 updates[self.preview] = ""
             return updates
         return show
 
-    def reveal_after(self, video_runs=(), still_runs=()) -> None:
-        """After a run the seed box appears (API callers get the plain number), and the result box of what was
-        made is shown alone: a video replaces the still's box, a still the video's."""
-        for run in video_runs:
-            run.success(lambda: (gr.Number(visible=True), gr.Video(visible=True),
-                                 *([gr.Image(visible=False)] if self.still is not None else [])),
-                        None, [self.seed_used, self.result, *([self.still] if self.still is not None else [])],
-                        queue=False, api_visibility="private", show_progress="hidden")
-        for run in still_runs:
-            run.success(lambda: (gr.Number(visible=True), gr.Video(visible=False), gr.Image(visible=True)),
-                        None, [self.seed_used, self.result, self.still], queue=False, api_visibility="private",
-                        show_progress="hidden")
+    def reveal_after(self, *runs) -> None:
+        """Once a run has made something, the seed box appears (API callers get the plain number), and the box
+        of what was made is shown alone: a video replaces the still's box, a still the video's. A run that made
+        nothing (cancelled, taken out of the queue) changes neither."""
+        boxes = [self.seed_used, self.result, *([self.still] if self.still is not None else [])]
+
+        def reveal(made):
+            if made not in ("video", "still"):
+                return [gr.skip()] * len(boxes)
+            shown = [gr.Number(visible=True), gr.Video(visible=made == "video")]
+            return shown + ([gr.Image(visible=made == "still")] if self.still is not None else [])
+
+        for run in runs:
+            run.success(reveal, self.made, boxes, queue=False, api_visibility="private", show_progress="hidden")
 
 
 def build_job_panel(prefix: str, still: bool = False) -> JobPanel:
@@ -79,4 +83,4 @@ def build_job_panel(prefix: str, still: bool = False) -> JobPanel:
         timings = gr.Dataframe(headers=TIMING_HEADERS, label="Phase timings", interactive=False,
                                elem_id=f"{prefix}-timings", type="array")
     answer = gr.Textbox(visible=False, elem_id=f"{prefix}-cancel-answer")
-    return JobPanel(preview, result, image, status, seed_used, chart, timings, answer)
+    return JobPanel(preview, result, image, status, seed_used, chart, timings, answer, gr.State(None))

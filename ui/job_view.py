@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from engine.events import (DownloadProgress, Event, Info, JobCancelled, JobFailed, JobFinished,
                            JobStarted, PhaseFinished, PhaseStarted, PlanReady, PreviewReady, StepFinished)
 from engine.planner import strategy_words
+from engine.words import plural
 
 from .timing_chart import timing_chart_html
 
@@ -33,10 +34,6 @@ def phase_label(phase: str, device: str | None = None) -> str:
     return PHASE_LABELS.get(phase, phase)
 
 
-def _plural(count: int, word: str) -> str:
-    return f"{count} {word}" if count == 1 else f"{count} {word}s"
-
-
 def _seconds(value: float) -> str:
     return f"{value:.0f} s" if value < 90 else f"{value / 60:.0f} min"
 
@@ -45,7 +42,7 @@ def queue_status(place: int, estimate: float | None) -> str:
     """What a waiting job shows: its place and how long it may wait."""
     when = f"about {_seconds(estimate)} until it starts" if estimate is not None else \
         "no estimate until a job has finished"
-    return f"Waiting in the queue: {_plural(place, 'job')} ahead of yours, {when}."
+    return f"Waiting in the queue: {plural(place, 'job')} ahead of yours, {when}."
 TIMING_HEADERS = ["Phase", "Seconds", "Detail"]
 
 
@@ -155,7 +152,8 @@ class JobView:
             return "cancelled " + self._where_it_stopped(self.cancelled)
         if self.failure is not None:
             kind = {"input": "not started (settings)", "model": "not started (model)"}.get(self.failure.kind)
-            return kind or self._failure_headline(self.failure).rstrip(".").lower()
+            headline = self._failure_headline(self.failure).rstrip(".")
+            return kind or headline[:1].lower() + headline[1:]
         if self.running_phase:
             return f"stopped during {self.label(self.running_phase)}"
         return None
@@ -212,6 +210,8 @@ class JobView:
                 detail = ""
                 if phase == "denoise" and self.step_seconds:
                     detail = f"{len(self.step_seconds)} steps, {self.rate_text()}"
+                    if self.cancelled is not None and self.step < self.total_steps:
+                        detail = f"cancelled after step {self.step}/{self.total_steps}, {self.rate_text()}"
                 rows.append([label, round(self.phase_seconds[phase], 3), detail])
             elif phase == self.running_phase:
                 rows.append([label, None, self._running_detail(phase)])

@@ -11,6 +11,7 @@ from engine.hardware import HardwareProfile
 from engine.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
 from engine.planning import limits_for, plan_request
 from engine.request import GenerationRequest, check_shape
+from engine.words import plural
 
 from .context import AppContext
 from .job_view import PHASE_LABELS
@@ -96,7 +97,7 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, pr
             return "**No plan yet:**\n" + "\n".join(f"- {problem}" for problem in problems)
         return f"**No plan yet:** {exc}"
     kind = "image to video" if mode == "i2v" else "video"
-    subject = (f"_For `{request.model}`, {kind} {request.width}x{request.height}, {request.frames} frames, "
+    subject = (f"_For `{request.model}`, {kind} {request.width}x{request.height}, {plural(request.frames, 'frame')}, "
                f"on {hardware.summary()}._")
     return subject + "\n\n" + plan_markdown(plan)
 

@@ -14,6 +14,7 @@ from engine.planner import Plan, strategy_words
 from engine.planning import plan_request
 from engine.presets import Preset
 from engine.request import GenerationRequest
+from engine.words import plural
 
 from .context import AppContext
 
@@ -96,7 +97,7 @@ def card_markdown(entry: dict) -> str:
     mine = " · *your preset*" if entry.get("user") else ""
     lines = [f"### {_plain(entry['title'])}{mine}", _plain(entry["description"]), "",
              f"- **Model:** `{entry['model']}` ({MODE_TITLES.get(entry['mode'], entry['mode'])})",
-             f"- **Size:** {entry['width']}x{entry['height']}, {entry['frames']} frames "
+             f"- **Size:** {entry['width']}x{entry['height']}, {plural(entry['frames'], 'frame')} "
              f"({entry['seconds']:.1f} s at {entry['fps']} fps)",
              f"- **Steps:** {entry['steps']}, guidance {entry['guidance']:g}, shift {entry['shift']:g}",
              *_expected_lines(entry)]

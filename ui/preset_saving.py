@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.planning import limits_for
 from engine.presets import MODES, Preset, PresetError, check_user_preset_name, preset_json
 from engine.request import GenerationRequest, check_inputs, clean_prompt
 from engine.selftest import SELFTEST_REFS
@@ -45,7 +46,8 @@ def preset_data(ctx: AppContext, name: str, mode: str, preset: str | None, negat
     # check_inputs also checks that the outputs folder takes files: the app's own folder.
     request = check_inputs(GenerationRequest.from_preset(
         base, "preset", mode="t2v", model=checked_model, negative_prompt=negative_prompt, width=width,
-        height=height, frames=frames, steps=steps, guidance=guidance, shift=shift, outputs_dir=ctx.outputs_dir))
+        height=height, frames=frames, steps=steps, guidance=guidance, shift=shift, outputs_dir=ctx.outputs_dir),
+        limits_for(checked_model, ctx.client.models_dir))
     title = " ".join(_text(title, "title").split()) or name
     description = _text(description, "description") or (
         f"Saved from the {MODE_TITLES[mode]} tab, starting from {base.title}.")

@@ -125,7 +125,7 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
         def apply():
             preset = ctx.presets.get(name)
             if preset is None:
-                raise gr.Error(f"The preset {html.escape(name)} was deleted; reload the page.")
+                raise gr.Error(f"The preset {html.escape(name)} was deleted; reload the page.", print_exception=False)
             return [gr.Tabs(selected=TAB_IDS["i2v" if preset.mode == "i2v" else "t2v"]), name, *preset_values(preset)]
 
         use.click(apply, None, [tabs, form.preset, *form.preset_fields()], api_visibility="private")
@@ -199,7 +199,7 @@ def _build_api(ctx: AppContext, dropdowns: _Dropdowns) -> None:
             saved = save_user_preset(ctx, name, mode, preset, negative_prompt, model, width, height, frames,
                                      steps, guidance, shift, title=title, description=description)
         except ValueError as exc:
-            raise gr.Error(_escaped(exc), title="Preset not saved") from None
+            raise gr.Error(_escaped(exc), title="Preset not saved", print_exception=False) from None
         dropdowns.sync()
         return saved.to_dict()
 
@@ -208,7 +208,7 @@ def _build_api(ctx: AppContext, dropdowns: _Dropdowns) -> None:
         try:
             text = delete_user_preset(ctx, name)
         except ValueError as exc:
-            raise gr.Error(_escaped(exc), title="Preset not deleted") from None
+            raise gr.Error(_escaped(exc), title="Preset not deleted", print_exception=False) from None
         dropdowns.sync()
         return text
 

@@ -15,9 +15,10 @@ def build(ctx: AppContext) -> None:
         """A still from the default text-to-video preset's model and settings: `prompt` and `steps` (0: the
         preset's) in, the PNG out. Waits its turn in the same queue as the page's jobs."""
         preset = ctx.presets[ctx.default_preset("t2v")]
-        make = lambda: build_request(ctx, "t2i", preset.name, prompt, preset.negative_prompt, ctx.model_for("t2v"),  # noqa: E731
-                                     preset.width, preset.height, 1, steps if steps not in (0, None) else preset.steps,
-                                     preset.guidance, preset.shift, -1)
+        def make():
+            return build_request(ctx, "t2i", preset.name, prompt, preset.negative_prompt, ctx.model_for("t2v"),
+                                 preset.width, preset.height, 1, steps if steps not in (0, None) else preset.steps,
+                                 preset.guidance, preset.shift, -1)
         path = None
         for update in run_job(ctx, request, "text to image", engine_job(ctx, make),
                               lambda view, event: {"path": event.paths[0]} if isinstance(event, JobFinished) else {}):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import gradio as gr
 
+from engine.planner import strategy_words
 from engine.sysinfo import GIB, EngineMemory, EngineStarting
 
+from .chains import when_ended
 from .context import AppContext
 
 REFRESH_SECONDS = 2.0
@@ -49,7 +51,8 @@ def system_markdown(memory: EngineMemory | EngineStarting | None, ram_total: int
         vram = f"GPU memory held by the engine {_gb(memory.vram_engine_gb)} (unified with RAM)"
     else:
         vram = "no separate GPU memory"
-    model = (f"`{memory.model}` loaded ({memory.strategy})" if memory.model else "no model loaded")
+    strategy = strategy_words(memory.strategy or "", "cpu" if memory.backend == "cpu" else memory.backend)[0]
+    model = f"`{memory.model}` loaded ({strategy})" if memory.model else "no model loaded"
     state = f"running: {running}" if running else "idle"
     if not running and last is not None:
         said, seconds = last
@@ -81,5 +84,5 @@ def build(ctx: AppContext):
           api_visibility="public")
 
     def after_job(run) -> None:
-        run.then(refresh, None, panel, queue=False, show_progress="hidden", api_visibility="private")
+        when_ended(run, refresh, None, panel)
     return after_job

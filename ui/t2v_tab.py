@@ -41,7 +41,7 @@ def build(ctx: AppContext, after_job) -> Form:
     inputs = [*form.settings(), *panel.overrides()]
     video_run = start_job(video_btn, cancel_btn, text_to_video, inputs, job.outputs(), ctx, "text_to_video")
     image_run = start_job(image_btn, cancel_btn, text_to_image, inputs, job.outputs(job.still), ctx, "text_to_image")
-    job.reveal_after(video_runs=[video_run], still_runs=[image_run])
+    job.reveal_after(video_run, image_run)
     wire_cancel(ctx, cancel_btn, job.cancel_answer, api_name="cancel")
     after_job(video_run)
     after_job(image_run)

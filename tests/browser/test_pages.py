@@ -45,6 +45,31 @@ def _table_text(page, elem_id: str) -> str:
     return page.locator(f"#{elem_id}").inner_text()
 
 
+def _set_text(page, elem_id: str, value: str) -> None:
+    box = page.locator(f"#{elem_id}").locator("input, textarea").first
+    box.fill(value)
+    box.press("Tab")
+
+
+def _status(page, prefix: str = "t2v") -> str:
+    """The status as a person reads it (gradio's hidden status overlay left out)."""
+    return page.locator(f"#{prefix}-status [data-testid=markdown]").inner_text()
+
+
+def _no_error_badge(page, elem_id: str) -> bool:
+    """gradio's red "Error" badge on a component: absent, or in its hidden (transparent) overlay."""
+    return page.evaluate("""id => [...document.querySelectorAll(`#${id} .error`)].every(e => {
+        for (let p = e; p && p.id !== id; p = p.parentElement) {
+            const style = getComputedStyle(p);
+            if (style.opacity === '0' || style.display === 'none' || style.visibility === 'hidden') return true;
+        }
+        return false; })""", elem_id)
+
+
+def _toasts(page) -> list[str]:
+    return page.evaluate("() => [...document.querySelectorAll('.toast-body')].map(t => t.innerText)")
+
+
 def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, shot: Screenshots):
     from playwright.sync_api import expect
 
@@ -54,8 +79,11 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
     for elem, value in (("t2v-width", 96), ("t2v-height", 64), ("t2v-frames", 17), ("t2v-steps", 40),
                         ("t2v-seed", 42)):
         _set_number(page, elem, value)
+    cancel = page.locator("#t2v-cancel")
+    assert "secondary" in cancel.get_attribute("class"), "Cancel is red while nothing runs"
     page.locator("#t2v-generate").click()
     first = _wait_for_new_preview(page, "t2v", None)
+    assert "stop" in cancel.get_attribute("class"), "Cancel is not red while the job runs"
     second = _wait_for_new_preview(page, "t2v", first)
     assert second != first, "the preview did not update"
     page.wait_for_function("() => document.querySelector('#t2v-timings').innerText.includes('Denoise')")
@@ -75,16 +103,29 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
     assert chart.locator(".wan-step-bars span").count() == 40
     assert _preview_src(page, "t2v") is None, "the preview stays after the video arrived"
     assert "System:" in page.locator("#system-panel").inner_text()
+    page.wait_for_function("() => document.querySelector('#t2v-cancel').className.includes('secondary')")
+    # A 96x64 video is shown at its own size, not blown up to the column's width.
+    assert page.evaluate("() => document.querySelector('#t2v-video video').getBoundingClientRect().width") <= 100
     shot(page, "t2v-done")
 
 
-def test_a_still_appears_in_its_own_box_only_once_one_is_made(page, shot: Screenshots):
+def test_a_still_replaces_the_video_box_and_the_next_video_replaces_the_still(page, shot: Screenshots):
     assert not page.locator("#t2i-image").is_visible()
     _set_number(page, "t2v-steps", 4)
     page.locator("#t2i-generate").click()
     page.wait_for_function("() => { const img = document.querySelector('#t2i-image img');"
                            " return img && img.naturalWidth === 96 && img.naturalHeight === 64; }")
-    assert page.locator("#t2v-video video").count() == 1, "the earlier video was lost"
+    # One result box at a time: the still's, at its own size; no empty video box above it.
+    page.wait_for_function("() => !document.querySelector('#t2v-video') || "
+                           "document.querySelector('#t2v-video').offsetParent === null")
+    assert page.locator("#t2i-image").bounding_box()["height"] > 200
+    shot(page, "t2i-done")
+    _set_number(page, "t2v-frames", 9)
+    page.locator("#t2v-generate").click()
+    page.locator("#t2v-video video").wait_for(timeout=120_000)
+    page.wait_for_function("() => !document.querySelector('#t2i-image') || "
+                           "document.querySelector('#t2i-image').offsetParent === null")
+    _set_number(page, "t2v-frames", 17)
 
 
 def _open_tab(page, name: str) -> None:
@@ -132,13 +173,15 @@ def test_cancel_stops_a_running_job_and_keeps_the_earlier_video(page, shot: Scre
     # The last word is the cancel's, written once the job has stopped (a step update on its way must not
     # leave the page saying the job still runs).
     page.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('earlier result is kept')")
-    assert re.search(r"Cancelled (during Denoising: step \d+/200|after step \d+ of 200)",
-                     page.locator("#t2v-status").inner_text())
-    # The engine is free again: the system panel says idle and how the job ended (it refreshes every 2 s).
-    page.wait_for_function("() => /Engine: idle · last job: (Cancelled|stopped during Denoising)/.test("
-                           "document.querySelector('#system-panel').innerText)", timeout=30_000)
+    # One wording, true for where it stopped; the phase table no longer counts down.
+    assert re.search(r"Cancelled during the denoising, after step \d+ of 200: nothing new was saved, and the "
+                     r"earlier result is kept\. The model stays loaded", _status(page))
+    assert re.search(r"Denoise\s+[\d.]+\s+cancelled after step \d+/200", _table_text(page, "t2v-timings"))
+    assert "ETA" not in _table_text(page, "t2v-timings")
+    # The engine is free again, and the panel says so at once (not at its next refresh), without the job's text.
+    page.wait_for_function("() => /Engine: idle · last job: cancelled during the denoising/.test("
+                           "document.querySelector('#system-panel').innerText)", timeout=5_000)
     assert (video.get_attribute("src") if video.count() else None) == before, "the earlier video was lost"
-    assert "earlier result is kept" in page.locator("#t2v-status").inner_text()
     shot(page, "t2v-cancelled")
     _set_number(page, "t2v-steps", 4)
 
@@ -200,16 +243,17 @@ def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app
         other.locator("#t2v-prompt textarea").fill("the second visitor's job")
         _set_number(other, "t2v-steps", 3)
         other.locator("#t2v-generate").click()
-        # gradio shows a waiting job's place in the queue on its result box
-        other.wait_for_function("() => /queue/i.test(document.querySelector('#t2v-video').innerText)")
+        # Its place and an estimate, in its own status: the first job reports its time left as it runs.
+        other.wait_for_function("() => /Waiting in the queue: 1 job ahead of yours, about \\d+ s until it starts/"
+                                ".test(document.querySelector('#t2v-status').innerText)")
         shot(other, "t2v-queued")
         other.locator("#t2v-cancel").click()
-        other.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('taken out')")
+        other.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes("
+                                "'Taken out of the queue: it did not run')")
     page.locator("#t2v-cancel").click()
-    # The cancel's last word: either it stopped the long job, or (a fast machine) the job had already finished.
-    page.wait_for_function("() => /earlier result is kept|already finished/.test("
-                           "document.querySelector('#t2v-status').innerText)")
-    first_finished = "already finished" in page.locator("#t2v-status").inner_text()
+    # How the long job ended: it was cancelled, or (a fast machine) it had already finished.
+    page.wait_for_function("() => /earlier result is kept|Done in/.test(document.querySelector('#t2v-status').innerText)")
+    first_finished = "Done in" in _status(page)
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
                            timeout=30_000)
     page.wait_for_timeout(3000)   # had the withdrawn job still been queued, it would be running or done now

@@ -60,7 +60,7 @@ def assert_each_suggestion_makes_it_fit(chosen, hw_name, request_name, **overrid
         assert any("Neither fewer frames, a smaller size nor a smaller known model" in d for d in chosen.decisions)
     for tip in chosen.suggestions:
         spec, changed, forced = KNOWN_MODELS[ref], request, Override(**override)
-        if found := re.match(r"Use (\d+) frames instead", tip):
+        if found := re.match(r"Use (\d+) frames? instead", tip):
             changed = replace(request, frames=int(found[1]))
         elif found := re.match(r"Use (\d+)x(\d+) instead", tip):
             changed = replace(request, width=int(found[1]), height=int(found[2]))

@@ -129,3 +129,51 @@ def test_memory_is_answered_while_a_job_runs(client, presets, outputs):
     assert idle.model == "selftest-t2v" and idle.engine_ram_gb > 0
     client.unload()
     assert client.memory().model is None
+
+
+def test_the_first_job_shows_and_times_the_engine_start_and_the_self_test_build(presets, outputs, tmp_path):
+    """Loading torch and diffusers, and building the self-test model the first time, are phases of their own:
+    shown while they run, counted in the job's total and its sidecar, and not hidden in the load."""
+    import json
+    from pathlib import Path
+
+    from engine.events import PhaseStarted
+
+    client = WorkerClient(tmp_path / "empty-models")    # not started yet, and no self-test model built
+    try:
+        events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
+        result = events[-1]
+        assert isinstance(result, JobFinished), result
+        started = [e.phase for e in events if isinstance(e, PhaseStarted)]
+        assert started[:3] == ["engine_start", "build_model", "load"], started
+        seconds = {e.phase: e.seconds for e in events if isinstance(e, PhaseFinished)}
+        assert seconds["engine_start"] > seconds["load"], seconds   # the libraries' import is not the load's
+        sidecar = json.loads(Path(result.sidecar).read_text())
+        assert {"engine_start", "build_model"} <= set(sidecar["timings"]) and sidecar["timings"] == result.timings
+        assert abs(result.timings["engine_start"] - seconds["engine_start"]) < 1e-3
+        # The next job finds the engine ready and the model built: neither phase again.
+        again = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
+        assert not {"engine_start", "build_model"} & {e.phase for e in again if isinstance(e, PhaseStarted)}
+    finally:
+        client.close()
+
+
+def test_while_the_engine_loads_its_libraries_it_says_so(tmp_path):
+    import time
+
+    from engine.sysinfo import EngineMemory, EngineStarting
+
+    client = WorkerClient(tmp_path / "models")
+    try:
+        client.start()
+        answers = []
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            answers.append(client.memory(timeout=1.0))
+            if isinstance(answers[-1], EngineMemory):
+                break
+            time.sleep(0.05)
+        assert any(isinstance(a, EngineStarting) for a in answers), answers
+        assert isinstance(answers[-1], EngineMemory) and answers[-1].model is None
+    finally:
+        client.close()

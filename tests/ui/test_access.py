@@ -20,7 +20,7 @@ def test_listen_without_auth_generates_a_password_and_refuses_strangers(tmp_path
     try:
         printed, password = "", None
         deadline = time.time() + 120
-        while time.time() < deadline and "Running on" not in printed:
+        while time.time() < deadline and "is running at" not in printed:
             line = proc.stdout.readline()
             if not line:
                 break
@@ -29,6 +29,9 @@ def test_listen_without_auth_generates_a_password_and_refuses_strangers(tmp_path
             if found:
                 user, password = found.groups()
         assert password, printed
+        # The app's own start-up line, not gradio's (nor its tip about share=True).
+        assert f"Wan Studio is running at http://localhost:{port}/ (Ctrl+C stops it)" in printed, printed
+        assert "share=True" not in printed and "Running on" not in printed
         url = f"http://127.0.0.1:{port}/"
         with pytest.raises(Exception):
             Client(url, verbose=False)

@@ -1,20 +1,21 @@
-"""Several people on one app: every job runs, in order, and each result goes only to whoever asked for it."""
+"""Several people on one app: every job runs, in order, each waiting one sees its place and an estimate in its
+status, and each result goes only to whoever asked for it."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from gradio_client import Client
-from gradio_client.utils import QueueError, Status
 
 from tests.conftest import selftest_app
 from tests.ui.test_security import OVERRIDES
 
 USERS = 8
-JOINED = {Status.IN_QUEUE, Status.PROCESSING, Status.PROGRESS, Status.ITERATING, Status.FINISHED}
+WAITING = re.compile(r"Waiting in the queue: (\d+) jobs? ahead of yours, (about (\d+) s until it starts|no estimate)")
 
 
 def t2v(seed: int, prompt: str = "a red fox", size=(64, 64, 9), steps: int = 4) -> list:
@@ -35,11 +36,26 @@ def _wait(predicate, timeout: float, what: str, poll: float = 0.02):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _said(job) -> list[str]:
+    """Every status the job has streamed so far."""
+    return [str(output[1]) for output in job.outputs()]
+
+
+def _places(job) -> list[tuple[int, int | None]]:
+    """(jobs ahead, estimated seconds or None) from each 'Waiting in the queue' status so far."""
+    found = [WAITING.search(text) for text in _said(job)]
+    return [(int(m[1]), int(m[3]) if m[3] else None) for m in found if m]
+
+
 def _wait_denoising(job, timeout: float = 60):
     def denoising():
         assert not job.done() or not job.exception(), job.exception()
-        return any("Denoising: step" in str(output[1]) for output in job.outputs())
+        return any("Denoising: step" in text for text in _said(job))
     _wait(denoising, timeout, "the long job to reach the denoising steps")
+
+
+def _wait_place(job, place: int, timeout: float = 30):
+    _wait(lambda: any(ahead == place for ahead, _ in _places(job)), timeout, f"the job to wait with {place} ahead")
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +67,23 @@ def app(tmp_path_factory, selftest_models_dir):
 def test_eight_users_all_get_their_own_result_in_turn(app):
     clients = [Client(app["url"], verbose=False) for _ in range(USERS)]
     assert len({c.session_hash for c in clients}) == USERS      # eight separate sessions
+    owner = Client(app["url"], verbose=False)
+    running = owner.submit(*long_job(800), api_name="/text_to_video")
+    _wait_denoising(running)
     seeds = [1000 + i for i in range(USERS)]
     prompts = [f"fox number {i}" for i in range(USERS)]
-    jobs, ranks = [], {}
-    # Each user submits once the previous one is in the queue, so the queue order is known;
-    # all eight are queued or running at the same time.
-    for client, seed, prompt in zip(clients, seeds, prompts):
+    jobs = []
+    # Each user submits once the previous one waits in the queue, so the queue order is known;
+    # all eight wait at the same time behind the long job.
+    for place, (client, seed, prompt) in enumerate(zip(clients, seeds, prompts), start=1):
         job = client.submit(*t2v(seed, prompt), api_name="/text_to_video")
-        _wait(lambda: job.status().code in JOINED, 30, f"job {seed} to join the queue")
+        _wait_place(job, place)
         jobs.append(job)
+    assert "Cancelling" in owner.predict(api_name="/cancel")
     finished_at: dict[int, float] = {}
 
     def all_done():
         for i, job in enumerate(jobs):
-            status = job.status()
-            if status.code == Status.IN_QUEUE and status.rank is not None:
-                ranks.setdefault(i, []).append(status.rank)
             if job.done() and i not in finished_at:
                 finished_at[i] = time.time()
         return len(finished_at) == USERS
@@ -78,7 +95,8 @@ def test_eight_users_all_get_their_own_result_in_turn(app):
     videos = [Path(video) for video, *_ in results]
     assert [seed for _, _, _, seed, *_ in results] == seeds
     assert len({v.name for v in videos}) == USERS and all(v.exists() for v in videos)
-    written = sorted(app["outputs"].rglob("*.mp4"))
+    written = [p for p in app["outputs"].rglob("*.mp4") if json.loads(p.with_suffix(".json").read_text())["seed"]
+               in seeds]
     assert len(written) == USERS
     for (video, status, _, seed, *_), prompt in zip(results, prompts):
         assert f"Seed used: {seed}" in status
@@ -92,42 +110,58 @@ def test_eight_users_all_get_their_own_result_in_turn(app):
                 if j != i:
                     assert f"Seed used: {seed}" not in str(output[1]) and output[3] != seed
                     assert Path(str(output[0])).name != videos[j].name
-    # Waiting users were told their place in the queue.
-    assert any(rank >= 1 for seen in ranks.values() for rank in seen), ranks
+    # Waiting users were told their place, and it only went down as the jobs ahead finished.
+    for i, job in enumerate(jobs):
+        places = [ahead for ahead, _ in _places(job)]
+        assert places[0] == i + 1 and places == sorted(places, reverse=True), places
     # First come, first served.
     assert sorted(range(USERS), key=finished_at.get) == list(range(USERS)), finished_at
 
 
 def test_two_users_the_second_sees_its_place_and_an_estimate_and_can_leave_the_queue(app):
     first, second, third = (Client(app["url"], verbose=False) for _ in range(3))
-    first.predict(*t2v(300), api_name="/text_to_video")   # a finished job gives gradio a duration to estimate from
+    first.predict(*t2v(300), api_name="/text_to_video")   # a finished job gives the queue a duration to estimate from
     running = first.submit(*long_job(301), api_name="/text_to_video")
     _wait_denoising(running)
     waiting = second.submit(*t2v(302), api_name="/text_to_video")
-    _wait(lambda: waiting.status().code == Status.IN_QUEUE and waiting.status().rank is not None, 30,
-          "the second job's place in the queue")
-    status = waiting.status()
-    assert status.rank == 0 and status.queue_size >= 1   # next in line
-    # Earlier jobs on this endpoint give gradio an average duration, shown as an estimate.
-    assert status.eta is not None and status.eta > 0, status
+    _wait_place(waiting, 1)
+    # The running job's own estimate of its time left: a number of seconds, in the status.
+    _wait(lambda: any(eta is not None and eta > 0 for _, eta in _places(waiting)), 30, "an estimate")
     behind = third.submit(*t2v(303), api_name="/text_to_video")
-    _wait(lambda: behind.status().code == Status.IN_QUEUE and behind.status().rank == 1, 30,
-          "the third job behind the second")
-    assert waiting.cancel(), "a waiting job could not leave the queue"
+    _wait_place(behind, 2)
+    assert second.predict(api_name="/cancel") == "Your waiting job was taken out of the queue. It will not run."
     _wait(lambda: waiting.done(), 30, "the withdrawn job to end")
-    assert "Cancelling" in first.predict(api_name="/cancel")
-    assert "Cancelled after step" in running.result(timeout=60)[1]
+    assert "Taken out of the queue: it did not run" in waiting.result(timeout=5)[1]
+    _wait_place(behind, 1)            # it moved up
+    assert "Cancelling your job at the end of its current step" in first.predict(api_name="/cancel")
+    assert "Cancelled during the denoising, after step" in running.result(timeout=60)[1]
     video, status_text, _, seed, *_ = behind.result(timeout=120)
     assert seed == 303 and Path(video).exists()
     seeds = [json.loads(p.read_text())["seed"] for p in app["outputs"].rglob("*.json")]
     assert 302 not in seeds and 301 not in seeds, "a cancelled or withdrawn job left an output"
 
 
+def test_a_waiting_job_whose_client_goes_away_leaves_the_queue(app):
+    owner, leaving = Client(app["url"], verbose=False), Client(app["url"], verbose=False)
+    running = owner.submit(*long_job(401), api_name="/text_to_video")
+    _wait_denoising(running)
+    gone = leaving.submit(*t2v(402), api_name="/text_to_video")
+    _wait_place(gone, 1)
+    gone.cancel()    # the client stops listening, as a closed page does
+    panel = lambda: owner.predict(api_name="/system")  # noqa: E731
+    _wait(lambda: "waiting" not in panel(), 30, "the abandoned job to leave the queue", poll=0.5)
+    owner.predict(api_name="/cancel")
+    running.result(timeout=60)
+    time.sleep(2)
+    seeds = [json.loads(p.read_text())["seed"] for p in app["outputs"].rglob("*.json")]
+    assert 402 not in seeds
+
+
 def test_a_user_sees_only_their_own_session(app):
     """Another session's stream carries nothing of a running job: gradio answers "session not found"."""
     first = Client(app["url"], verbose=False)
     job = first.submit(*t2v(77, "private prompt 77"), api_name="/text_to_video")
-    _wait(lambda: job.status().code in JOINED, 30, "the job to join the queue")
+    _wait(lambda: bool(job.outputs()) or job.done(), 30, "the job to start")
     received = b""
     with httpx.Client(timeout=10) as http:
         try:
@@ -155,27 +189,23 @@ def test_a_full_queue_refuses_new_jobs_and_keeps_the_queued_ones(small_queue_app
     running = owner.submit(*long_job(), api_name="/text_to_video")
     _wait_denoising(running)
     waiting = []
-    for seed in (201, 202):     # fill the queue: two may wait
+    for place, seed in enumerate((201, 202), start=1):     # fill the queue: two may wait
         job = Client(url, verbose=False).submit(*t2v(seed), api_name="/text_to_video")
-        _wait(lambda: job.status().code == Status.IN_QUEUE, 30, f"job {seed} to wait in the queue")
+        _wait_place(job, place)
         waiting.append(job)
-    # The third waiting job is refused, through gradio_client and through the raw queue route.
+    # The third waiting job is refused, through gradio_client and through the raw API route, with the sentence.
     late = Client(url, verbose=False)
-    with pytest.raises(QueueError, match="Queue is full"):
+    with pytest.raises(Exception, match="The queue is full: 2 jobs are waiting for the engine. Try again when"):
         late.predict(*t2v(203), api_name="/text_to_video")
-    config = httpx.get(url + "config", timeout=10).json()
-    fn_index = next(d["id"] for d in config["dependencies"] if d.get("api_name") == "text_to_video")
-    refused = httpx.post(url + "gradio_api/queue/join", timeout=10, json={
-        "data": [*t2v(204), *OVERRIDES], "fn_index": fn_index, "session_hash": "latecomer",
-        "event_data": None, "trigger_id": None})
-    assert refused.status_code == 503 and "Queue is full. Max size is 2" in refused.text, refused.text
-    # Cancel the long job the way the page does (POST /run/cancel: queue=False events skip the queue,
-    # so a full queue cannot block it): the two that waited run, and the queue takes new jobs again.
-    cancelled = httpx.post(url + "gradio_api/run/cancel", timeout=10,
-                           json={"data": [], "session_hash": owner.session_hash})
-    assert cancelled.status_code == 200, cancelled.text
+    posted = httpx.post(url + "gradio_api/call/text_to_video", json={"data": [*t2v(204), *OVERRIDES]}, timeout=10)
+    answer = httpx.get(url + "gradio_api/call/text_to_video/" + posted.json()["event_id"], timeout=60).text
+    assert "event: error" in answer and "The queue is full" in answer, answer
+    # The owner's cancel is no job: it is answered at once, full queue or not.
+    started = time.time()
+    assert "Cancelling" in owner.predict(api_name="/cancel")
+    assert time.time() - started < 10
     _, status, _, _, *_ = running.result(timeout=60)
-    assert "Cancelled after step" in status
+    assert "Cancelled during the denoising" in status
     assert [job.result(timeout=120)[3] for job in waiting] == [201, 202]
     video, _, _, seed, *_ = late.predict(*t2v(205), api_name="/text_to_video")
     assert seed == 205 and Path(video).exists()

@@ -54,6 +54,8 @@ def test_a_cancel_says_where_it_stopped_and_only_then_that_the_model_stays_loade
     assert view.status == ("Cancelled during the denoising, after step 22 of 60: nothing new was saved, and the "
                            "earlier result is kept. The model stays loaded, so the next run starts without loading it.")
     assert view.timing_rows() == [["Denoise", None, "cancelled at step 22/60"]]   # no ETA any more
+    view.apply(PhaseFinished("j", "denoise", 11.0))    # the engine ends the phase, then says it was cancelled
+    assert view.timing_rows() == [["Denoise", 11.0, "cancelled after step 22/60, 0.50 s/step (2.00 steps/s)"]]
     during_load = JobView().apply(PhaseStarted("j", "load")).apply(JobCancelled("j", 0, 60, "load", False))
     assert during_load.status == ("Cancelled after Load (disk to RAM): nothing new was saved, and the earlier "
                                   "result is kept.")

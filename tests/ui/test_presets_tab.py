@@ -95,8 +95,10 @@ def test_a_saved_preset_runs_as_the_form_would(ctx):
 
 
 @pytest.mark.parametrize("args, expected", [
-    (("x", "t2v", "selftest-t2v", "", "", 70, 64, 9, 4, 5.0, 3.0), "width 70 is not a multiple of 16: try 64 or 80"),
-    (("x", "t2v", "selftest-t2v", "", "", 64, 64, 8, 4, 5.0, 3.0), "frames must be 4k+1"),
+    (("x", "t2v", "selftest-t2v", "", "", 70, 64, 9, 4, 5.0, 3.0), "Width 70 is not a multiple of 16, which "
+                                                                    "selftest-t2v needs: try 64 or 80"),
+    (("x", "t2v", "selftest-t2v", "", "", 64, 64, 8, 4, 5.0, 3.0), "Frames must be 4k+1"),
+    (("x", "t2v", "selftest-t2v", "", "", 64, 64, 129, 4, 5.0, 3.0), "Frames 129 is more than selftest-t2v can make"),
     (("x", "v2v", "selftest-t2v", "", "", 64, 64, 9, 4, 5.0, 3.0), "mode must be one of t2v, i2v"),
     (("x", "t2v", "selftest-t2v", "", "/etc", 64, 64, 9, 4, 5.0, 3.0), "is a path outside the app's models folder"),
     (("selftest-i2v", "i2v", "selftest-i2v", "", "", 64, 64, 9, 4, 5.0, 3.0), "is the name of a built-in preset"),

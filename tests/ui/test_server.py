@@ -44,10 +44,15 @@ def test_plan_endpoint_shows_the_plan_for_the_settings(client):
     assert "**Strategy: " in auto and "(fits)" in auto and "| Denoise |" in auto
     forced = client.predict("selftest-t2v", "selftest-t2v", 64, 64, 9, "group_offload", "Auto", "On",
                             api_name="/plan")
-    assert "**Strategy: group_offload** (fits)" in forced and "px tiles" in forced
+    assert "**Strategy: group_offload (on the CPU)** (fits)" in forced and "512px tile" in forced
     assert client.predict(api_name="/plan").startswith("_For `selftest-t2v`")   # every input has a default
     bad = client.predict("selftest-t2v", "selftest-t2v", 70, 64, 9, "Auto", "Auto", "Auto", api_name="/plan")
-    assert bad.startswith("**No plan yet:** width 70 is not a multiple of 16")
+    assert bad.startswith("**No plan yet:** Width 70 is not a multiple of 16, which selftest-t2v needs: try 64 or 80.")
+    # Fractions and lists are refused with the plan's own sentence, never rounded or a server error.
+    for value, said in ((64.5, "Width must be a whole number, got 64.5"), ([64], "Width must be a whole number, "
+                                                                             "got list")):
+        assert said in client.predict("selftest-t2v", "selftest-t2v", value, 64, 9, "Auto", "Auto", "Auto",
+                                      api_name="/plan")
 
 
 def test_a_forced_strategy_runs_and_is_recorded_in_the_sidecar(client, server):
@@ -73,7 +78,7 @@ def test_text_to_video_returns_a_video_and_timings(client, server):
 def test_the_system_panel_tells_of_a_job_shorter_than_its_refresh(client):
     """A job may start and end between two refreshes of the panel: idle, it says how the last one ended."""
     client.predict(*T2V, api_name="/text_to_image")
-    pattern = r"Engine:\*\* idle · last job: Done in [\d.]+ s \(ended \d+ s ago\) · `selftest-t2v` loaded"
+    pattern = r"Engine:\*\* idle · last job: done in [\d.]+ s \(ended \d+ s ago\) · `selftest-t2v` loaded \(CPU only\)"
     for _ in range(50):     # the stream's end and the result's arrival are not ordered
         panel = client.predict(api_name="/system")
         if re.search(pattern, panel):
@@ -99,11 +104,42 @@ def test_image_to_video_with_an_upload(client, image_file):
 def test_bad_input_is_an_error_message(client):
     bad = list(T2V)
     bad[4] = 70
-    with pytest.raises(Exception, match="width 70 is not a multiple of 16"):
+    with pytest.raises(Exception, match="Width 70 is not a multiple of 16, which selftest-t2v needs"):
         client.predict(*bad, api_name="/text_to_video")
-    with pytest.raises(Exception, match="image-to-video needs an image"):
+    with pytest.raises(Exception, match="Image-to-video needs an image"):
         client.predict(None, None, "selftest-i2v", "waves", "", "selftest-i2v", 64, 64, 9, 3, 5.0, 3.0, 1,
                        api_name="/image_to_video")
+
+
+def _call(server, api_name: str, body: str) -> str:
+    """A raw API call (the JSON as given, NaN included), answered by the server's event stream."""
+    import httpx
+
+    url = server["url"] + f"gradio_api/call/{api_name}"
+    posted = httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=10)
+    assert posted.status_code == 200, posted.text
+    return httpx.get(f"{url}/{posted.json()['event_id']}", timeout=60).text
+
+
+@pytest.mark.parametrize("field, value, said", [
+    (4, "NaN", "Width must be a whole number, got nan."),
+    (6, "Infinity", "Frames must be a whole number, got inf."),
+    (7, "12.5", "Steps must be a whole number, got 12.5."),
+    (10, "7.25", "Seed must be a whole number, got 7.25."),
+    (8, "[5]", "Guidance must be a number, got [5]."),
+    (5, '"tall"', "Height must be a whole number, got 'tall'."),
+    (1, "42", "The prompt must be text, got int."),
+    (3, '"' + "m" * 300 + '"', "is 300 characters long, too long for a repo id or a folder"),
+])
+def test_values_an_api_client_sends_are_refused_with_the_app_s_own_sentence(server, field, value, said):
+    """Never rounded, never a generic error: each wrong value is named with what to change."""
+    import json as json_module
+
+    values = [json_module.dumps(v) for v in (*T2V, "Auto", "Auto", "Auto")]
+    values[field] = value
+    answer = _call(server, "text_to_video", '{"data": [' + ", ".join(values) + "]}")
+    assert "event: error" in answer and said in answer, answer
+    assert "Traceback" not in server["log"].read_text()
 
 
 def _engine_pid(server) -> int:
@@ -138,7 +174,7 @@ def test_cancel_stops_the_job_and_the_next_one_runs(client, server):
     _wait_for_step(job)
     client.predict(api_name="/cancel")
     _, status, _, _, *_ = job.result(timeout=60)
-    assert "Cancelled after step" in status
+    assert "Cancelled during the denoising, after step" in status
     video, status, _, _, *_ = client.predict(*T2V, api_name="/text_to_video")
     assert "Done" in status and Path(video).exists()
 
@@ -185,7 +221,7 @@ def test_only_the_owner_can_cancel_a_running_job(client, server):
     assert not job.done(), "a stranger's cancel stopped the job"
     assert "Cancelling" in client.predict(api_name="/cancel")
     _, status, _, _, *_ = job.result(timeout=60)
-    assert "Cancelled after step" in status
+    assert "Cancelled during the denoising, after step" in status
 
 
 def test_a_plain_json_call_with_a_prompt_and_steps_returns_an_image(server):

@@ -39,7 +39,7 @@ def test_the_last_job_is_named_without_anyone_s_text():
     assert cancelled.ending == "cancelled during the denoising, after step 3 of 40"
     crash = JobView().apply(JobFailed("j", "The engine process stopped unexpectedly during load (SIGKILL) in "
                                       "/home/alice/secret-prompt.txt.", "Try again.", "load", "crash"))
-    assert crash.ending == "failed during load (disk to ram)" and "alice" not in crash.ending
+    assert crash.ending == "failed during Load (disk to RAM)" and "alice" not in crash.ending
     settings = JobView().apply(JobFailed("j", "The prompt 'my secret' is too long.", "", None, "input"))
     assert settings.ending == "not started (settings)"
     on_cpu = JobView().apply(PlanReady("j", {"device": "cpu"})).apply(PhaseStarted("j", "transfer"))

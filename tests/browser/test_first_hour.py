@@ -1,0 +1,164 @@
+"""A new user's first hour on the page: mistakes said once with what to change, the model's limits in the form,
+nothing stale after a job ends, and the layout on a laptop screen. Real Chromium, with screenshots."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from tests.browser.test_pages import (_no_error_badge, _open_tab, _set_number, _set_text, _start_long_job, _status,
+                                      _table_text, _toasts)
+from tests.conftest import Screenshots, open_page
+
+
+def _log(app_server) -> str:
+    return app_server["log"].read_text()
+
+
+def test_generate_is_in_sight_on_a_1280x720_screen(browser, app_server, shot: Screenshots):
+    context = browser.new_context(viewport={"width": 1280, "height": 720})
+    try:
+        page = context.new_page()
+        page.goto(app_server["url"])
+        page.locator("#t2v-generate").wait_for()
+        for tab, button in (("Text to Video", "#t2v-generate"), ("Image to Video", "#i2v-generate")):
+            _open_tab(page, tab)
+            box = page.locator(button).bounding_box()
+            assert box and box["y"] + box["height"] <= 720, f"{button} is below the fold: {box}"
+        _open_tab(page, "Text to Video")
+        # The preset's whole title fits its box.
+        assert page.evaluate("() => { const i = document.querySelector('#t2v-preset input');"
+                             " return i.scrollWidth <= i.clientWidth; }")
+        page.screenshot(path=str(shot(page, "t2v-1280x720")), full_page=False)
+    finally:
+        context.close()
+
+
+def test_a_settings_mistake_is_said_once_and_the_next_run_clears_it(page, app_server, shot: Screenshots):
+    _open_tab(page, "Text to Video")
+    _set_text(page, "t2v-model", "selftest-t2v")
+    page.locator("#t2v-prompt textarea").fill("")
+    _set_number(page, "t2v-width", 70)
+    _set_number(page, "t2v-frames", 129)
+    page.locator("#t2v-generate").click()
+    page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.includes('Not started')")
+    lines = [line for line in _status(page).splitlines() if line.strip()]
+    assert lines == ["Not started: the settings need a change.",
+                     "The prompt is empty: describe what the video should show.",
+                     "Width 70 is not a multiple of 16, which selftest-t2v needs: try 64 or 80.",
+                     "Frames 129 is more than selftest-t2v can make (its position table has 32 rows for the "
+                     "frames): use at most 125."], lines
+    # Said once: not on the result box, not in everyone's system panel; a short toast that closes by itself.
+    assert _no_error_badge(page, "t2v-video")
+    assert "prompt" not in page.locator("#system-panel").inner_text()
+    assert any("Not started" in toast for toast in _toasts(page))
+    shot(page, "t2v-settings-refused")
+    page.wait_for_function("() => document.querySelectorAll('.toast-body').length === 0", timeout=15_000)
+    # A number the form's own limits refuse gets the same kind of sentence and replaces the earlier one.
+    _set_number(page, "t2v-width", 64)
+    _set_number(page, "t2v-frames", 300)
+    page.locator("#t2v-prompt textarea").fill("a fox")
+    page.locator("#t2v-generate").click()
+    page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.includes('Frames 300')")
+    assert "The prompt is empty" not in _status(page)
+    assert "Frames 300 is out of range: use 1 to 125." in _status(page)
+    _set_number(page, "t2v-frames", 9)
+    _set_number(page, "t2v-steps", 3)
+    page.locator("#t2v-generate").click()
+    page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Done in')",
+                           timeout=120_000)
+    assert "Not started" not in _status(page) and "Frames 300" not in _status(page)
+    # The console has one line per mistake and no traceback.
+    log = _log(app_server)
+    assert "[page] Not started: the settings need a change. The prompt is empty" in log
+    assert "Traceback" not in log
+
+
+def test_the_frames_maximum_and_hint_follow_the_model(page):
+    _open_tab(page, "Text to Video")
+    _set_text(page, "t2v-model", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+    page.wait_for_function("() => document.querySelector('#t2v-frames').innerText.includes('at most 257')")
+    assert page.locator("#t2v-frames input").get_attribute("max") == "257"
+    _set_text(page, "t2v-model", "selftest-t2v")
+    page.wait_for_function("() => document.querySelector('#t2v-frames').innerText.includes('Frames (4k+1, at most 125)')")
+    assert page.locator("#t2v-frames input").get_attribute("max") == "125"
+    assert page.locator("#t2v-width input").get_attribute("max") == "512"
+    # The plan says the same before anything runs.
+    _set_number(page, "t2v-frames", 129)
+    page.wait_for_function("() => document.querySelector('#t2v-plan').innerText.includes("
+                           "'Frames 129 is more than selftest-t2v can make')")
+    _set_number(page, "t2v-frames", 9)
+
+
+def test_a_file_that_is_not_an_image_is_named_before_anything_runs(page, app_server, shot: Screenshots, tmp_path):
+    not_an_image = tmp_path / "holiday.png"
+    not_an_image.write_text("a text file named like a picture")
+    _open_tab(page, "Image to Video")
+    page.locator("#i2v-image input[type=file]").set_input_files(str(not_an_image))
+    page.wait_for_function("() => document.querySelector('#i2v-fit-note').innerText.includes('Cannot use this image')")
+    said = "Image 'holiday.png' is not a readable image (not a known image format); upload a PNG, JPEG or WebP image."
+    assert said in page.locator("#i2v-fit-note").inner_text()
+    page.locator("#i2v-prompt textarea").fill("waves")
+    page.locator("#i2v-generate").click()
+    page.wait_for_function("() => document.querySelector('#i2v-status [data-testid=markdown]').innerText.includes('Not started')")
+    assert said in _status(page, "i2v") and _no_error_badge(page, "i2v-video")
+    shot(page, "i2v-not-an-image")
+    assert "Traceback" not in _log(app_server) and "UnidentifiedImageError" not in _log(app_server)
+    page.locator("#i2v-image button[aria-label='Remove Image']").first.click()
+
+
+def test_the_plan_on_a_cpu_hides_what_changes_nothing_and_offers_ti2v_5b_for_images(page):
+    _open_tab(page, "Text to Video")
+    assert page.locator("#t2v-strategy").count() == 0 and page.locator("#t2v-text-encoder").count() == 0
+    assert "there is no strategy or text-encoder place to choose" in page.locator("#t2v-plan-cpu-note").inner_text()
+    assert page.locator("#t2v-vae-tiling").is_visible()
+    plan = page.locator("#t2v-plan").inner_text()
+    assert "Strategy: CPU only" in plan and "Transfer" not in plan and "all_on_device" not in plan
+    _open_tab(page, "Image to Video")
+    page.locator("#i2v-preset input").click()
+    page.locator("[role=option]").first.wait_for()
+    options = page.evaluate("() => [...document.querySelectorAll('[role=option]')].map(o => o.innerText)")
+    page.keyboard.press("Escape")
+    assert any("Wan2.2 TI2V 5B from an image" in option for option in options), options
+
+
+def test_decode_again_with_nothing_saved_says_so_and_its_buttons_are_off(page, shot: Screenshots):
+    _open_tab(page, "Decode again")
+    page.wait_for_function("() => document.querySelector('#decode-note').innerText.includes('No saved latents')")
+    assert page.locator("#decode-tiled").is_disabled() and page.locator("#decode-cpu").is_disabled()
+    shot(page, "decode-again-empty")
+
+
+def _engine_pid(app_server) -> int:
+    for _ in range(100):
+        children = psutil.Process(app_server["proc"].pid).children()
+        workers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+        if workers:
+            return workers[0].pid
+        time.sleep(0.1)
+    raise AssertionError("no engine process found")
+
+
+def test_after_a_fault_nothing_on_the_page_says_the_job_still_runs(page, app_server, shot: Screenshots):
+    _open_tab(page, "Text to Video")
+    _set_text(page, "t2v-model", "selftest-t2v")
+    _start_long_job(page, "a job whose engine dies", width=64, height=64, frames=9)
+    os.kill(_engine_pid(app_server), signal.SIGKILL)
+    page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Failed during Denoise')",
+                           timeout=60_000)
+    assert "The engine process stopped unexpectedly during denoise (killed by signal SIGKILL)" in _status(page)
+    assert "failed at step" in _table_text(page, "t2v-timings") and "ETA" not in _table_text(page, "t2v-timings")
+    page.wait_for_function("() => /Engine: (idle|starting)/.test(document.querySelector('#system-panel').innerText)",
+                           timeout=10_000)
+    assert "running:" not in page.locator("#system-panel").inner_text()
+    page.wait_for_function("() => /last job: failed during Denoise/.test("
+                           "document.querySelector('#system-panel').innerText)", timeout=30_000)
+    assert page.locator("#t2v-cancel").get_attribute("class").count("secondary") == 1
+    shot(page, "t2v-failed")
+    _set_number(page, "t2v-steps", 3)
+    page.locator("#t2v-generate").click()   # a fresh engine takes the next job
+    page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Done in')",
+                           timeout=120_000)
