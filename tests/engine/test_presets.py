@@ -119,7 +119,7 @@ def test_user_presets_load_beside_the_builtins_and_bad_files_are_skipped(tmp_pat
     assert "broken.json: field 'width' must be int, got str" in joined
     assert "garbled.json skipped" in joined
     assert "'selftest-t2v' is the name of a built-in preset" in joined
-    assert "'with.dot' has '.'" in joined
+    assert "'with.dot' has a dot in it" in joined
 
 
 def test_a_missing_user_folder_is_no_problem_and_the_builtin_folder_is_refused(tmp_path, presets):
