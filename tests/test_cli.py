@@ -157,3 +157,11 @@ def test_plan_refuses_a_bad_hardware_file(tmp_path, content, expected):
     done = subprocess.run(app_command("plan", "--preset", "wan21-t2v-1.3b", "--hardware", str(path)),
                           capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
     assert done.returncode == 2 and expected in done.stderr
+
+
+def test_help_lists_the_page_s_options_as_well_as_the_commands():
+    done = subprocess.run(app_command("--help"), capture_output=True, text=True, timeout=60, env=app_env(), cwd=ROOT)
+    assert done.returncode == 0
+    for part in ("{serve,generate,plan,decode,doctor}", "--port PORT", "--share", "--auth AUTH", "--max-queue N",
+                 "--preview-every SECONDS", "'python app.py [options]' is 'python app.py serve [options]'"):
+        assert part in done.stdout, part

@@ -101,6 +101,33 @@ def test_image_to_video_with_an_upload(client, image_file):
     assert "Image encode" in [row[0] for row in timings["data"]]
 
 
+@pytest.mark.parametrize("name, content, said", [
+    ("bomb.png", "bomb", "Image 'bomb.png' is 900 megapixels, above the 80-megapixel limit; scale it down"),
+    ("notes.png", b"this is text, not a picture", "Image 'notes.png' is not a readable image (not a known image "
+                                                  "format); upload a PNG, JPEG or WebP image."),
+])
+def test_an_upload_that_cannot_be_used_is_named_with_what_to_do(client, server, tmp_path, name, content, said):
+    from tests.engine.test_hardening import _png_claiming
+
+    upload = tmp_path / name
+    upload.write_bytes(_png_claiming(30000, 30000) if content == "bomb" else content)
+    with pytest.raises(Exception, match=re.escape(said)):
+        client.predict(handle_file(str(upload)), None, "selftest-i2v", "waves", "", "selftest-i2v", 64, 64, 9, 3,
+                       5.0, 3.0, 1, api_name="/image_to_video")
+    log = server["log"].read_text()
+    assert "Traceback" not in log and "DecompressionBomb" not in log and "UnidentifiedImageError" not in log
+
+
+def test_the_console_has_the_app_s_lines_not_the_libraries(client, server, image_file):
+    """An image-to-video run loads the image processor and the pipeline: neither says anything in the console."""
+    client.predict(handle_file(str(image_file)), None, "selftest-i2v", "waves", "", "selftest-i2v", 64, 64, 5, 2,
+                   5.0, 3.0, 1, api_name="/image_to_video")
+    log = server["log"].read_text()
+    assert "is running at" in log
+    for noise in ("torchvision", "Loading pipeline components", "share=True", "it/s]"):
+        assert noise not in log, f"{noise!r} in the console:\n{log}"
+
+
 def test_bad_input_is_an_error_message(client):
     bad = list(T2V)
     bad[4] = 70
