@@ -156,7 +156,8 @@ if errorlevel 1 (
 )
 set /p WAN_TEST_BROWSER=<"%WAN_BROWSER_FILE%"
 setlocal DisableDelayedExpansion
-"%VPY%" -m pytest tests %TEST_ARGS%
+rem pytest.ini names tests\ as the default; paths given here run alone.
+"%VPY%" -m pytest %TEST_ARGS%
 set "TEST_RC=%ERRORLEVEL%"
 if "%TEST_RC%"=="5" echo [test] pytest collected no tests - exit code 5 - that counts as a failure
 exit /b %TEST_RC%

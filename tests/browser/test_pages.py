@@ -204,7 +204,6 @@ def test_presets_and_history_during_and_after_a_run_reuse_and_apply(page, shot: 
     shot(page, "history-during-run")
     _open_tab(page, "Decode again")
     page.locator("#decode-tiled").wait_for()
-    shot(page, "decode-again-during-run")
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
                            timeout=120_000)
     _open_tab(page, "History")
@@ -228,7 +227,6 @@ def test_presets_and_history_during_and_after_a_run_reuse_and_apply(page, shot: 
     expect(page.locator("#i2v-generate")).to_be_visible()
     expect(page.locator("#i2v-preset input")).to_have_value("Self-test I2V - tiny offline model")
     _open_tab(page, "Decode again")
-    shot(page, "decode-again-after-run")
 
 
 def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app_server, shot: Screenshots):
