@@ -229,9 +229,9 @@ class Screenshots:
         self.extra = Path(os.environ["WAN_SCREENSHOTS_DIR"]) if os.environ.get("WAN_SCREENSHOTS_DIR") else None
         ARTIFACTS.mkdir(parents=True, exist_ok=True)
 
-    def __call__(self, page, name: str) -> Path:
+    def __call__(self, page, name: str, full_page: bool = True) -> Path:
         path = ARTIFACTS / f"{name}.png"
-        page.screenshot(path=str(path), full_page=True)
+        page.screenshot(path=str(path), full_page=full_page)
         if self.extra:
             self.extra.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, self.extra / path.name)
