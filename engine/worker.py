@@ -221,12 +221,17 @@ class WorkerClient:
             worker.ready = reply[0] == "ready"
         return True
 
+    def _ready_worker(self) -> _Worker:
+        """The engine process once it has loaded its libraries (a fresh one if it died while starting)."""
+        worker = self._ensure_worker()
+        if not self._wait_ready(worker):
+            worker = self._ensure_worker()
+            self._wait_ready(worker)
+        return worker
+
     def _call(self, message, expect: str):
         with self._job_lock:
-            worker = self._ensure_worker()
-            if not self._wait_ready(worker):
-                worker = self._ensure_worker()
-                self._wait_ready(worker)
+            worker = self._ready_worker()
             worker.conn.send(message)
             reply = worker.conn.recv()
             assert reply[0] == expect, reply
@@ -310,9 +315,7 @@ class WorkerClient:
             return worker, {}
         yield PhaseStarted(job_id, "engine_start")
         start = time.monotonic()
-        if not self._wait_ready(worker):   # it died while starting: one more try with a fresh one
-            worker = self._ensure_worker()
-            self._wait_ready(worker)
+        worker = self._ready_worker()
         waited = time.monotonic() - start
         yield PhaseFinished(job_id, "engine_start", waited)
         return worker, {"engine_start": round(waited, 4)}

@@ -169,6 +169,19 @@ def running_app(log_path: Path, *args: str, env: dict | None = None, startup_s: 
                 proc.wait()
 
 
+def engine_pid(app: dict) -> int:
+    """The engine process of a running app (``app``: what selftest_app yields)."""
+    import psutil
+
+    for _ in range(100):
+        children = psutil.Process(app["proc"].pid).children()
+        workers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+        if workers:
+            return workers[0].pid
+        time.sleep(0.1)
+    raise AssertionError("no engine process found")
+
+
 @contextlib.contextmanager
 def selftest_app(tmp_path_factory, models_dir: Path, name: str, *args: str):
     """The app on the self-test model with fresh outputs and log folders named after ``name``;

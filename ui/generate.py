@@ -72,7 +72,7 @@ def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prom
         image=upload_path(image, "image"), last_image=upload_path(last_image, "last image"),
         **fields, **override_fields(strategy, text_encoder, vae_tiling))
     # from_preset takes a None as "the preset's value": a field the caller left empty is missing instead.
-    return replace(request, prompt=prompt, **{name: None for name, value in fields.items() if value is None})
+    return replace(request, **{name: None for name, value in fields.items() if value is None})
 
 
 def _say(text: str) -> None:
@@ -111,7 +111,6 @@ def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Cal
         error = _fail(view, JobFailed("refused", str(exc), "", None, "queue"))
         yield show(view, None)
         raise error from None
-    ending = None
     try:
         while not ctx.jobs.wait_turn(ticket, WAIT_UPDATE_S):
             if ticket.withdrawn:
@@ -126,13 +125,11 @@ def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Cal
                 ctx.jobs.report(ticket, view.status, view.eta)
                 yield show(view, event)
                 if isinstance(event, JobFailed):
-                    ending = view.ending
                     raise _fail(view, event)
         finally:
             events.close()   # a closed page: cancels the job and waits for the engine to be free
-        ending = view.ending
     finally:
-        ctx.jobs.leave(ticket, ending or view.ending)
+        ctx.jobs.leave(ticket, view.ending)
 
 
 def engine_job(ctx: AppContext, make: Callable[[], GenerationRequest]) -> Callable[[], Callable[[], Iterator]]:
@@ -150,13 +147,13 @@ def cancel(ctx: AppContext, session: gr.Request | None) -> str:
     """
     mine = getattr(session, "session_hash", None)
     withdrawn = ctx.jobs.withdraw(mine)
-    left = f" Your {'waiting job was' if withdrawn == 1 else f'{withdrawn} waiting jobs were'} taken out of the " \
-           "queue." if withdrawn else ""
+    left = ("Your waiting job was taken out of the queue." if withdrawn == 1 else
+            f"Your {withdrawn} waiting jobs were taken out of the queue.")
     if ctx.jobs.runs_for(mine):
         ctx.client.cancel()
-        return "Cancelling your job at the end of its current step." + left
+        return "Cancelling your job at the end of its current step." + (f" {left}" if withdrawn else "")
     if withdrawn:
-        return left.strip() + " It will not run."
+        return f"{left} {'It' if withdrawn == 1 else 'They'} will not run."
     if ctx.jobs.ended_recently_for(mine):
         return "Nothing to cancel: your last job had already finished."
     return "Nothing of yours is running or waiting: only the person who started a job can cancel it."
@@ -185,7 +182,6 @@ def start_job(button: gr.Button, cancel_button: gr.Button, fn, inputs: list, out
     run = armed.then(fn, inputs, outputs, api_name=api_name, **gpu_event(ctx))
     when_ended(run, lambda: gr.Button(variant="secondary"), None, cancel_button)
     return run
-
 
 
 def gpu_event(ctx: AppContext) -> dict:

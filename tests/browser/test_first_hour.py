@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
-import psutil
-import pytest
 
 from tests.browser.test_pages import (_no_error_badge, _open_tab, _set_number, _set_text, _start_long_job, _status,
                                       _table_text, _toasts)
-from tests.conftest import Screenshots, open_page
+from tests.conftest import Screenshots, engine_pid
 
 
 def _log(app_server) -> str:
@@ -132,21 +129,11 @@ def test_decode_again_with_nothing_saved_says_so_and_its_buttons_are_off(page, s
     shot(page, "decode-again-empty")
 
 
-def _engine_pid(app_server) -> int:
-    for _ in range(100):
-        children = psutil.Process(app_server["proc"].pid).children()
-        workers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
-        if workers:
-            return workers[0].pid
-        time.sleep(0.1)
-    raise AssertionError("no engine process found")
-
-
 def test_after_a_fault_nothing_on_the_page_says_the_job_still_runs(page, app_server, shot: Screenshots):
     _open_tab(page, "Text to Video")
     _set_text(page, "t2v-model", "selftest-t2v")
     _start_long_job(page, "a job whose engine dies", width=64, height=64, frames=9)
-    os.kill(_engine_pid(app_server), signal.SIGKILL)
+    os.kill(engine_pid(app_server), signal.SIGKILL)
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Failed during Denoise')",
                            timeout=60_000)
     assert "The engine process stopped unexpectedly during denoise (killed by signal SIGKILL)" in _status(page)

@@ -8,12 +8,11 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from gradio_client import Client, handle_file
 
 from engine.export import read_video
-from tests.conftest import selftest_app
+from tests.conftest import engine_pid, selftest_app
 
 T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 4, 5.0, 3.0, 7]
 
@@ -169,16 +168,6 @@ def test_values_an_api_client_sends_are_refused_with_the_app_s_own_sentence(serv
     assert "Traceback" not in server["log"].read_text()
 
 
-def _engine_pid(server) -> int:
-    for _ in range(100):
-        children = psutil.Process(server["proc"].pid).children()
-        workers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
-        if workers:
-            return workers[0].pid
-        time.sleep(0.1)
-    raise AssertionError("no engine process found")
-
-
 def _wait_for_step(job, timeout=60):
     """Block until the streamed status shows denoising under way."""
     deadline = time.time() + timeout
@@ -209,7 +198,7 @@ def test_cancel_stops_the_job_and_the_next_one_runs(client, server):
 def test_killed_engine_is_reported_and_replaced(client, server):
     job = client.submit(*_long_job(), api_name="/text_to_video")
     _wait_for_step(job)
-    os.kill(_engine_pid(server), signal.SIGKILL)
+    os.kill(engine_pid(server), signal.SIGKILL)
     with pytest.raises(Exception, match="engine process stopped unexpectedly during denoise"):
         job.result(timeout=60)
     video, status, _, _, *_ = client.predict(*T2V, api_name="/text_to_video")
