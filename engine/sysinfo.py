@@ -31,6 +31,11 @@ class EngineStarting:
     seconds: float                 # since it started
 
 
+@dataclass(frozen=True)
+class EngineSilent:
+    """The engine process runs but answers nothing (stopped, or hung in a driver call)."""
+
+
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value / GIB, 2)
 

@@ -27,9 +27,14 @@ from .hardware import HardwareProfile
 from .models import ModelError, precheck_model
 from .planning import limits_for
 from .request import GenerationRequest, InputError, check_inputs_with_notes
-from .sysinfo import EngineMemory, EngineStarting
+from .sysinfo import EngineMemory, EngineSilent, EngineStarting
+from .watchdog import Watchdog
 
 _SPAWN = mp.get_context("spawn")
+# How often a running job's watchdog looks at the engine when no event comes, in seconds.
+WATCH_TICK_S = 0.5
+# A new engine process that has not loaded its libraries after this long is stopped and started again.
+STARTUP_LIMIT_S = 600.0
 # Applied in the worker before torch loads: flash attention on ROCm (AOTriton) and an
 # allocator that grows segments instead of fragmenting (CUDA and ROCm read the same variable).
 PLATFORM_ENV = {
@@ -49,11 +54,13 @@ def _serve_status(conn, state: _Starting) -> None:
     """Answer memory questions from the app while the main thread starts up or runs jobs (a daemon thread)."""
     while True:
         try:
-            conn.recv()
+            question = conn.recv()
         except (EOFError, OSError):
             return
         engine = state.engine
-        if engine is None:
+        if question == ("ping",):   # the client's watchdog: is this process alive?
+            reply = "pong"
+        elif engine is None:
             reply = EngineStarting(round(time.monotonic() - state.since, 1))
         else:
             from .sysinfo import engine_memory
@@ -153,6 +160,7 @@ class WorkerClient:
         self._worker: _Worker | None = None
         self._ids = itertools.count(1)
         self.restarts = 0
+        self.hung = 0     # engine processes stopped because they stopped answering
         self._hardware_profile: HardwareProfile | None = None
 
     # ----- process management -------------------------------------------
@@ -209,9 +217,15 @@ class WorkerClient:
         return self._job_lock.locked()
 
     def _wait_ready(self, worker: _Worker) -> bool:
-        """Wait until a new engine process has loaded its libraries; False if it died first."""
+        """Wait until a new engine process has loaded its libraries; False if it died first, or did not get
+        there within STARTUP_LIMIT_S (it is stopped then)."""
+        deadline = time.monotonic() + STARTUP_LIMIT_S
         while not worker.ready:
-            ready = wait([worker.conn, worker.process.sentinel])
+            ready = wait([worker.conn, worker.process.sentinel], timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                worker.process.kill()
+                worker.process.join(timeout=10)
+                return False
             if worker.conn not in ready:
                 return False
             try:
@@ -229,10 +243,17 @@ class WorkerClient:
             self._wait_ready(worker)
         return worker
 
-    def _call(self, message, expect: str):
+    def _call(self, message, expect: str, timeout: float = 120.0):
+        """Ask the engine for something quick between jobs; an engine that does not answer within ``timeout``
+        seconds is stopped (OSError says so, and the next job starts a fresh one)."""
         with self._job_lock:
             worker = self._ready_worker()
             worker.conn.send(message)
+            if not wait([worker.conn, worker.process.sentinel], timeout=timeout) or not worker.conn.poll():
+                worker.process.kill()
+                worker.process.join(timeout=10)
+                raise OSError(f"the engine process did not answer {message[0]!r} within {timeout:.0f} s; it was "
+                              "stopped, and the next job starts a fresh one")
             reply = worker.conn.recv()
             assert reply[0] == expect, reply
             return reply
@@ -243,10 +264,9 @@ class WorkerClient:
     def hardware(self) -> dict:
         return self._call(("hardware",), "hardware")[1]
 
-    def memory(self, timeout: float = 5.0) -> EngineMemory | EngineStarting | None:
-        """What the engine process holds now (device memory, its RAM, the loaded model), or that it is still
-        loading its libraries; answered during a job too. None when no engine process is running or it does
-        not answer in time."""
+    def _ask_status(self, question: tuple, timeout: float):
+        """The engine process's answer to ``question`` on its status channel; EngineSilent when it runs but
+        does not answer in time, None when no engine process runs."""
         with self._status_lock:
             worker = self._worker
             if worker is None or not worker.process.is_alive():
@@ -254,13 +274,23 @@ class WorkerClient:
             try:
                 while worker.status.poll(0):   # a late answer to a question that timed out
                     worker.status.recv()
-                worker.status.send(("memory",))
+                worker.status.send(question)
                 if not worker.status.poll(timeout):
-                    return None
-                reply = worker.status.recv()
+                    return EngineSilent()
+                return worker.status.recv()
             except (EOFError, OSError):
                 return None
-        return reply if isinstance(reply, (EngineMemory, EngineStarting)) else None
+
+    def memory(self, timeout: float = 5.0) -> EngineMemory | EngineStarting | EngineSilent | None:
+        """What the engine process holds now (device memory, its RAM, the loaded model), that it is still
+        loading its libraries, or that it does not answer; answered during a job too. None when no engine
+        process is running."""
+        reply = self._ask_status(("memory",), timeout)
+        return reply if isinstance(reply, (EngineMemory, EngineStarting, EngineSilent)) else None
+
+    def alive(self, timeout: float = 1.0) -> bool:
+        """Whether the engine process answers its status channel within ``timeout`` seconds."""
+        return self._ask_status(("ping",), timeout) == "pong"
 
     def hardware_profile(self) -> HardwareProfile:
         """The engine process's hardware, asked once and cached (the app never probes the GPU itself)."""
@@ -345,18 +375,24 @@ class WorkerClient:
                         pass
 
     def _read_events(self, worker: _Worker, job_id: str) -> Iterator[Event]:
-        phase = latents = None
+        watch = Watchdog(time.monotonic())
+        latents = None
         while True:
-            ready = wait([worker.conn, worker.process.sentinel])
+            ready = wait([worker.conn, worker.process.sentinel], timeout=WATCH_TICK_S)
+            if not ready:   # nothing came: is the engine still alive, and still moving?
+                reason = self._check_on(watch)
+                if reason:
+                    yield from self._replace_hung(worker, job_id, watch.phase, latents, reason)
+                    return
+                continue
             if worker.conn in ready:
                 try:
                     event = worker.conn.recv()
                 except (EOFError, OSError):
                     event = None
                 if event is not None:
-                    if isinstance(event, PhaseStarted):
-                        phase = event.phase
-                    elif isinstance(event, LatentsSaved):
+                    watch.saw(event, time.monotonic())
+                    if isinstance(event, LatentsSaved):
                         latents = event.path
                     yield event
                     if is_terminal(event):
@@ -365,13 +401,37 @@ class WorkerClient:
             # The pipe closed or the process ended without a terminal event: it died.
             worker.process.join(timeout=5)
             reason = _signal_name(worker.process.exitcode)
-            where = f" during {phase.replace('_', ' ')}" if phase else ""
-            self._ensure_worker()  # a fresh worker, ready for the next job
-            yield Info(job_id, "A fresh engine process was started.")
-            hint = ("Nothing else was lost; the next job runs in a fresh engine process. If it happens again, "
-                    "lower the size or frames and run 'python app.py doctor'.")
-            if latents:
-                hint += f" {DECODE_AGAIN_HINT}"
-            yield JobFailed(job_id, f"The engine process stopped unexpectedly{where} ({reason}).", hint, phase,
-                            "crash", latents)
+            where = f" during {watch.phase.replace('_', ' ')}" if watch.phase else ""
+            yield from self._failed(job_id, f"The engine process stopped unexpectedly{where} ({reason}).",
+                                    watch.phase, "crash", latents)
             return
+
+    def _check_on(self, watch: Watchdog) -> str | None:
+        """Why the engine of the running job is hung, or None: asks its status channel when it has been quiet."""
+        now = time.monotonic()
+        if self._cancel.is_set():
+            watch.cancel_asked(now)
+        if watch.should_ask(now):
+            watch.answered(self.alive(timeout=1.0), time.monotonic())
+        return watch.hung(time.monotonic())
+
+    def _replace_hung(self, worker: _Worker, job_id: str, phase: str | None, latents: str | None,
+                      reason: str) -> Iterator[Event]:
+        """Kill an engine process that stopped answering (a stopped process dies too) and fail its job."""
+        worker.process.kill()
+        worker.process.join(timeout=10)
+        self.hung += 1
+        where = f" during {phase.replace('_', ' ')}" if phase else ""
+        yield from self._failed(job_id, f"The engine stopped answering{where} ({reason}), so it was stopped.",
+                                phase, "hung", latents)
+
+    def _failed(self, job_id: str, message: str, phase: str | None, kind: str,
+                latents: str | None) -> Iterator[Event]:
+        """A fresh engine process for the next job, and the end of this one."""
+        self._ensure_worker()
+        yield Info(job_id, "A fresh engine process was started.")
+        hint = ("Nothing else was lost; the next job runs in a fresh engine process. If it happens again, "
+                "lower the size or frames and run 'python app.py doctor'.")
+        if latents:
+            hint += f" {DECODE_AGAIN_HINT}"
+        yield JobFailed(job_id, message, hint, phase, kind, latents)

@@ -9,7 +9,8 @@ from __future__ import annotations
 import gradio as gr
 
 from engine.planner import strategy_words
-from engine.sysinfo import GIB, EngineMemory, EngineStarting
+from engine.sysinfo import GIB, EngineMemory, EngineSilent, EngineStarting
+from engine.watchdog import SILENCE_LIMIT_S
 
 from .chains import when_ended
 from .context import AppContext
@@ -29,7 +30,7 @@ def _ago(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h ago"
 
 
-def system_markdown(memory: EngineMemory | EngineStarting | None, ram_total: int, ram_available: int,
+def system_markdown(memory: EngineMemory | EngineStarting | EngineSilent | None, ram_total: int, ram_available: int,
                     running: str | None, last: tuple[str, float] | None = None, waiting: int = 0) -> str:
     """Two compact lines: the machine, then the engine (pure, for tests). ``running`` is what the running job
     does; ``last`` how the last job ended and how long ago (shown while idle, so a job shorter than the
@@ -39,6 +40,10 @@ def system_markdown(memory: EngineMemory | EngineStarting | None, ram_total: int
     queue = f" · {waiting} waiting" if waiting else ""
     if memory is None:
         return f"**System:** {ram}  \n**Engine:** not running (it starts with the app and again after a fault){queue}"
+    if isinstance(memory, EngineSilent):
+        doing = f" · last said: {running}" if running else ""
+        return (f"**System:** {ram}  \n**Engine:** not answering (stopped, or hung in a driver call); a job on it "
+                f"is stopped and a fresh engine started after {SILENCE_LIMIT_S:.0f} s of silence{doing}{queue}")
     if isinstance(memory, EngineStarting):
         doing = f" · {running}" if running else ""
         return (f"**System:** {ram}  \n**Engine:** starting: loading torch and diffusers "

@@ -177,3 +177,43 @@ def test_while_the_engine_loads_its_libraries_it_says_so(tmp_path):
         assert isinstance(answers[-1], EngineMemory) and answers[-1].model is None
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_a_stopped_engine_is_declared_hung_replaced_and_the_next_job_runs(client, presets, outputs, cancel):
+    """SIGSTOP freezes the engine mid-job: within the documented limit the job fails saying so, the frozen
+    process is killed, and the next job runs in a fresh one. A cancel shortens the wait."""
+    import time
+
+    from engine.sysinfo import EngineSilent
+    from engine.watchdog import CANCEL_SILENCE_S, QUIET_BEFORE_ASKING_S, SILENCE_LIMIT_S
+
+    frozen = []
+
+    def stop_then(event):
+        if event.step == 2 and not frozen:
+            os.kill(client.pid, signal.SIGSTOP)
+            frozen.append((client.pid, time.monotonic()))
+            assert isinstance(client.memory(timeout=1.0), EngineSilent)   # what the system panel sees
+            if cancel:
+                client.cancel()
+
+    events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=200)), stop_then)
+    took = time.monotonic() - frozen[0][1]
+    failure = events[-1]
+    assert isinstance(failure, JobFailed) and failure.kind == "hung" and failure.phase == "denoise"
+    assert failure.message.startswith("The engine stopped answering during denoise (it answered nothing for ")
+    limit = CANCEL_SILENCE_S if cancel else SILENCE_LIMIT_S
+    assert limit <= took <= limit + QUIET_BEFORE_ASKING_S + 4, took
+    assert not psutil_alive(frozen[0][0]), "the frozen engine process is still there"
+    after = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
+    assert isinstance(after[-1], JobFinished) and client.pid != frozen[0][0]
+
+
+def psutil_alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

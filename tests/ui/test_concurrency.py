@@ -157,6 +157,31 @@ def test_a_waiting_job_whose_client_goes_away_leaves_the_queue(app):
     assert 402 not in seeds
 
 
+def test_a_hung_engine_does_not_block_the_next_user(app):
+    """The engine freezes mid-job (SIGSTOP, as a hung driver): the panel says it does not answer, the job fails
+    saying so within the documented limit, and the next user's waiting job runs in a fresh engine."""
+    import os
+    import signal
+
+    from engine.watchdog import SILENCE_LIMIT_S
+    from tests.conftest import engine_pid
+
+    owner, next_user = Client(app["url"], verbose=False), Client(app["url"], verbose=False)
+    running = owner.submit(*long_job(501), api_name="/text_to_video")
+    _wait_denoising(running)
+    waiting = next_user.submit(*t2v(502), api_name="/text_to_video")
+    _wait_place(waiting, 1)
+    frozen = engine_pid(app)
+    os.kill(frozen, signal.SIGSTOP)
+    started = time.time()
+    _wait(lambda: "not answering" in owner.predict(api_name="/system"), 15, "the panel to say so", poll=0.5)
+    with pytest.raises(Exception, match=r"The engine stopped answering during denoise \(it answered nothing"):
+        running.result(timeout=60)
+    assert time.time() - started < SILENCE_LIMIT_S + 10
+    video, status, _, seed, *_ = waiting.result(timeout=120)
+    assert seed == 502 and Path(video).exists() and engine_pid(app) != frozen
+
+
 def test_a_user_sees_only_their_own_session(app):
     """Another session's stream carries nothing of a running job: gradio answers "session not found"."""
     first = Client(app["url"], verbose=False)
