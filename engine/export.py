@@ -5,9 +5,11 @@ into place, so a crash never leaves a half-written output behind.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import shutil
 import time
 from pathlib import Path
 
@@ -39,8 +41,49 @@ def to_uint8(frames: np.ndarray) -> np.ndarray:
     return (np.clip(frames, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
 
+class DiskFull(OSError):
+    """Not enough room in the outputs folder for what is being written; says how much is free, and where."""
+
+    def __init__(self, folder: Path, what: str, needed: int | None = None):
+        self.folder = Path(folder)
+        self.free = free_bytes(folder)
+        need = f", {needed / 1e6:.1f} MB needed" if needed else ""
+        super().__init__(errno.ENOSPC, f"the disk is full while writing the {what} ({self.free / 1e6:.1f} MB free "
+                                       f"in {self.folder}{need})")
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return 0
+
+
+# An H.264 file of this app's quality takes up to about a byte per pixel per frame (measured 0.95-1.03 on
+# noise, the worst case; real footage takes a tenth of that): what must be free before a video is written.
+VIDEO_BYTES_PER_PIXEL = 1.1
+# Room for the sidecar and the file system's own blocks.
+FILE_SLACK_BYTES = 256 * 1024
+
+
+def expected_bytes(frames: int, width: int, height: int) -> int:
+    """The most an output of ``frames`` frames (1: a PNG still) is expected to take on disk, sidecar included."""
+    per_pixel = 3.1 if frames == 1 else VIDEO_BYTES_PER_PIXEL   # an incompressible PNG: 3 bytes a pixel
+    return int(frames * width * height * per_pixel) + FILE_SLACK_BYTES
+
+
+def ensure_room(folder: Path, needed: int, what: str) -> None:
+    """DiskFull before anything is written when ``folder`` has less than ``needed`` bytes free."""
+    if free_bytes(folder) < needed:
+        raise DiskFull(folder, what, needed)
+
+
 def write_mp4(frames: np.ndarray, path: Path, fps: int) -> Path:
-    """Encode uint8 frames (F, H, W, 3) as H.264 yuv420p."""
+    """Encode uint8 frames (F, H, W, 3) as H.264 yuv420p: the whole file or nothing (no partial file is left,
+    whatever fails, a full disk included)."""
     import imageio_ffmpeg
 
     path = Path(path)
@@ -58,15 +101,17 @@ def write_mp4(frames: np.ndarray, path: Path, fps: int) -> Path:
                 raise ValueError(f"frame {index} is {frame.shape} {frame.dtype}, expected ({height}, {width}, 3) uint8")
             writer.send(np.ascontiguousarray(frame))
         writer.close()
-    except BaseException:
+        written, _ = imageio_ffmpeg.count_frames_and_secs(str(tmp))
+        if written != len(frames):
+            raise OSError(f"the video encoder wrote {written} of {len(frames)} frames; nothing was saved")
+        os.replace(tmp, path)
+    except BaseException as exc:
         writer.close()
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, Exception) and free_bytes(path.parent) < expected_bytes(len(frames), width, height):
+            # ffmpeg's own account of a full disk is pages of its log: say what happened instead.
+            raise DiskFull(path.parent, "video") from None
         raise
-    written, _ = imageio_ffmpeg.count_frames_and_secs(str(tmp))
-    if written != len(frames):
-        tmp.unlink(missing_ok=True)
-        raise OSError(f"the video encoder wrote {written} of {len(frames)} frames; nothing was saved")
-    os.replace(tmp, path)
     return path
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import errno
 
 from .events import JobFailed
+from .export import DiskFull
 from .models import ModelError
 from .request import InputError
 from .words import sentence
@@ -12,11 +13,17 @@ from .words import sentence
 def failure_event(job_id: str, exc: BaseException, phase: str | None) -> JobFailed:
     """The JobFailed event for an exception raised during ``phase``."""
     message, hint = describe_failure(exc, phase)
-    kind = "input" if isinstance(exc, InputError) else "model" if isinstance(exc, ModelError) else "runtime"
+    kind = ("input" if isinstance(exc, InputError) else "model" if isinstance(exc, ModelError)
+            else "disk" if is_disk_full(exc) else "runtime")
     return JobFailed(job_id, message, hint, phase, kind, problems=getattr(exc, "problems", ()))
 
 
 OUT_OF_MEMORY_MARKERS = ("out of memory", "hip error: out of memory", "mps backend out of memory")
+
+
+def is_disk_full(exc: BaseException) -> bool:
+    return isinstance(exc, DiskFull) or getattr(exc, "errno", None) == errno.ENOSPC or \
+        "no space left on device" in str(exc).lower()
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -37,7 +44,9 @@ def describe_failure(exc: BaseException, phase: str | None) -> tuple[str, str]:
     if is_out_of_memory(exc):
         return (f"Out of device memory{where}.",
                 "Lower the size or the number of frames, or pick a smaller model; then try again.")
-    if getattr(exc, "errno", None) == errno.ENOSPC or "no space left on device" in text.lower():
+    if isinstance(exc, DiskFull):
+        return sentence(str(exc)), "Free some disk space or choose another outputs folder."
+    if is_disk_full(exc):
         return f"The disk is full{where}.", "Free some disk space or choose another outputs folder."
     return (sentence(f"{exc.__class__.__name__}{where}: {text}"),
             "Try again; if it repeats, run 'python app.py doctor' and report the error with its output.")

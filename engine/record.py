@@ -6,13 +6,16 @@ import time
 from pathlib import Path
 
 from . import __version__
-from .export import write_mp4, write_png
+from .export import ensure_room, expected_bytes, write_mp4, write_png
 from .request import GenerationRequest
 from .runtime import peak_vram_gb
 
 
 def write_media(request: GenerationRequest, frames, stem: Path) -> Path:
-    """The PNG of a still (mode t2i) or the mp4 of a video, complete or not at all."""
+    """The PNG of a still (mode t2i) or the mp4 of a video, complete or not at all; refused before anything
+    is written (DiskFull) when the outputs folder has not the room it may take."""
+    count, height, width = frames.shape[:3]
+    ensure_room(stem.parent, expected_bytes(count, width, height), "image" if request.mode == "t2i" else "video")
     if request.mode == "t2i":
         return write_png(frames[0], stem.with_suffix(".png"))
     return write_mp4(frames, stem.with_suffix(".mp4"), request.fps)

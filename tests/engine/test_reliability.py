@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import time
@@ -145,6 +146,49 @@ def test_a_full_disk_fails_clearly_and_keeps_earlier_outputs(small_disk, model_d
         assert path.read_bytes() == data
     leftovers = [p.name for p in small_disk.rglob("*") if p.is_file() and p not in before and p != filler]
     assert leftovers == [], leftovers
+
+
+def _fill(disk: Path, leave: int) -> Path:
+    """Fill ``disk`` but for about ``leave`` bytes."""
+    filler = disk / "filler"
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, b"\0" * 4096):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    os.truncate(filler, max(0, filler.stat().st_size - leave))
+    return filler
+
+
+def test_a_disk_too_full_for_the_video_keeps_the_latents_and_says_how_much_is_free(small_disk, model_dirs, presets,
+                                                                                   tmp_path):
+    engine = Engine(tmp_path / "m", CPU)
+    filler = _fill(small_disk, 160 * 1024)    # room for the latents (80 kB), not for the video
+    failed = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], small_disk, width=128, height=128, frames=17),
+                        "a", lambda e: None)
+    assert isinstance(failed, JobFailed) and failed.phase == "export"
+    assert re.fullmatch(r"The disk is full while writing the video \(0\.\d MB free in \S+, 0\.\d MB needed\)\.",
+                        failed.message), failed.message
+    assert len(failed.text) < 400 and "FFMPEG" not in failed.text
+    assert failed.latents and Path(failed.latents).is_file() and "Decode again" in failed.hint
+    assert [p.name for p in small_disk.rglob("*partial*")] == []
+    filler.unlink()   # room again: decoding the kept latents gives the video
+    again = engine.decode_saved(failed.latents, "b", lambda e: None)
+    assert isinstance(again, JobFinished) and read_video(again.paths[0])[0].shape == (17, 128, 128, 3)
+
+
+def test_a_video_the_disk_cannot_hold_leaves_no_partial_file_and_one_sentence(small_disk):
+    from engine.export import DiskFull, write_mp4
+
+    _fill(small_disk, 64 * 1024)
+    noise = (np.random.default_rng(0).random((33, 256, 256, 3)) * 255).astype(np.uint8)   # about 2 MB of mp4
+    with pytest.raises(DiskFull) as info:
+        write_mp4(noise, small_disk / "clip.mp4", 16)
+    assert str(info.value).startswith("the disk is full while writing the video (0.") and "FFMPEG" not in str(info.value)
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
 def test_memory_does_not_grow_over_runs_and_model_swaps(selftest_models_dir, presets, outputs, image_file):
