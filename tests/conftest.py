@@ -106,6 +106,14 @@ def image_file(tmp_path_factory) -> Path:
     return path
 
 
+def shown(markdown: str) -> str:
+    """Markdown as it reads on the page: escaped characters (``\\.``, ``&lt;``) as the characters."""
+    import html
+    import re
+
+    return html.unescape(re.sub(r"\\(.)", r"\1", markdown))
+
+
 def said(clause: str) -> str:
     """How a problem's clause reads in a message: as a sentence, with a capital first letter."""
     return clause[:1].upper() + clause[1:]

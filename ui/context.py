@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.jobqueue import JobQueue
-from engine.models import ModelError, check_ref_length
+from engine.models import REPO_ID, ModelError, check_ref_length
 from engine.presets import Preset, UserPresets
 from engine.selftest import SELFTEST_REFS
 from engine.worker import WorkerClient
@@ -65,7 +65,11 @@ def checked_model_ref(ref: str | None, models_dir: str | Path, allow_paths: bool
         if _inside(local, models):
             return str(Path(os.path.abspath(local)))
         raise refused
-    return ref               # a repo id (or nonsense, which the engine refuses with its own message)
+    if not REPO_ID.match(ref):   # markup, an address, a scheme-relative path...: none of them names a model
+        raise ModelError(f"model {ref!r} is neither a Hugging Face repo id (org/name, letters, digits, '.', '_' and "
+                         f"'-'), nor {' or '.join(SELFTEST_REFS)}, nor a folder inside the models folder; give one "
+                         "of those")
+    return ref               # a repo id (one that does not exist is refused by the engine, with its own message)
 
 
 @dataclass(frozen=True)

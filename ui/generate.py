@@ -6,7 +6,6 @@ sentence, said once in the job's status, before the job waits or loads anything.
 """
 from __future__ import annotations
 
-import html
 import sys
 from dataclasses import replace
 from typing import Callable, Iterator
@@ -87,7 +86,8 @@ def _fail(view: JobView, failure: JobFailed) -> gr.Error:
     gr.Warning(f"{view.status} See the status under the result.", duration=6, title="Not started"
                if failure.kind in ("input", "model", "queue") else "Failed")
     _say(f"{view.status} {failure.text}")
-    return gr.Error(html.escape(failure.text, quote=False), visible=False, print_exception=False)
+    # Never shown on the page (visible=False), so the API caller gets the text as it is, not HTML-escaped.
+    return gr.Error(failure.text, visible=False, print_exception=False)
 
 
 def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Callable[[], Callable[[], Iterator]],

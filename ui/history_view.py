@@ -1,24 +1,21 @@
 """What the History tab says about past outputs, as markdown (pure; no gradio)."""
 from __future__ import annotations
 
-import html
-import re
 from pathlib import Path
 
 from engine.history import HistoryEntry
 from engine.words import plural
 
 from .job_view import PHASE_LABELS
+from .text import plain
 
 MODE_NAMES = {"t2v": "Text to video", "i2v": "Image to video", "t2i": "Text to image"}
 NOTHING_CHOSEN = "Pick an output in the gallery to see its settings and timings."
-_MARKDOWN_SPECIAL = re.compile(r"([\\`*_{}\[\]()#+\-.!|~>])")
 
 
 def escape_markdown(text: str) -> str:
     """User text (a prompt, a model name) shown literally: no HTML, no markdown formatting, one line."""
-    text = html.escape(" ".join(str(text).split()), quote=False)
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", text)
+    return plain(text, one_line=True)
 
 
 def _gb(value: float | None) -> str:

@@ -14,6 +14,7 @@ from engine.events import (DownloadProgress, Event, Info, JobCancelled, JobFaile
 from engine.planner import strategy_words
 from engine.words import plural
 
+from .text import plain
 from .timing_chart import timing_chart_html
 
 PHASE_LABELS = {
@@ -232,30 +233,31 @@ class JobView:
         return "running"
 
     def markdown(self) -> str:
+        """The status as markdown. Its text may quote the user's own (a model name, a file name): it is shown
+        as written, never as markdown or HTML."""
         if self.failure is not None:
             return self._failure_markdown()
-        lines = [f"**{self.status}**"]
+        lines = [f"**{plain(self.status)}**"]
         if self.result is None and any(p is not None for p in self.peaks):
             vram, ram = self.peaks
             shown = ([f"VRAM {vram:.2f} GB"] if vram is not None else []) + ([f"RAM {ram:.2f} GB"] if ram else [])
             lines += ["", "Peak so far: " + ", ".join(shown)]
-        if self.plan:
-            lines += ["", plan_line(self.plan)]
-        lines += [f"- {note}" for note in self.notes]
-        return "\n".join(lines)
-
+        return self._with_plan_and_notes(lines)
 
     def _failure_markdown(self) -> str:
         """The failure said once: a headline, then each problem (with what to change) or the message and hint."""
         failure = self.failure
-        lines = [f"**{self.status}**"]
+        lines = [f"**{plain(self.status)}**"]
         if len(failure.problems) > 1:
-            lines += ["", *(f"- {problem}" for problem in failure.problems)]
+            lines += ["", *(f"- {plain(problem)}" for problem in failure.problems)]
         else:
-            lines += ["", failure.text]
+            lines += ["", plain(failure.text)]
+        return self._with_plan_and_notes(lines)
+
+    def _with_plan_and_notes(self, lines: list[str]) -> str:
         if self.plan:
             lines += ["", plan_line(self.plan)]
-        lines += [f"- {note}" for note in self.notes]
+        lines += [f"- {plain(note)}" for note in self.notes]
         return "\n".join(lines)
 
 

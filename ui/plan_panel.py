@@ -15,6 +15,7 @@ from engine.words import plural
 
 from .context import AppContext
 from .job_view import PHASE_LABELS
+from .text import code, plain
 
 AUTO = "Auto"
 STRATEGY_CHOICES = (AUTO, *LADDER)
@@ -94,10 +95,10 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, pr
     except ValueError as exc:   # InputError, ModelError and a bad override are all ValueErrors
         problems = getattr(exc, "problems", ())
         if len(problems) > 1:
-            return "**No plan yet:**\n" + "\n".join(f"- {problem}" for problem in problems)
-        return f"**No plan yet:** {exc}"
+            return "**No plan yet:**\n" + "\n".join(f"- {plain(problem)}" for problem in problems)
+        return f"**No plan yet:** {plain(exc)}"
     kind = "image to video" if mode == "i2v" else "video"
-    subject = (f"_For `{request.model}`, {kind} {request.width}x{request.height}, {plural(request.frames, 'frame')}, "
+    subject = (f"_For {code(request.model)}, {kind} {request.width}x{request.height}, {plural(request.frames, 'frame')}, "
                f"on {hardware.summary()}._")
     return subject + "\n\n" + plan_markdown(plan)
 

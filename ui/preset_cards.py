@@ -6,7 +6,6 @@ the page never probes the GPU itself. An entry is plain JSON, the same for the p
 """
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 from engine.hardware import HardwareProfile
@@ -17,11 +16,9 @@ from engine.request import GenerationRequest
 from engine.words import plural
 
 from .context import AppContext
+from .text import plain
 
 MODE_TITLES = {"t2v": "Text to Video", "i2v": "Image to Video"}
-# What markdown would read as links, images, HTML, emphasis, code, tables or maths; a backslash before each
-# shows it as it is. Not '.', '-', '(' or ')': inside a bare URL (made a link) the backslash would show.
-MARKDOWN_CHARS = re.compile(r"[\\`*_\[\]!<>|~$]")
 # Said when a plan does not fit and no change the planner knows would make it fit.
 NO_WAY_OUT = "Neither fewer frames, a smaller size nor a smaller known model makes it fit on this machine."
 # How a form's changes can be checked before a run.
@@ -87,15 +84,10 @@ def machine_markdown(entries: list[dict]) -> str:
     return f"Expected memory: not known yet ({problem})." if problem else ""
 
 
-def _plain(text: str) -> str:
-    """``text`` shown as written: a user preset's title or description is not markdown (no links, no images)."""
-    return MARKDOWN_CHARS.sub(r"\\\g<0>", text)
-
-
 def card_markdown(entry: dict) -> str:
     """A preset's card: title, description, settings, and the memory the engine expects for it here."""
     mine = " · *your preset*" if entry.get("user") else ""
-    lines = [f"### {_plain(entry['title'])}{mine}", _plain(entry["description"]), "",
+    lines = [f"### {plain(entry['title'])}{mine}", plain(entry["description"]), "",
              f"- **Model:** `{entry['model']}` ({MODE_TITLES.get(entry['mode'], entry['mode'])})",
              f"- **Size:** {entry['width']}x{entry['height']}, {plural(entry['frames'], 'frame')} "
              f"({entry['seconds']:.1f} s at {entry['fps']} fps)",

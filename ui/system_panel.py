@@ -6,14 +6,19 @@ Every visitor sees it: it names what runs and how the last job ended, never anyo
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import gradio as gr
 
+from engine.models import is_hub_ref
 from engine.planner import strategy_words
 from engine.sysinfo import GIB, EngineMemory, EngineSilent, EngineStarting
+from engine.selftest import SELFTEST_REFS
 from engine.watchdog import SILENCE_LIMIT_S
 
 from .chains import when_ended
 from .context import AppContext
+from .text import code
 
 REFRESH_SECONDS = 2.0
 
@@ -57,13 +62,19 @@ def system_markdown(memory: EngineMemory | EngineStarting | EngineSilent | None,
     else:
         vram = "no separate GPU memory"
     strategy = strategy_words(memory.strategy or "", "cpu" if memory.backend == "cpu" else memory.backend)[0]
-    model = f"`{memory.model}` loaded ({strategy})" if memory.model else "no model loaded"
+    model = f"{code(model_name(memory.model))} loaded ({strategy})" if memory.model else "no model loaded"
     state = f"running: {running}" if running else "idle"
     if not running and last is not None:
         said, seconds = last
         state += f" · last job: {said} (ended {_ago(seconds)})"
     return (f"**System:** {device} · {vram} · {ram}, engine process {_gb(memory.engine_ram_gb)}  \n"
             f"**Engine:** {state}{queue} · {model}")
+
+
+def model_name(ref: str) -> str:
+    """How every visitor sees the loaded model: a repo id or self-test model as it is, a folder by its name
+    only (its path on this machine is nobody else's business)."""
+    return ref if is_hub_ref(ref) or ref in SELFTEST_REFS else Path(ref).name
 
 
 def current_markdown(ctx: AppContext) -> str:

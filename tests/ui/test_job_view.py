@@ -9,6 +9,7 @@ from PIL import Image
 
 from engine.events import (JobCancelled, JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted,
                            PreviewReady, StepFinished)
+from tests.conftest import shown
 from ui.job_view import JobView
 
 
@@ -31,7 +32,7 @@ def test_failure_is_shown_once_with_what_to_do():
     view.apply(StepFinished("j", 3, 10, 0.5, 3.5))
     view.apply(JobFailed("j", "Out of device memory during denoise.", "Lower the size.", "denoise"))
     assert view.status == "Failed during Denoise."
-    assert view.markdown() == "**Failed during Denoise.**\n\nOut of device memory during denoise. Lower the size."
+    assert shown(view.markdown()) == "**Failed during Denoise.**\n\nOut of device memory during denoise. Lower the size."
     # The phase table says where it failed, not that it still runs.
     assert view.timing_rows() == [["Denoise", None, "failed at step 3/10"]]
 
@@ -41,10 +42,10 @@ def test_settings_mistakes_are_a_list_of_sentences_under_one_headline():
                 "try 64 or 80.")
     view = JobView().apply(JobFailed("j", " ".join(problems), "", None, "input", problems=problems))
     assert view.status == "Not started: the settings need a change."
-    assert view.markdown().splitlines() == ["**Not started: the settings need a change.**", "",
+    assert shown(view.markdown()).splitlines() == ["**Not started: the settings need a change.**", "",
                                             f"- {problems[0]}", f"- {problems[1]}"]
     one = JobView().apply(JobFailed("j", problems[0], "", None, "input", problems=problems[:1]))
-    assert one.markdown() == f"**Not started: the settings need a change.**\n\n{problems[0]}"
+    assert shown(one.markdown()) == f"**Not started: the settings need a change.**\n\n{problems[0]}"
     assert "Failed" not in one.markdown() and "Change the settings named above" not in one.markdown()
 
 

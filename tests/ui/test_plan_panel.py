@@ -8,6 +8,7 @@ from engine.hardware import HardwareProfile
 from engine.modelspec import KNOWN_MODELS
 from engine.planner import PlanRequest, plan_memory
 from engine.worker import WorkerClient
+from tests.conftest import shown
 from ui.context import AppContext
 from ui.job_view import JobView
 from ui.plan_panel import AUTO, form_plan_markdown, override_fields, plan_markdown
@@ -102,27 +103,27 @@ def test_an_empty_field_falls_back_to_the_preset(ctx):
 ])
 def test_a_model_that_cannot_be_planned_is_one_line(ctx, monkeypatch, tmp_path, model, message):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", model, 64, 64, 9)
+    text = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", model, 64, 64, 9))
     assert text.startswith("**No plan yet:**") and message in text and "\n" not in text
 
 
 def test_a_folder_that_is_not_a_model_is_one_line(ctx, tmp_path):
-    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", str(tmp_path), 64, 64, 9)
+    text = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", str(tmp_path), 64, 64, 9))
     assert text.startswith("**No plan yet:**") and "outside the app's models folder" in text
 
 
 def test_bad_sizes_say_what_to_change(ctx):
-    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 70, 64, 10)
+    text = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 70, 64, 10))
     assert text == ("**No plan yet:**\n- Width 70 is not a multiple of 16, which selftest-t2v needs: try 64 or 80."
                     "\n- Frames must be 4k+1 (1, 5, 9, ... up to 125): 10 is not; try 9 or 13.")
-    too_long = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 129)
+    too_long = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 129))
     assert too_long == ("**No plan yet:** Frames 129 is more than selftest-t2v can make (its position table has 32 "
                         "rows for the frames): use at most 125.")
     assert "whole number" in form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64.5, 64, 9)
 
 
 def test_a_bad_override_is_one_line(ctx):
-    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, "turbo")
+    text = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, "turbo"))
     assert text.startswith("**No plan yet:** unknown strategy 'turbo'")
 
 
@@ -130,9 +131,9 @@ def test_the_status_shows_the_plan_the_engine_used():
     spec = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
     plan = plan_memory(spec, PlanRequest(832, 480, 81), RTX_3060).to_dict()
     view = JobView().apply(PlanReady("j", plan)).apply(Info("j", "Plan: why"))
-    shown = view.markdown()
-    assert f"Plan: {plan['strategy']} (predicted peak {plan['predicted_peak_vram_gb']:.2f} GB device" in shown
-    assert shown.index(f"Plan: {plan['strategy']} (") < shown.index("- Plan: why")
+    text = shown(view.markdown())
+    assert f"Plan: {plan['strategy']} (predicted peak {plan['predicted_peak_vram_gb']:.2f} GB device" in text
+    assert text.index(f"Plan: {plan['strategy']} (") < text.index("- Plan: why")
     # After an out-of-memory step-down the engine announces the lower rung: the status follows it.
     assert plan["strategy"] != "leaf_offload"
     view.apply(PlanReady("j", {**plan, "strategy": "leaf_offload"}))

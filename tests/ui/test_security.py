@@ -105,6 +105,10 @@ def test_which_model_references_the_page_accepts(models_here):
                 str(models_here / ".." / "elsewhere"), "/no/such/folder"]:
         with pytest.raises(ModelError, match=ALLOW_PATHS_HINT):
             checked_model_ref(ref, models_here)
+    # Markup, addresses and scheme-relative paths name no model: refused before they are shown anywhere.
+    for ref in ["**bold**", "<img src=x>", "![i](x.png)", "//evil.example/x.png", "http://evil.example/x"]:
+        with pytest.raises(ModelError):
+            checked_model_ref(ref, models_here)
     # --allow-model-paths, and what the operator chose (--model, presets), pass unchanged.
     assert checked_model_ref("/etc", models_here, allow_paths=True) == "/etc"
     assert checked_model_ref("~/wan", models_here, trusted=("~/wan",)) == "~/wan"
@@ -334,3 +338,26 @@ def test_uploads_over_50_mb_are_refused_and_small_ones_work(app, tmp_path, image
     client = Client(app["url"], verbose=False)
     with pytest.raises(Exception):
         client.predict(handle_file(str(big)), None, *I2V_TAIL, api_name="/image_to_video")
+
+
+MARKUP = "**bold** [a link](http://evil.example/x) ![an image](//evil.example/x.png) <img src=x>"
+
+
+def test_text_someone_typed_is_never_markup_and_never_reaches_another_visitor(app, client):
+    """A model box full of markup is refused as no model; the owner's status shows the text as written (no
+    link, no image, no bold), and another visitor's page shows none of it."""
+    job = client.submit("selftest-t2v", "a fox", "", MARKUP, 64, 64, 9, 2, 5.0, 3.0, 7, api_name="/text_to_video")
+    with pytest.raises(Exception, match=r"The model cannot be used: model '\*\*bold\*\* \[a link\]"):
+        job.result(timeout=60)
+    status = str(job.outputs()[-1][1])
+    assert "\\*\\*bold\\*\\*" in status and "](http" not in status and "<img" not in status and "](//" not in status
+    other = Client(app["url"], verbose=False)
+    assert "bold" not in other.predict(api_name="/system") and "evil" not in other.predict(api_name="/system")
+    assert "evil" not in app["log"].read_text().split("[page]")[0]
+
+
+def test_the_system_panel_names_a_loaded_folder_without_its_path(client, app, models_folder):
+    client.predict("selftest-t2v", "a fox", "", str(models_folder / "my-wan"), 64, 64, 9, 2, 5.0, 3.0, 7,
+                   api_name="/text_to_video")
+    panel = Client(app["url"], verbose=False).predict(api_name="/system")
+    assert "`my-wan` loaded" in panel and str(models_folder) not in panel
