@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import shutil
 import sys
 from pathlib import Path
 
@@ -52,6 +53,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     serve.add_argument("--listen", action="store_true", help="listen on all interfaces (0.0.0.0); needs a password")
     serve.add_argument("--share", action="store_true", help="create a public share link; needs a password")
     serve.add_argument("--auth", help="user:password required to open the page")
+    serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                       help="another name the page may be reached by (behind a proxy); localhost, the --host "
+                            "address and, with --listen, this machine's names and addresses are always allowed")
     serve.add_argument("--model", help="model to select at start (repo id, folder, selftest-t2v, selftest-i2v)")
     serve.add_argument("--no-browser", action="store_true", help="do not open the page in a browser")
     serve.add_argument("--allow-model-paths", action="store_true",
@@ -359,23 +363,47 @@ def _presets_with_user_folder(folder: str):
     return user.presets, user
 
 
+# Where gradio keeps its copies of results and uploads: in the app's own folder, one per outputs folder.
+SERVED_ROOT = ROOT / ".served"
+
+
+def prepare_served_dir(outputs: str | Path, root: Path = SERVED_ROOT) -> Path:
+    """The folder gradio keeps its copies of results and uploads in, the app's own (not the shared system temp
+    folder, whose files other apps put there), emptied at every start; and gradio's telemetry off.
+    Must run before gradio is imported."""
+    import hashlib
+
+    served = root / hashlib.sha256(str(Path(outputs).resolve()).encode()).hexdigest()[:16]
+    shutil.rmtree(served, ignore_errors=True)
+    served.mkdir(parents=True, exist_ok=True)
+    os.environ["GRADIO_TEMP_DIR"] = str(served)
+    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    return served
+
+
 def serve(args) -> int:
     from engine import APP_NAME
     from engine.jobqueue import JobQueue
     from engine.worker import WorkerClient
-    from ui.app_ui import MAX_QUEUE, PAGE_CSS, build_app, server_threads
-    from ui.context import AppContext
 
     if args.max_queue is not None and args.max_queue < 1:
         raise SystemExit("error: --max-queue must be at least 1")
     auth = resolve_auth(args)
     Path(args.outputs).mkdir(parents=True, exist_ok=True)
+    served = prepare_served_dir(args.outputs)   # before gradio is imported
+    from starlette.middleware import Middleware
+
+    from ui.app_ui import MAX_QUEUE, PAGE_CSS, build_app, server_threads
+    from ui.context import AppContext
+    from ui.guard import Guard, HostAllowList, LoginThrottle
+
     presets, user_presets = _presets_with_user_folder(args.user_presets)
     client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, preview_seconds=args.preview_every)
     client.start()  # the engine process loads its libraries while the page starts and loads
     max_queue = args.max_queue or MAX_QUEUE
     ctx = AppContext(client, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
-                     models_dir=args.models_dir, user_presets=user_presets, jobs=JobQueue(max_queue))
+                     models_dir=args.models_dir, user_presets=user_presets, jobs=JobQueue(max_queue),
+                     served_dir=str(served))
     demo = build_app(ctx)
     try:
         # quiet: gradio's own start-up lines (and its tip about share=True) give way to ours.
@@ -383,7 +411,9 @@ def serve(args) -> int:
                     share=args.share, auth=auth, inbrowser=not args.no_browser,
                     allowed_paths=[str(Path(args.outputs).resolve())], max_file_size="50mb",
                     footer_links=["api"], css=PAGE_CSS, max_threads=server_threads(max_queue), quiet=True,
-                    prevent_thread_lock=True)
+                    prevent_thread_lock=True, app_kwargs={"middleware": [Middleware(
+                        Guard, hosts=HostAllowList.for_server(args.host, args.listen, args.share, args.allowed_host),
+                        throttle=LoginThrottle())]})
         print(f"{APP_NAME} is running at {demo.local_url} (Ctrl+C stops it)", flush=True)
         if demo.share_url:
             print(f"Share link for colleagues (password required): {demo.share_url}", flush=True)

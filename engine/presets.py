@@ -21,6 +21,8 @@ NAME_CHARS = re.compile(r"[A-Za-z0-9_-]+")
 MAX_NAME_CHARS = 64
 MAX_TITLE_CHARS = 100
 MAX_DESCRIPTION_CHARS = 1000
+# Names Windows gives to devices: no file may be called so (con.json included).
+WINDOWS_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(1, 10)), *(f"lpt{i}" for i in range(1, 10))}
 # How a preset name's refused characters are named in the message.
 CHAR_NAMES = {" ": "a space", ".": "a dot", "/": "a slash", "\\": "a backslash", "\t": "a tab"}
 # Enough for anyone; stops a page caller from filling the disk with presets.
@@ -141,6 +143,9 @@ def check_user_preset_name(name: object, builtin_names=()) -> str:
     name = name.strip()
     if name.lower() in {b.lower() for b in builtin_names}:
         raise PresetError(f"{name!r} is the name of a built-in preset, which cannot be replaced; pick another name")
+    if name.split(".")[0].lower() in WINDOWS_RESERVED:
+        raise PresetError(f"{name!r} is a name Windows keeps for a device, so its file could not be made there; "
+                          "pick another name")
     if len(name) > MAX_NAME_CHARS:
         raise PresetError(f"the name has {len(name)} characters; use at most {MAX_NAME_CHARS}")
     if not NAME_CHARS.fullmatch(name):

@@ -7,6 +7,7 @@ from engine import APP_NAME, __version__
 
 from . import decode_tab, history_tab, i2v_tab, presets_tab, simple_api, system_panel, t2v_tab
 from .context import AppContext
+from .generate import owner_of
 from .tabs import TAB_IDS
 
 # Jobs waiting beyond this are refused with a "queue full" message (serve --max-queue N changes it).
@@ -55,7 +56,7 @@ def build_app(ctx: AppContext) -> gr.Blocks:
 
         def unload_model(session: gr.Request = None):
             # In the queue like a job: it waits for the running one to end instead of cutting in.
-            with ctx.jobs.turn(getattr(session, "session_hash", None), "unload"):
+            with ctx.jobs.turn(owner_of(session), "unload"):
                 ctx.client.unload()
             return "The model was unloaded; the next run loads it again."
 

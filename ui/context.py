@@ -72,6 +72,22 @@ def checked_model_ref(ref: str | None, models_dir: str | Path, allow_paths: bool
     return ref               # a repo id (one that does not exist is refused by the engine, with its own message)
 
 
+def forget_served_copies(served_dir: str | None, names: list[str]) -> list[Path]:
+    """Remove the copies of the files ``names`` that the page was served from (gradio copies every result
+    into its cache, here the app's own folder, ``served_dir``): a deleted output no longer downloads."""
+    if not served_dir or not names:
+        return []
+    gone = []
+    for name in set(names):
+        for copy in Path(served_dir).glob(f"*/{name}"):
+            if copy.is_file() and not copy.is_symlink():
+                copy.unlink(missing_ok=True)
+                gone.append(copy)
+                if not any(copy.parent.iterdir()):
+                    copy.parent.rmdir()
+    return gone
+
+
 @dataclass(frozen=True)
 class AppContext:
     client: WorkerClient
@@ -86,6 +102,8 @@ class AppContext:
     jobs: JobQueue = field(default_factory=JobQueue)
     # The user's own presets (saved from the page), kept in ``presets`` too; None: saving is off.
     user_presets: UserPresets | None = None
+    # The folder the page's files are served from (gradio's cache, the app's own: see app.serve).
+    served_dir: str | None = None
 
     def presets_for(self, mode: str) -> list[str]:
         wanted = "i2v" if mode == "i2v" else "t2v"

@@ -31,6 +31,21 @@ WAIT_UPDATE_S = 1.0
 Show = Callable[[JobView, "Event | None"], dict]
 
 
+def owner_of(session: gr.Request | None) -> str | None:
+    """Who asked for a job, as the server knows them: the page's session together with the login it came with.
+
+    A session id alone is only what the client says; the login token is the server's own, so with a password
+    another visitor who learns someone's session id still cannot cancel their job. None without a session.
+    """
+    session_hash = getattr(session, "session_hash", None)
+    if not session_hash:
+        return None
+    request = getattr(session, "request", None)
+    cookies = dict(getattr(request, "cookies", None) or {})
+    token = next((value for name, value in cookies.items() if name.startswith("access-token")), "")
+    return f"{token}:{session_hash}"
+
+
 def upload_path(payload, name: str) -> str | None:
     """The file of an image as the page or an API client sent it (gradio's upload record, whose path gradio
     has checked is an upload), or None for no image; InputError for anything else."""
@@ -99,7 +114,7 @@ def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Cal
     estimate; its owner's Cancel takes it out. Once it runs, every engine event updates the view.
     """
     view = JobView()
-    owner = getattr(session, "session_hash", None)
+    owner = owner_of(session)
     try:
         start = prepare()
         ticket = ctx.jobs.join(owner, what)
@@ -145,7 +160,7 @@ def cancel(ctx: AppContext, session: gr.Request | None) -> str:
 
     Only what the caller's own session started is touched; the answer says what happened.
     """
-    mine = getattr(session, "session_hash", None)
+    mine = owner_of(session)
     withdrawn = ctx.jobs.withdraw(mine)
     left = ("Your waiting job was taken out of the queue." if withdrawn == 1 else
             f"Your {withdrawn} waiting jobs were taken out of the queue.")

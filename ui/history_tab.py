@@ -13,7 +13,7 @@ import gradio as gr
 from engine.history import (DEFAULT_LIMIT, HistoryEntry, HistoryError, ReuseValues, delete_output, find_entry,
                             reuse_values, scan_history)
 
-from .context import AppContext
+from .context import AppContext, forget_served_copies
 from .form import Form, preset_choices
 from .history_view import NOTHING_CHOSEN, confirm_markdown, entry_markdown, summary_markdown
 from .tabs import TAB_IDS, tab_by_id
@@ -132,11 +132,17 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     keep_btn.click(lambda: gr.Group(visible=False), None, confirm_box, api_visibility="private",
                    show_progress="hidden")
 
-    def confirm_delete(key):
+    def delete_everywhere(key) -> list[str]:
+        """The output's files, and the copies of them the page was served from."""
         try:
             removed = delete_output(ctx.outputs_dir, key)
         except HistoryError as exc:
             raise _error(exc) from None
+        forget_served_copies(ctx.served_dir, removed)
+        return removed
+
+    def confirm_delete(key):
+        removed = delete_everywhere(key)
         gr.Info(f"Deleted {html.escape(removed[0])} and {len(removed) - 1} file(s) that belonged to it.")
         return (None, NOTHING_CHOSEN, *_shown(None), gr.Button(interactive=False), gr.Button(interactive=False),
                 gr.Group(visible=False), *list_outputs())
@@ -153,10 +159,7 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     def delete_output_api(key: str) -> dict:
         """Delete the output with this key (as /history lists it) and its sidecar, latents and kept inputs.
         Returns {"key": key, "removed": [file names]}; an unknown or already deleted key is an error."""
-        try:
-            return {"key": key, "removed": delete_output(ctx.outputs_dir, key)}
-        except HistoryError as exc:
-            raise _error(exc) from None
+        return {"key": key, "removed": delete_everywhere(key)}
 
     gr.api(history, api_name="history")
     gr.api(delete_output_api, api_name="delete_output")

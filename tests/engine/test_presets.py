@@ -154,6 +154,9 @@ def test_save_writes_the_user_folder_and_never_the_builtin_one(tmp_path, presets
     ("my preset", "the name 'my preset' has a space in it: use only letters, digits, '-' and '_'"),
     ("../evil", "has a dot and a slash in it"),
     ("my preset!", "the name 'my preset!' has a space and '!' in it"),
+    ("con", "'con' is a name Windows keeps for a device"),
+    ("NUL", "'NUL' is a name Windows keeps for a device"),
+    ("lpt1", "'lpt1' is a name Windows keeps for a device"),
     ("x" * 65, "the name has 65 characters; use at most 64"),
 ])
 def test_bad_names_are_refused_with_what_to_change(tmp_path, presets, name, expected):

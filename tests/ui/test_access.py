@@ -102,3 +102,106 @@ def test_this_machine_only_needs_no_password(host):
 def test_a_malformed_auth_is_refused(auth):
     with pytest.raises(SystemExit, match="--auth must look like user:password"):
         _auth_for("--share", "--auth", auth)
+
+
+# ----- what every request passes first (ui/guard.py) ---------------------------------------------------
+@pytest.fixture(scope="module")
+def locked(tmp_path_factory, selftest_models_dir):
+    """An app with a password, as colleagues on a network use it."""
+    from tests.conftest import selftest_app
+
+    with selftest_app(tmp_path_factory, selftest_models_dir, "locked", "--auth", "alice:s3cret-pass") as app:
+        yield app
+
+
+def test_a_request_for_another_host_name_is_refused(locked, tmp_path, selftest_models_dir):
+    """DNS rebinding: a page elsewhere that makes the browser ask this app under its own name gets nothing."""
+    import httpx
+
+    from tests.conftest import running_app
+
+    with running_app(tmp_path / "app.log", "--outputs", str(tmp_path / "out"), "--models-dir",
+                     str(selftest_models_dir)) as (url, _):      # no password: this machine only
+        for path in ("config", "gradio_api/info", "gradio_api/call/system", ""):
+            forged = httpx.get(url + path, headers={"Host": "evil.example"}, timeout=10)
+            assert forged.status_code == 400 and "not served under the name 'evil.example'" in forged.text
+        for host in ("127.0.0.1", "localhost", f"localhost:{url.rsplit(':', 1)[1].strip('/')}"):
+            assert httpx.get(url + "config", headers={"Host": host}, timeout=10).status_code == 200, host
+    assert httpx.get(locked["url"] + "config", headers={"Host": "evil.example"}, timeout=10).status_code == 400
+
+
+def test_wrong_passwords_from_one_address_are_slowed_down(locked):
+    import httpx
+
+    from ui.guard import FREE_LOGIN_TRIES
+
+    login = locked["url"] + "login"
+    with httpx.Client(timeout=10) as http:
+        for _ in range(FREE_LOGIN_TRIES):
+            assert http.post(login, data={"username": "alice", "password": "guess"}).status_code == 400
+        slowed = http.post(login, data={"username": "alice", "password": "s3cret-pass"})
+        assert slowed.status_code == 429 and "Too many wrong passwords from this address: wait" in slowed.text
+        time.sleep(1.2)       # the first wait is a second; each wrong one after it doubles it
+        assert http.post(login, data={"username": "alice", "password": "s3cret-pass"}).status_code == 200
+        # The right password clears the count.
+        assert http.post(login, data={"username": "alice", "password": "guess"}).status_code == 400
+
+
+def test_gradio_s_own_cancel_route_needs_a_login(locked):
+    import httpx
+
+    answer = httpx.post(locked["url"] + "gradio_api/cancel", timeout=10,
+                        json={"session_hash": "someone", "fn_index": 0, "event_id": "x"})
+    assert answer.status_code == 401
+
+
+def test_a_cancel_is_bound_to_the_login_not_to_a_session_id_someone_sent(locked):
+    """Two colleagues with the one password: the second, knowing the first's session id, still cannot cancel."""
+    import httpx
+
+    first = Client(locked["url"], auth=("alice", "s3cret-pass"), verbose=False)
+    job = first.submit("selftest-t2v", "a long one", "", "selftest-t2v", 256, 256, 33, 200, 5.0, 3.0, 1,
+                       api_name="/text_to_video")
+    deadline = time.time() + 60
+    while not any("Denoising: step" in str(o[1]) for o in job.outputs()):
+        assert time.time() < deadline and not job.done()
+        time.sleep(0.1)
+    with httpx.Client(timeout=10) as other:
+        assert other.post(locked["url"] + "login", data={"username": "alice", "password": "s3cret-pass"}).status_code == 200
+        for route, body in (("gradio_api/call/cancel", {"data": [], "session_hash": first.session_hash}),
+                            ("gradio_api/cancel", {"session_hash": first.session_hash, "fn_index": 0,
+                                                   "event_id": "x"})):
+            refused = other.post(locked["url"] + route, json=body)
+            assert refused.status_code == 403 and "belongs to another login" in refused.text, (route, refused.text)
+        # Nor can it read that session's events.
+        stream = other.get(locked["url"] + "gradio_api/queue/data", params={"session_hash": first.session_hash})
+        assert stream.status_code == 403
+        # Its own session is its own.
+        posted = other.post(locked["url"] + "gradio_api/call/cancel", json={"data": [], "session_hash": "its-own"})
+        answer = other.get(locked["url"] + "gradio_api/call/cancel/" + posted.json()["event_id"]).text
+    assert "Nothing of yours is running or waiting" in answer, answer
+    time.sleep(1.0)
+    assert not job.done(), "another login's cancel stopped the job"
+    assert "Cancelling your job" in first.predict(api_name="/cancel")
+    assert "Cancelled during the denoising" in job.result(timeout=60)[1]
+
+
+def test_a_raw_api_client_cancels_its_own_job_with_its_session_id(tmp_path, selftest_models_dir):
+    import httpx
+
+    from tests.conftest import running_app
+    from tests.ui.test_security import OVERRIDES
+
+    with running_app(tmp_path / "app.log", "--outputs", str(tmp_path / "out"), "--models-dir",
+                     str(selftest_models_dir)) as (url, _), httpx.Client(timeout=60) as http:
+        mine = {"session_hash": "my-own-session"}
+        data = ["selftest-t2v", "a long one", "", "selftest-t2v", 256, 256, 33, 200, 5.0, 3.0, 1, *OVERRIDES]
+        event = http.post(url + "gradio_api/call/text_to_video", json={"data": data, **mine}).json()["event_id"]
+        with http.stream("GET", url + f"gradio_api/call/text_to_video/{event}") as stream:
+            lines = stream.iter_lines()
+            for line in lines:
+                if "Denoising: step" in line:
+                    break
+            # The cancel runs once posted (its own answer shares the session's stream: read the job's instead).
+            assert http.post(url + "gradio_api/call/cancel", json={"data": [], **mine}).status_code == 200
+            assert any("Cancelled during the denoising" in line for line in lines)

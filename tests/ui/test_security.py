@@ -317,6 +317,60 @@ def test_an_output_video_is_downloadable(app):
     assert direct.status_code == 200 and direct.content == served.content
 
 
+def test_a_deleted_output_no_longer_downloads_from_where_the_page_got_it(app):
+    reply = _call_api(app, "text_to_video", [*_t2v("selftest-t2v", seed=23), *OVERRIDES])
+    payload = json.loads(reply.split("event: complete", 1)[1].split("data:", 1)[1].strip())
+    served = payload[0]["url"]
+    assert _get(served).status_code == 200
+    client = Client(app["url"], verbose=False)
+    [entry] = [e for e in client.predict(api_name="/history") if e["seed"] == 23]
+    client.predict(entry["key"], api_name="/delete_output")
+    assert _get(served).status_code in (403, 404)
+    assert not [p for p in Path(ROOT / ".served").rglob(Path(entry["media"]).name)]
+
+
+def test_other_apps_files_in_the_shared_temp_folder_are_neither_served_nor_taken_as_input(app, image_file):
+    import tempfile
+
+    theirs = Path(tempfile.gettempdir()) / "gradio" / f"another-app-{uuid.uuid4().hex}"
+    theirs.mkdir(parents=True)
+    try:
+        shutil.copy(image_file, theirs / "their-photo.png")
+        (theirs / "notes.txt").write_text("THEIR-SECRET")
+        for name in ("their-photo.png", "notes.txt"):
+            response = _get(app["url"] + f"gradio_api/file={theirs / name}")
+            assert response.status_code == 403 and b"THEIR-SECRET" not in response.content
+        image = {"path": str(theirs / "their-photo.png"), "meta": {"_type": "gradio.FileData"}}
+        reply = _call_api(app, "image_to_video", [image, None, *I2V_TAIL, *OVERRIDES])
+        assert "event: error" in reply and "event: complete" not in reply, reply
+    finally:
+        shutil.rmtree(theirs, ignore_errors=True)
+
+
+def test_a_page_in_the_outputs_folder_is_served_as_text_not_run(app):
+    page = app["outputs"] / "trap.html"
+    page.write_text("<html><script>alert('hi')</script></html>")
+    response = httpx.get(app["url"] + f"gradio_api/file={page.resolve()}", timeout=10)
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain")
+    assert response.headers["content-disposition"] == "attachment"
+    assert response.headers["x-content-type-options"] == "nosniff"
+    page.unlink()
+
+
+def test_the_app_keeps_its_served_copies_in_its_own_folder_emptied_at_start(tmp_path, monkeypatch):
+    import app as app_module
+
+    monkeypatch.delenv("GRADIO_TEMP_DIR", raising=False)
+    monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)
+    served = app_module.prepare_served_dir(tmp_path / "outputs", root=tmp_path / "served")
+    (served / "left-from-before").mkdir()
+    again = app_module.prepare_served_dir(tmp_path / "outputs", root=tmp_path / "served")
+    assert again == served and list(served.iterdir()) == []
+    assert os.environ["GRADIO_TEMP_DIR"] == str(served) and os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
+    assert app_module.prepare_served_dir(tmp_path / "other", root=tmp_path / "served") != served
+
+
 # ----- 3. upload size ------------------------------------------------------------
 def test_uploads_over_50_mb_are_refused_and_small_ones_work(app, tmp_path, image_file):
     big = tmp_path / "big.png"
@@ -350,7 +404,10 @@ def test_text_someone_typed_is_never_markup_and_never_reaches_another_visitor(ap
     with pytest.raises(Exception, match=r"The model cannot be used: model '\*\*bold\*\* \[a link\]"):
         job.result(timeout=60)
     status = str(job.outputs()[-1][1])
-    assert "\\*\\*bold\\*\\*" in status and "](http" not in status and "<img" not in status and "](//" not in status
+    # Every mark escaped: no emphasis, no link or image syntax, no tag, no bare address.
+    for escaped in ("\\*\\*bold\\*\\*", "\\[a link\\](http:\\/\\/evil.example/x)", "!\\[an image\\]", "&lt;img src=x&gt;"):
+        assert escaped in status, (escaped, status)
+    assert "<img" not in status
     other = Client(app["url"], verbose=False)
     assert "bold" not in other.predict(api_name="/system") and "evil" not in other.predict(api_name="/system")
     assert "evil" not in app["log"].read_text().split("[page]")[0]
