@@ -393,7 +393,7 @@ def serve(args) -> int:
     served = prepare_served_dir(args.outputs)   # before gradio is imported
     from starlette.middleware import Middleware
 
-    from ui.app_ui import MAX_QUEUE, PAGE_CSS, build_app, server_threads
+    from ui.app_ui import MAX_QUEUE, PAGE_CSS, STATE_SESSIONS, build_app, server_threads
     from ui.context import AppContext
     from ui.guard import Guard, HostAllowList, LoginThrottle
 
@@ -411,7 +411,8 @@ def serve(args) -> int:
                     share=args.share, auth=auth, inbrowser=not args.no_browser,
                     allowed_paths=[str(Path(args.outputs).resolve())], max_file_size="50mb",
                     footer_links=["api"], css=PAGE_CSS, max_threads=server_threads(max_queue), quiet=True,
-                    prevent_thread_lock=True, app_kwargs={"middleware": [Middleware(
+                    prevent_thread_lock=True, state_session_capacity=STATE_SESSIONS,
+                    app_kwargs={"middleware": [Middleware(
                         Guard, hosts=HostAllowList.for_server(args.host, args.listen, args.share, args.allowed_host),
                         throttle=LoginThrottle())]})
         print(f"{APP_NAME} is running at {demo.local_url} (Ctrl+C stops it)", flush=True)

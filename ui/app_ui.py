@@ -12,6 +12,10 @@ from .tabs import TAB_IDS
 
 # Jobs waiting beyond this are refused with a "queue full" message (serve --max-queue N changes it).
 MAX_QUEUE = 16
+# Pages whose state the server keeps (gradio keeps each visitor's values, about 0.33 MB a page with this app,
+# measured in docs/reliability.md; its default of 10,000 would let the server grow by some 3 GB): the oldest
+# page beyond this loses its state and is asked to reload.
+STATE_SESSIONS = 300
 # Threads the server may use: every waiting job holds one while it waits its turn, and the page's own
 # events (the system panel, the plan, the history) need theirs.
 SERVER_THREADS = 40
