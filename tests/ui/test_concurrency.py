@@ -225,6 +225,10 @@ def test_a_full_queue_refuses_new_jobs_and_keeps_the_queued_ones(small_queue_app
     posted = httpx.post(url + "gradio_api/call/text_to_video", json={"data": [*t2v(204), *OVERRIDES]}, timeout=10)
     answer = httpx.get(url + "gradio_api/call/text_to_video/" + posted.json()["event_id"], timeout=60).text
     assert "event: error" in answer and "The queue is full" in answer, answer
+    # The panel and the history are no jobs either: they answer while the queue is full.
+    watcher = Client(url, verbose=False)
+    assert "2 waiting" in watcher.predict(api_name="/system")
+    assert isinstance(watcher.predict(api_name="/history"), list)
     # The owner's cancel is no job: it is answered at once, full queue or not.
     started = time.time()
     assert "Cancelling" in owner.predict(api_name="/cancel")
