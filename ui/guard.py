@@ -7,6 +7,9 @@
 - Sessions: with a password, a page session belongs to the login that opened it; a request naming another
   login's session is refused (403), so a session id someone learns neither shows nor cancels their jobs;
   gradio's own route for cancelling an event asks for a login.
+- Uploads: with a password, an uploaded file belongs to the login that uploaded it; another login can neither
+  download it nor give it as an input (403). Gradio names uploads by a keyed hash of their content, so their
+  paths are not guessed; this closes the case of a path that was learnt.
 - Files: outputs are served with a content type that a browser will not run as a page (no HTML, no SVG).
 """
 from __future__ import annotations
@@ -139,14 +142,38 @@ class SessionOwners:
             return owner == token
 
 
+@dataclass
+class UploadOwners:
+    """With a password, each uploaded file belongs to the login that uploaded it (uploads carry no session id:
+    the login is what the request proves)."""
+    most: int = 50_000
+    _owners: dict = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, paths, token: str | None) -> None:
+        with self._lock:
+            for path in paths:
+                if isinstance(path, str):
+                    self._owners[path] = token
+            while len(self._owners) > self.most:
+                self._owners.pop(next(iter(self._owners)))
+
+    def others(self, paths, token: str | None) -> bool:
+        """Whether any of ``paths`` is a file another login uploaded."""
+        with self._lock:
+            return any(self._owners.get(path, token) != token for path in paths)
+
+
 class Guard:
     """The ASGI middleware: see the module's docstring."""
 
-    def __init__(self, app, hosts: HostAllowList, throttle: LoginThrottle, sessions: SessionOwners | None = None):
+    def __init__(self, app, hosts: HostAllowList, throttle: LoginThrottle, sessions: SessionOwners | None = None,
+                 uploads: UploadOwners | None = None):
         self.app = app
         self.hosts = hosts
         self.throttle = throttle
         self.sessions = sessions or SessionOwners()
+        self.uploads = uploads or UploadOwners()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -164,9 +191,19 @@ class Guard:
         if method == "POST" and path.endswith("/gradio_api/cancel") and not logged_in(app, scope):
             return await _answer(send, 401, "Log in first.")
         if getattr(app, "auth", None) is not None and "/gradio_api/" in path:
-            receive, session_hash = await _session_of(scope, receive)
-            if session_hash and not self.sessions.claim(session_hash, login_token(scope)):
-                return await _answer(send, 403, "This session belongs to another login.")
+            token = login_token(scope)
+            if "/file=" in path:
+                if self.uploads.others([path.split("/file=", 1)[1]], token):
+                    return await _answer(send, 403, "This file was uploaded by another login.")
+            elif method == "POST" and path.endswith("/gradio_api/upload"):
+                return await self.app(scope, receive, _keeping_answer(send, lambda paths: self.uploads.record(
+                    paths if isinstance(paths, list) else (), token)))
+            else:
+                receive, session_hash, body = await _session_of(scope, receive)
+                if session_hash and not self.sessions.claim(session_hash, token):
+                    return await _answer(send, 403, "This session belongs to another login.")
+                if self.uploads.others(_file_paths(body), token):
+                    return await _answer(send, 403, "An input file was uploaded by another login: upload your own.")
         if "/file=" in path:
             return await self.app(scope, receive, _safe_types(send))
         return await self.app(scope, receive, send)
@@ -193,14 +230,13 @@ class Guard:
 
 async def _session_of(scope, receive):
     """(a receive() that replays the request body, the session id the request names in its query or its JSON
-    body, or None)."""
+    body or None, the JSON body or None)."""
     from urllib.parse import parse_qs
 
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    if query.get("session_hash"):
-        return receive, query["session_hash"][0]
+    named = query["session_hash"][0] if query.get("session_hash") else None
     if scope.get("method") != "POST" or b"json" not in dict(scope.get("headers", ())).get(b"content-type", b""):
-        return receive, None
+        return receive, named, None
     chunks, more = [], True
     while more:
         message = await receive()
@@ -219,9 +255,39 @@ async def _session_of(scope, receive):
     try:
         value = json.loads(body or b"{}")
     except ValueError:
-        return replay, None
+        return replay, named, None
     session_hash = value.get("session_hash") if isinstance(value, dict) else None
-    return replay, session_hash if isinstance(session_hash, str) else None
+    return replay, named or (session_hash if isinstance(session_hash, str) else None), value
+
+
+def _file_paths(value) -> list[str]:
+    """Every file path a request's JSON names (gradio's file records: {"path": ...})."""
+    found, stack = [], [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            if isinstance(item.get("path"), str):
+                found.append(item["path"])
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return found
+
+
+def _keeping_answer(send, seen: Callable):
+    """A send() that passes the response on and hands its JSON body to ``seen`` once it is complete."""
+    chunks = []
+
+    async def wrapped(message):
+        if message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                try:
+                    seen(json.loads(b"".join(chunks) or b"null"))
+                except ValueError:
+                    pass
+        await send(message)
+    return wrapped
 
 
 def _safe_types(send):

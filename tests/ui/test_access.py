@@ -205,3 +205,30 @@ def test_a_raw_api_client_cancels_its_own_job_with_its_session_id(tmp_path, self
             # The cancel runs once posted (its own answer shares the session's stream: read the job's instead).
             assert http.post(url + "gradio_api/call/cancel", json={"data": [], **mine}).status_code == 200
             assert any("Cancelled during the denoising" in line for line in lines)
+
+
+def test_an_upload_belongs_to_the_login_that_uploaded_it(locked, image_file):
+    """A colleague who learns the path of another's upload can neither download it nor animate it."""
+    import httpx
+
+    from tests.ui.test_security import I2V_TAIL, OVERRIDES
+
+    def logged_in_client():
+        http = httpx.Client(timeout=60)
+        assert http.post(locked["url"] + "login", data={"username": "alice", "password": "s3cret-pass"}).status_code == 200
+        return http
+
+    from contextlib import closing
+
+    with closing(logged_in_client()) as mine, closing(logged_in_client()) as theirs, open(image_file, "rb") as f:
+        [path] = mine.post(locked["url"] + "gradio_api/upload", files={"files": ("photo.png", f, "image/png")}).json()
+        assert mine.get(locked["url"] + f"gradio_api/file={path}").content == image_file.read_bytes()
+        assert theirs.get(locked["url"] + f"gradio_api/file={path}").status_code == 403
+        record = {"path": path, "meta": {"_type": "gradio.FileData"}}
+        data = [record, None, *I2V_TAIL, *OVERRIDES]
+        refused = theirs.post(locked["url"] + "gradio_api/call/image_to_video", json={"data": data})
+        assert refused.status_code == 403 and "uploaded by another login" in refused.text
+        posted = mine.post(locked["url"] + "gradio_api/call/image_to_video", json={"data": data})
+        assert posted.status_code == 200
+        answer = mine.get(locked["url"] + "gradio_api/call/image_to_video/" + posted.json()["event_id"]).text
+    assert "Done in" in answer, answer[-800:]
