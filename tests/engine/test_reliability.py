@@ -128,16 +128,7 @@ def test_a_full_disk_fails_clearly_and_keeps_earlier_outputs(small_disk, model_d
     first = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], small_disk), "a", lambda e: None)
     assert isinstance(first, JobFinished)
     before = {p: p.read_bytes() for p in small_disk.rglob("*") if p.is_file()}
-    filler = small_disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT)
-    try:
-        while os.write(fd, b"\0" * 4096):
-            pass
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-    os.truncate(filler, max(0, filler.stat().st_size - 2048))   # a little room: the probe passes, the run does not
+    filler = _fill(small_disk, 2048)   # a little room: the probe passes, the run does not
     failed = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], small_disk, width=128, height=128),
                         "b", lambda e: None)
     assert isinstance(failed, JobFailed) and "disk is full" in failed.message.lower()
