@@ -31,7 +31,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
 
 
 def _overrides(parser: argparse.ArgumentParser) -> None:
-    from engine.planner import LADDER, TEXT_ENCODER_PLACES
+    from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES
 
     parser.add_argument("--strategy", choices=LADDER, help="force a memory strategy (default: the planner's)")
     parser.add_argument("--text-encoder", choices=TEXT_ENCODER_PLACES, help="force where the text encoder runs")
@@ -127,7 +127,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 # ----- generate -----------------------------------------------------------
 def _pick_preset(presets, args):
-    from engine.presets import get_preset
+    from engine.settings.presets import get_preset
 
     if args.preset:
         return get_preset(presets, args.preset)
@@ -140,7 +140,7 @@ def _pick_preset(presets, args):
 
 
 def _build_request(args):
-    from engine.request import GenerationRequest
+    from engine.settings.request import GenerationRequest
 
     preset = _pick_preset(_presets_with_user_folder(args.user_presets)[0], args)
     image = getattr(args, "image", None)
@@ -167,8 +167,8 @@ def _print_timings(view, out) -> None:
 
 
 def generate(args) -> int:
-    from engine.presets import PresetError
-    from engine.worker import WorkerClient
+    from engine.service.worker import WorkerClient
+    from engine.settings.presets import PresetError
 
     try:
         request = _build_request(args)
@@ -181,7 +181,7 @@ def generate(args) -> int:
 
 
 def decode(args) -> int:
-    from engine.worker import WorkerClient
+    from engine.service.worker import WorkerClient
 
     client = WorkerClient(args.models_dir, latents_hours=args.latents_hours)
     return _follow(client, client.decode(args.latents, tiled=args.tiled, on_cpu=args.cpu))
@@ -189,8 +189,8 @@ def decode(args) -> int:
 
 def _follow(client, events) -> int:
     """Print a job's progress and timings; the exit code says how it ended."""
-    from engine.events import (Info, JobCancelled, JobFailed, JobFinished, PhaseStarted, StepFinished)
-    from ui.job_view import JobView
+    from engine.events import Info, JobCancelled, JobFailed, JobFinished, PhaseStarted, StepFinished
+    from ui.views.job_view import JobView
 
     view = JobView()
     tty = sys.stderr.isatty()
@@ -246,17 +246,17 @@ def _follow(client, events) -> int:
 def plan(args) -> int:
     import json
 
-    from engine.hardware import HardwareError, HardwareProfile
-    from engine.models import ModelError
-    from engine.planning import plan_request, plan_table
-    from engine.presets import PresetError
+    from engine.device.hardware import HardwareError, HardwareProfile
+    from engine.models.refs import ModelError
+    from engine.planning.ahead import plan_request, plan_table
+    from engine.settings.presets import PresetError
 
     try:
         request = _build_request(args)
         if args.hardware:
             hardware = HardwareProfile.from_file(args.hardware)
         else:
-            from engine.hardware import detect_hardware
+            from engine.device.hardware import detect_hardware
             hardware = detect_hardware()
         chosen = plan_request(request, hardware, Path(args.models_dir))
     except (PresetError, HardwareError, ModelError, ValueError) as exc:
@@ -277,8 +277,8 @@ def doctor(args) -> int:
     from importlib import metadata
 
     from engine import __version__
-    from engine.hardware import detect_hardware
-    from engine.request import check_outputs_dir
+    from engine.device.hardware import detect_hardware
+    from engine.settings.request import check_outputs_dir
 
     packages = {}
     for name in ("torch", "diffusers", "transformers", "accelerate", "gradio", "huggingface-hub",
@@ -352,7 +352,7 @@ def resolve_auth(args) -> tuple[str, str] | None:
 
 def _presets_with_user_folder(folder: str):
     """The built-in presets and the user's own from ``folder``; a bad user file is reported and skipped."""
-    from engine.presets import PresetError, UserPresets, load_presets
+    from engine.settings.presets import PresetError, UserPresets, load_presets
 
     try:
         user = UserPresets(Path(folder), load_presets())
@@ -383,8 +383,8 @@ def prepare_served_dir(outputs: str | Path, root: Path = SERVED_ROOT) -> Path:
 
 def serve(args) -> int:
     from engine import APP_NAME
-    from engine.jobqueue import JobQueue
-    from engine.worker import WorkerClient
+    from engine.service.jobqueue import JobQueue
+    from engine.service.worker import WorkerClient
 
     if args.max_queue is not None and args.max_queue < 1:
         raise SystemExit("error: --max-queue must be at least 1")

@@ -1,4 +1,4 @@
-"""Measure what engine/memory.py's constants stand for, on a real GPU with real-size random weights.
+"""Measure what engine/planning/memory.py's constants stand for, on a real GPU with real-size random weights.
 
     python bench/calibrate_memory.py OUT.json
 

@@ -14,10 +14,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine.hardware import HardwareProfile  # noqa: E402
-from engine.modelspec import KNOWN_MODELS  # noqa: E402
-from engine.planner import PlanRequest, _phases, _rung, plan_memory  # noqa: E402
-from engine.presets import load_presets  # noqa: E402
+from engine.device.hardware import HardwareProfile  # noqa: E402
+from engine.models.spec import KNOWN_MODELS  # noqa: E402
+from engine.planning.planner import PlanRequest, _phases, _rung, plan_memory  # noqa: E402
+from engine.settings.presets import load_presets  # noqa: E402
 
 
 def hardware(budget: float) -> HardwareProfile:

@@ -24,13 +24,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-import engine.record as record_module  # noqa: E402
+import engine.outputs.record as record_module  # noqa: E402
 from bench.validate_memory import MODELS, BenchEngine, fake_mp4  # noqa: E402
+from engine.device.hardware import GIB, HardwareProfile  # noqa: E402
+from engine.device.usage import engine_memory  # noqa: E402
 from engine.events import JobFinished, PreviewReady, StepFinished  # noqa: E402
-from engine.hardware import GIB, HardwareProfile  # noqa: E402
-from engine.presets import load_presets  # noqa: E402
-from engine.request import GenerationRequest  # noqa: E402
-from engine.sysinfo import engine_memory  # noqa: E402
+from engine.settings.presets import load_presets  # noqa: E402
+from engine.settings.request import GenerationRequest  # noqa: E402
 
 SETTINGS = {"off": -1.0, "every 1 s": 1.0, "every step": 0.0}
 

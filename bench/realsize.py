@@ -1,7 +1,7 @@
 """Real-size Wan components with random weights, built on the GPU (no download needed).
 
 Used by the memory calibration and validation scripts on a lent GPU. The
-shapes are the released models' (engine/modelspec.py); only the weights are random.
+shapes are the released models' (engine/models/spec.py); only the weights are random.
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def image_encoder(dtype=torch.bfloat16):
 
 
 def tokenizer():
-    from engine.selftest import _tokenizer
+    from engine.models.selftest import _tokenizer
     return _tokenizer()
 
 

@@ -4,7 +4,7 @@
 
 Builds the real-size UMT5-XXL text encoder (bench/realsize.py: Wan's shapes, random bf16 weights), then
 encodes a prompt and a negative prompt of 512 tokens each (what one guided run needs) with the encoder
-placed by the engine's own code (engine/apply.py: place_encoders, encoder_visiting):
+placed by the engine's own code (engine/run/apply_plan.py: place_encoders, encoder_visiting):
 
 - ``device``: resident on the GPU (the fastest possible; needs 10.6 GiB of device memory all the time);
 - ``offload``: moved to the GPU whole to encode, then back to RAM;
@@ -12,7 +12,7 @@ placed by the engine's own code (engine/apply.py: place_encoders, encoder_visiti
 - ``cpu``: run on the CPU.
 
 For each: the encode time (first and later runs), and the device memory it takes above what was there
-before, compared with the planner's prediction (engine/memory.py), which calibrates
+before, compared with the planner's prediction (engine/planning/memory.py), which calibrates
 STREAMED_TEXT_ENCODER_LEAVES.
 """
 from __future__ import annotations
@@ -35,9 +35,9 @@ PLACES = ("device", "offload", "streamed", "cpu")
 
 def base_plan(place: str):
     """A real plan for the 1.3B model on this GPU, with the text encoder where asked."""
-    from engine.hardware import detect_hardware
-    from engine.modelspec import KNOWN_MODELS
-    from engine.planner import PlanRequest, plan_memory
+    from engine.device.hardware import detect_hardware
+    from engine.models.spec import KNOWN_MODELS
+    from engine.planning.planner import PlanRequest, plan_memory
 
     plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"], PlanRequest(832, 480, 81),
                        detect_hardware())
@@ -48,7 +48,7 @@ def encode(pipe, plan, ids, mask) -> None:
     """One guided run's encoding, as the engine does it: prompt and negative, the encoder visiting if offloaded."""
     import torch
 
-    from engine.apply import encoder_device, encoder_visiting
+    from engine.run.apply_plan import encoder_device, encoder_visiting
 
     device = encoder_device(plan)
     with encoder_visiting(pipe, "text_encoder", plan), torch.no_grad():
@@ -61,9 +61,9 @@ def encode(pipe, plan, ids, mask) -> None:
 def measure(pipe, place: str, repeats: int, ids, mask) -> dict:
     import torch
 
-    from engine import memory as mem
-    from engine.apply import place_encoders
-    from engine.modelspec import KNOWN_MODELS
+    from engine.models.spec import KNOWN_MODELS
+    from engine.planning import memory as mem
+    from engine.run.apply_plan import place_encoders
 
     plan = base_plan(place)
     started = time.perf_counter()

@@ -25,16 +25,16 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-import engine.engine as engine_module  # noqa: E402
-import engine.record as record_module  # noqa: E402
+import engine.outputs.record as record_module  # noqa: E402
+import engine.run.engine as engine_module  # noqa: E402
 from bench import realsize  # noqa: E402
-from engine.apply import loaded_into_ram  # noqa: E402
-from engine.engine import Engine  # noqa: E402
+from engine.device.hardware import GIB, HardwareProfile  # noqa: E402
 from engine.events import JobFinished, PlanReady  # noqa: E402
-from engine.hardware import GIB, HardwareProfile  # noqa: E402
-from engine.models import ResolvedModel  # noqa: E402
-from engine.presets import load_presets  # noqa: E402
-from engine.request import GenerationRequest  # noqa: E402
+from engine.models.refs import ResolvedModel  # noqa: E402
+from engine.run.apply_plan import loaded_into_ram  # noqa: E402
+from engine.run.engine import Engine  # noqa: E402
+from engine.settings.presets import load_presets  # noqa: E402
+from engine.settings.request import GenerationRequest  # noqa: E402
 
 MODELS = {  # model key -> (presets, transformer, pipeline class, wan2.2 VAE)
     "1.3b": (("wan21-t2v-1.3b", "fastwan21-t2v-1.3b"), "wan21-1.3b", "WanPipeline", False),
@@ -84,7 +84,7 @@ class BenchEngine(Engine):
         torch.cuda.set_per_process_memory_fraction(1.0)
         try:
             parts = build_parts(self.key, "cuda" if plan.load == "device_map" else "cpu")
-            for name in loaded_into_ram(plan):      # as the engine's loader does (engine/apply.py)
+            for name in loaded_into_ram(plan):      # as the engine's loader does (engine/run/apply_plan.py)
                 if name in parts:
                     parts[name].to("cpu")
         finally:

@@ -152,9 +152,9 @@ def run_engine(key: str, preset, steps: int, image_path: Path | None, budget: fl
     import torch
 
     from bench.validate_memory import BenchEngine
+    from engine.device.hardware import HardwareProfile
     from engine.events import JobFinished, PlanReady
-    from engine.hardware import HardwareProfile
-    from engine.request import GenerationRequest
+    from engine.settings.request import GenerationRequest
 
     total = torch.cuda.get_device_properties(0).total_memory / GIB
     card = budget or round(total, 1)
@@ -251,9 +251,9 @@ def main() -> None:
     import torch
     from PIL import Image
 
-    import engine.record as record_module
+    import engine.outputs.record as record_module
     from bench.validate_memory import fake_mp4
-    from engine.presets import load_presets
+    from engine.settings.presets import load_presets
 
     record_module.write_mp4 = fake_mp4   # no ffmpeg on the GPU machine; export is left out on both sides
     presets = load_presets()

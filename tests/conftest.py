@@ -19,10 +19,16 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from engine.presets import load_presets  # noqa: E402
-from engine.request import GenerationRequest  # noqa: E402
-from engine.selftest import (SELFTEST_I2V, SELFTEST_T2V, _TEXT_DIM, _text_encoder, _tokenizer,  # noqa: E402
-                             build_selftest_pipeline)
+from engine.models.selftest import (  # noqa: E402
+    _TEXT_DIM,
+    SELFTEST_I2V,
+    SELFTEST_T2V,
+    _text_encoder,
+    _tokenizer,
+    build_selftest_pipeline,
+)
+from engine.settings.presets import load_presets  # noqa: E402
+from engine.settings.request import GenerationRequest  # noqa: E402
 
 
 @pytest.fixture(scope="session")

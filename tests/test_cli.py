@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.export import read_video
+from engine.outputs.export import read_video
 from tests.conftest import ROOT, app_command, app_env, said
 
 REVISION = "89abcdef0123456789abcdef0123456789abcdef"

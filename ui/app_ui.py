@@ -4,11 +4,16 @@ from __future__ import annotations
 import gradio as gr
 
 from engine import APP_NAME, __version__
-
-from . import decode_tab, history_tab, i2v_tab, presets_tab, simple_api, system_panel, t2v_tab
-from .context import AppContext
-from .generate import owner_of
-from .tabs import TAB_IDS
+from ui import simple_api
+from ui.context import AppContext
+from ui.generate import owner_of
+from ui.parts import system_panel
+from ui.tabs import decode_again as decode_tab
+from ui.tabs import history as history_tab
+from ui.tabs import image_to_video as i2v_tab
+from ui.tabs import presets as presets_tab
+from ui.tabs import text_to_video as t2v_tab
+from ui.tabs.ids import TAB_IDS
 
 # Jobs waiting beyond this are refused with a "queue full" message (serve --max-queue N changes it).
 MAX_QUEUE = 16

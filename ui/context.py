@@ -5,11 +5,11 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.jobqueue import JobQueue
-from engine.models import REPO_ID, ModelError, check_ref_length
-from engine.presets import Preset, UserPresets
-from engine.selftest import SELFTEST_REFS
-from engine.worker import WorkerClient
+from engine.models.refs import REPO_ID, ModelError, check_ref_length
+from engine.models.selftest import SELFTEST_REFS
+from engine.service.jobqueue import JobQueue
+from engine.service.worker import WorkerClient
+from engine.settings.presets import Preset, UserPresets
 
 # The end of the message that refuses a model path from the page or the API.
 ALLOW_PATHS_HINT = "start the app with --allow-model-paths to use folders outside models/"

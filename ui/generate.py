@@ -13,15 +13,14 @@ from typing import Callable, Iterator
 import gradio as gr
 
 from engine.events import Event, JobFailed
-from engine.failures import failure_event
-from engine.jobqueue import QueueFull
-from engine.models import ModelError
-from engine.request import GenerationRequest, InputError
-
-from .chains import when_ended
-from .context import AppContext
-from .job_view import JobView
-from .plan_panel import AUTO, override_fields
+from engine.models.refs import ModelError
+from engine.run.failures import failure_event
+from engine.service.jobqueue import QueueFull
+from engine.settings.request import GenerationRequest, InputError
+from ui.context import AppContext
+from ui.parts.chains import when_ended
+from ui.views.job_view import JobView
+from ui.views.plan_panel import AUTO, override_fields
 
 # Every event that runs the engine is in this concurrency group; the JobQueue orders them.
 GPU_QUEUE = "gpu"

@@ -3,13 +3,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from engine.planning import limits_for
-from engine.presets import MODES, Preset, PresetError, check_user_preset_name, preset_json
-from engine.request import GenerationRequest, check_inputs, clean_prompt
-from engine.selftest import SELFTEST_REFS
-
-from .context import AppContext
-from .preset_cards import MODE_TITLES
+from engine.models.selftest import SELFTEST_REFS
+from engine.planning.ahead import limits_for
+from engine.settings.presets import MODES, Preset, PresetError, check_user_preset_name, preset_json
+from engine.settings.request import GenerationRequest, check_inputs, clean_prompt
+from ui.context import AppContext
+from ui.views.preset_cards import MODE_TITLES
 
 
 def _store(ctx: AppContext):

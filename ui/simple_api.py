@@ -5,9 +5,8 @@ import gradio as gr
 from gradio.data_classes import FileData
 
 from engine.events import JobFinished
-
-from .context import AppContext
-from .generate import GPU_QUEUE, build_request, engine_job, run_job
+from ui.context import AppContext
+from ui.generate import GPU_QUEUE, build_request, engine_job, run_job
 
 
 def build(ctx: AppContext) -> None:

@@ -8,10 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.apply import encoder_visiting, load_into_ram, loaded_into_ram
-from engine.hardware import HardwareProfile
-from engine.modelspec import SELFTEST_SPECS
-from engine.planner import PlanRequest, plan_memory
+from engine.device.hardware import HardwareProfile
+from engine.models.spec import SELFTEST_SPECS
+from engine.planning.planner import PlanRequest, plan_memory
+from engine.run.apply_plan import encoder_visiting, load_into_ram, loaded_into_ram
 
 CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
 
@@ -75,8 +75,8 @@ def test_a_device_mapped_load_takes_the_encoders_loaded_on_their_own(model_dirs)
     this machine has): the encoders come from their own load, in the plan's dtype, and the pipeline works."""
     from transformers import CLIPVisionModel, UMT5EncoderModel
 
-    from engine.engine import Engine
-    from engine.models import resolve_model
+    from engine.models.refs import resolve_model
+    from engine.run.engine import Engine
 
     folder = model_dirs["tiny-i2v"]
     plan = replace(offload_plan("cpu"), load="device_map", text_encoder="cpu", dtype="bfloat16")

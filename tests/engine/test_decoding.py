@@ -1,8 +1,8 @@
 """The order of VAE decode fallbacks after an out-of-memory error."""
 from __future__ import annotations
 
-from engine.decoding import decode_attempts
-from engine.memory import VAE_TILES
+from engine.planning.memory import VAE_TILES
+from engine.run.decoding import decode_attempts
 
 
 def test_a_device_decode_falls_back_to_smaller_tiles_then_the_cpu():

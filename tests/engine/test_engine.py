@@ -10,11 +10,19 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.engine import SELFTEST_NOTE, Engine
-from engine.events import (Info, JobCancelled, JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted,
-                           StepFinished)
-from engine.export import read_video
-from engine.hardware import HardwareProfile
+from engine.device.hardware import HardwareProfile
+from engine.events import (
+    Info,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    PhaseFinished,
+    PhaseStarted,
+    StepFinished,
+)
+from engine.outputs.export import read_video
+from engine.run.engine import SELFTEST_NOTE, Engine
 from tests.conftest import tiny_request
 
 CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
@@ -123,7 +131,7 @@ def test_image_to_video_crops_the_image_and_times_image_encoding(engine, model_d
 
 def test_a_last_frame_needs_a_first_and_last_frame_model(engine, model_dirs, presets, outputs, image_file,
                                                          tmp_path):
-    from engine.selftest import SELFTEST_I2V, build_selftest_pipeline
+    from engine.models.selftest import SELFTEST_I2V, build_selftest_pipeline
 
     flf = tmp_path / "tiny-flf2v"
     build_selftest_pipeline(SELFTEST_I2V, first_last=True).save_pretrained(flf)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from engine.export import output_stem, read_video, write_json, write_mp4, write_png
+from engine.outputs.export import output_stem, read_video, write_json, write_mp4, write_png
 
 
 def test_mp4_round_trip_is_h264_yuv420p(tmp_path):

@@ -18,12 +18,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.images import MAX_IMAGE_PIXELS, ImageError, check_image, describe_image, fit_image
-from engine.models import ModelError, check_model_folder, precheck_model
-from engine.presets import PresetError, load_preset_file
-from engine.request import (MAX_PROMPT_CHARS, InputError, check_inputs, check_inputs_with_notes,
-                            clean_prompt)
-from engine.weights import WeightFileError, read_header
+from engine.models.refs import ModelError, check_model_folder, precheck_model
+from engine.models.weights import WeightFileError, read_header
+from engine.settings.images import MAX_IMAGE_PIXELS, ImageError, check_image, describe_image, fit_image
+from engine.settings.presets import PresetError, load_preset_file
+from engine.settings.request import MAX_PROMPT_CHARS, InputError, check_inputs, check_inputs_with_notes, clean_prompt
 from tests.conftest import said, tiny_request
 
 W, H = 64, 48

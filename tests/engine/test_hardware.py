@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from engine.hardware import HardwareError, HardwareProfile, detect_hardware
+from engine.device.hardware import HardwareError, HardwareProfile, detect_hardware
 
 STRIX_HALO = {"backend": "rocm", "device_name": "AMD Radeon 8060S", "arch": "gfx1151", "vram_total_gb": 48,
               "vram_free_gb": 46.5, "ram_total_gb": 16, "ram_available_gb": 12.0, "unified_memory": True,

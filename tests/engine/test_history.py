@@ -11,14 +11,21 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.engine import Engine
+from engine.device.hardware import HardwareProfile
 from engine.events import JobFinished
-from engine.export import read_video
-from engine.hardware import HardwareProfile
-from engine.history import (HistoryError, delete_output, find_entry, output_files, read_entry, reuse_values,
-                            scan_history)
-from engine.images import fit_image
-from engine.inputs import keep_inputs
+from engine.outputs.export import read_video
+from engine.outputs.history import (
+    HistoryError,
+    delete_output,
+    find_entry,
+    output_files,
+    read_entry,
+    reuse_values,
+    scan_history,
+)
+from engine.outputs.kept_inputs import keep_inputs
+from engine.run.engine import Engine
+from engine.settings.images import fit_image
 from tests.conftest import tiny_request
 
 CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)

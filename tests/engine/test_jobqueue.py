@@ -5,7 +5,7 @@ import threading
 
 import pytest
 
-from engine.jobqueue import JobQueue, QueueFull
+from engine.service.jobqueue import JobQueue, QueueFull
 
 
 class Clock:

@@ -6,8 +6,8 @@ import shutil
 
 import pytest
 
-from engine.models import ModelError, check_model_folder, classify_ref, precheck_model, resolve_model
-from engine.modelspec import spec_from_folder
+from engine.models.refs import ModelError, check_model_folder, classify_ref, precheck_model, resolve_model
+from engine.models.spec import spec_from_folder
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.modelspec import KNOWN_MODELS, VAE21_PARAMS, VAE22_PARAMS, spec_for, spec_from_folder
+from engine.models.spec import KNOWN_MODELS, VAE21_PARAMS, VAE22_PARAMS, spec_for, spec_from_folder
 
 SHAPES = {
     "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30, in_channels=16),
@@ -45,7 +45,7 @@ def test_the_text_encoders_largest_tensor_is_its_token_embedding():
     from accelerate import init_empty_weights
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from engine.modelspec import UMT5_XXL_EMBEDDING_PARAMS
+    from engine.models.spec import UMT5_XXL_EMBEDDING_PARAMS
 
     config = UMT5Config(vocab_size=256384, d_model=4096, d_kv=64, d_ff=10240, num_layers=24, num_heads=64,
                         feed_forward_proj="gated-gelu")
@@ -82,7 +82,7 @@ def test_spec_from_files_reads_headers_and_configs(model_dirs):
 
 @pytest.mark.parametrize("ref", ["selftest-t2v", "selftest-i2v"])
 def test_selftest_specs_match_the_built_models(ref, selftest_models_dir):
-    from engine.modelspec import SELFTEST_SPECS
+    from engine.models.spec import SELFTEST_SPECS
 
     built = spec_from_folder(selftest_models_dir / ref, ref)
     assert SELFTEST_SPECS[ref] == built
@@ -94,7 +94,7 @@ def test_two_processes_building_the_selftest_model_at_once(tmp_path):
 
     from tests.conftest import ROOT
 
-    code = "import sys; from engine.selftest import ensure_selftest_model; ensure_selftest_model('selftest-t2v', sys.argv[1])"
+    code = "import sys; from engine.models.selftest import ensure_selftest_model; ensure_selftest_model('selftest-t2v', sys.argv[1])"
     procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], cwd=ROOT) for _ in range(2)]
     assert [p.wait(timeout=120) for p in procs] == [0, 0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["selftest-t2v"]

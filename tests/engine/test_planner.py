@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from engine.hardware import HardwareProfile
-from engine.modelspec import KNOWN_MODELS
-from engine.planner import LADDER, Override, PlanRequest, budgets, plan_memory
+from engine.device.hardware import HardwareProfile
+from engine.models.spec import KNOWN_MODELS
+from engine.planning.planner import LADDER, Override, PlanRequest, budgets, plan_memory
 
 HARDWARE = {
     # 64 GB unified memory split 48/16 by the BIOS (seed 002): RAM left to Windows is tiny.
@@ -133,7 +133,7 @@ def test_h200_runs_everything_on_the_device():
 def test_math_attention_buffer_is_predicted():
     # 832x480x33 on 14B with math attention wants ~29.4 GiB for the scores alone (seed 002).
     spec = KNOWN_MODELS[I2V_14]
-    from engine.memory import denoise_activations_gb
+    from engine.planning.memory import denoise_activations_gb
     tokens = spec.tokens(832, 480, 33)
     assert tokens == 14040
     extra = denoise_activations_gb(spec, tokens, 2, True) - denoise_activations_gb(spec, tokens, 2, False)
@@ -201,7 +201,7 @@ def test_cpu_only_machine_plans_in_ram():
                                           (I2V_14, PlanRequest(480, 480, 33, image_to_video=True))])
 def test_on_a_cpu_every_phase_holds_the_weights_once_and_nothing_is_transferred(ref, size):
     """Every weight is in RAM from the load on: each phase is the weights plus its own working memory."""
-    from engine import memory as mem
+    from engine.planning import memory as mem
 
     spec = KNOWN_MODELS[ref]
     chosen = plan_memory(spec, size, CPU_24)
@@ -222,7 +222,7 @@ def test_on_a_cpu_every_phase_holds_the_weights_once_and_nothing_is_transferred(
 
 
 def test_on_a_cpu_overrides_are_explained_and_tiles_larger_than_the_frame_are_not_tiles():
-    from engine.modelspec import SELFTEST_SPECS
+    from engine.models.spec import SELFTEST_SPECS
 
     chosen = plan_memory(SELFTEST_SPECS["selftest-t2v"], PlanRequest(64, 64, 9), CPU_24,
                          Override(strategy="group_offload", vae_tiling=True))

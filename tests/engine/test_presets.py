@@ -6,8 +6,15 @@ import re
 
 import pytest
 
-from engine.presets import (BUILTIN_PRESETS_DIR, PresetError, UserPresets, check_user_preset_name, get_preset,
-                            load_preset_file, load_presets)
+from engine.settings.presets import (
+    BUILTIN_PRESETS_DIR,
+    PresetError,
+    UserPresets,
+    check_user_preset_name,
+    get_preset,
+    load_preset_file,
+    load_presets,
+)
 
 
 def test_builtin_presets_hold_the_articles_settings(presets):

@@ -10,15 +10,25 @@ import pytest
 import torch
 from PIL import Image
 
-from engine.engine import Engine
+from engine.device.hardware import HardwareProfile
 from engine.events import Info, JobFinished, LatentsSaved, PhaseFinished, PhaseStarted, PreviewReady, StepFinished
-from engine.hardware import HardwareProfile
-from engine.latents import load_latents
-from engine.preview import (DERIVE_LATENT_FRAMES, DERIVE_LATENT_SIZE, DERIVE_SEED, PreviewMap, clean_estimate,
-                            encode_animation, fit_map, known_map, latents_to_frames, preview_map_for)
-from engine.schedulers import make_scheduler
-from engine.selftest import SELFTEST_T2V, _vae, build_selftest_pipeline
-from engine.worker import WorkerClient
+from engine.models.selftest import SELFTEST_T2V, _vae, build_selftest_pipeline
+from engine.outputs.latents import load_latents
+from engine.run.engine import Engine
+from engine.run.preview import (
+    DERIVE_LATENT_FRAMES,
+    DERIVE_LATENT_SIZE,
+    DERIVE_SEED,
+    PreviewMap,
+    clean_estimate,
+    encode_animation,
+    fit_map,
+    known_map,
+    latents_to_frames,
+    preview_map_for,
+)
+from engine.run.schedulers import make_scheduler
+from engine.service.worker import WorkerClient
 from tests.conftest import tiny_request
 
 CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -12,12 +12,12 @@ import numpy as np
 import psutil
 import pytest
 
-from engine.engine import Engine
+from engine.device.hardware import HardwareProfile
 from engine.events import JobFailed, JobFinished, LatentsSaved
-from engine.export import read_video
-from engine.hardware import HardwareProfile
-from engine.latents import cleanup_latents, read_metadata
-from engine.worker import WorkerClient
+from engine.outputs.export import read_video
+from engine.outputs.latents import cleanup_latents, read_metadata
+from engine.run.engine import Engine
+from engine.service.worker import WorkerClient
 from tests.conftest import ROOT, app_command, app_env, tiny_request
 
 CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
@@ -172,7 +172,7 @@ def test_a_disk_too_full_for_the_video_keeps_the_latents_and_says_how_much_is_fr
 
 
 def test_a_video_the_disk_cannot_hold_leaves_no_partial_file_and_one_sentence(small_disk):
-    from engine.export import DiskFull, write_mp4
+    from engine.outputs.export import DiskFull, write_mp4
 
     _fill(small_disk, 64 * 1024)
     noise = (np.random.default_rng(0).random((33, 256, 256, 3)) * 255).astype(np.uint8)   # about 2 MB of mp4

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from engine.request import GenerationRequest, InputError, check_inputs
+from engine.settings.request import GenerationRequest, InputError, check_inputs
 from tests.conftest import said, tiny_request
 
 

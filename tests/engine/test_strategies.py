@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.engine import Engine
+from engine.device.hardware import HardwareProfile
 from engine.events import Info, JobFinished, PhaseFinished, PlanReady
-from engine.export import read_video
-from engine.hardware import HardwareProfile
-from engine.planner import LADDER
+from engine.outputs.export import read_video
+from engine.planning.planner import LADDER
+from engine.run.engine import Engine
 from tests.conftest import tiny_request
 
 CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
@@ -95,7 +95,7 @@ def test_a_streamed_text_encoder_encodes_the_same_and_the_loaded_model_follows_a
         model_dirs, presets, outputs, tmp_path, reference):
     """The text encoder streamed layer by layer (diffusers' group offload hooks) gives the same video; a
     later run on the same loaded model with another placement moves it without a reload, and back."""
-    from engine.apply import is_streaming
+    from engine.run.apply_plan import is_streaming
 
     engine = Engine(tmp_path / "m", CPU)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from engine.engine import Engine
+from engine.device.hardware import HardwareProfile
 from engine.events import JobFailed, JobFinished, PhaseStarted
-from engine.export import read_video
-from engine.hardware import HardwareProfile
-from engine.models import resolve_model
+from engine.models.refs import resolve_model
+from engine.outputs.export import read_video
+from engine.run.engine import Engine
 from tests.conftest import tiny_request
 
 CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)

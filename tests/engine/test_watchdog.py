@@ -2,8 +2,14 @@
 from __future__ import annotations
 
 from engine.events import JobCancelled, PhaseStarted, PlanReady, StepFinished
-from engine.watchdog import (CANCEL_SILENCE_S, QUIET_BEFORE_ASKING_S, SILENCE_LIMIT_S, STEP_FACTOR, STEP_FLOOR_S,
-                             Watchdog)
+from engine.service.watchdog import (
+    CANCEL_SILENCE_S,
+    QUIET_BEFORE_ASKING_S,
+    SILENCE_LIMIT_S,
+    STEP_FACTOR,
+    STEP_FLOOR_S,
+    Watchdog,
+)
 
 
 def test_an_engine_that_answers_nothing_is_hung_after_the_silence_limit():

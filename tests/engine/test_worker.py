@@ -7,7 +7,7 @@ import signal
 import pytest
 
 from engine.events import Info, JobCancelled, JobFailed, JobFinished, PhaseFinished, StepFinished
-from engine.worker import WorkerClient
+from engine.service.worker import WorkerClient
 from tests.conftest import tiny_request
 
 
@@ -161,7 +161,7 @@ def test_the_first_job_shows_and_times_the_engine_start_and_the_self_test_build(
 def test_while_the_engine_loads_its_libraries_it_says_so(tmp_path):
     import time
 
-    from engine.sysinfo import EngineMemory, EngineStarting
+    from engine.device.usage import EngineMemory, EngineStarting
 
     client = WorkerClient(tmp_path / "models")
     try:
@@ -185,8 +185,8 @@ def test_a_stopped_engine_is_declared_hung_replaced_and_the_next_job_runs(client
     process is killed, and the next job runs in a fresh one. A cancel shortens the wait."""
     import time
 
-    from engine.sysinfo import EngineSilent
-    from engine.watchdog import CANCEL_SILENCE_S, QUIET_BEFORE_ASKING_S, SILENCE_LIMIT_S
+    from engine.device.usage import EngineSilent
+    from engine.service.watchdog import CANCEL_SILENCE_S, QUIET_BEFORE_ASKING_S, SILENCE_LIMIT_S
 
     frozen = []
 

@@ -163,7 +163,7 @@ def test_a_hung_engine_does_not_block_the_next_user(app):
     import os
     import signal
 
-    from engine.watchdog import SILENCE_LIMIT_S
+    from engine.service.watchdog import SILENCE_LIMIT_S
     from tests.conftest import engine_pid
 
     owner, next_user = Client(app["url"], verbose=False), Client(app["url"], verbose=False)

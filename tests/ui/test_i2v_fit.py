@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from PIL import Image
 
-from engine.images import size_for_aspect
-from ui.i2v_tab import crop_preview
+from engine.settings.images import size_for_aspect
+from ui.tabs.image_to_video import crop_preview
 
 
 @pytest.mark.parametrize("image, size, expected", [

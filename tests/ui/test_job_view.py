@@ -7,10 +7,18 @@ import re
 
 from PIL import Image
 
-from engine.events import (JobCancelled, JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted,
-                           PreviewReady, StepFinished)
+from engine.events import (
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    PhaseFinished,
+    PhaseStarted,
+    PreviewReady,
+    StepFinished,
+)
 from tests.conftest import shown
-from ui.job_view import JobView
+from ui.views.job_view import JobView
 
 
 def test_view_tracks_phases_steps_and_result():

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 import pytest
 
+from engine.device.hardware import HardwareProfile
 from engine.events import Info, PlanReady
-from engine.hardware import HardwareProfile
-from engine.modelspec import KNOWN_MODELS
-from engine.planner import PlanRequest, plan_memory
-from engine.worker import WorkerClient
+from engine.models.spec import KNOWN_MODELS
+from engine.planning.planner import PlanRequest, plan_memory
+from engine.service.worker import WorkerClient
 from tests.conftest import shown
 from ui.context import AppContext
-from ui.job_view import JobView
-from ui.plan_panel import AUTO, form_plan_markdown, override_fields, plan_markdown
+from ui.views.job_view import JobView
+from ui.views.plan_panel import AUTO, form_plan_markdown, override_fields, plan_markdown
 
 RTX_3060 = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce RTX 3060", arch="sm_86",
                            vram_total_gb=12.0, vram_free_gb=11.5, ram_total_gb=32.0, ram_available_gb=28.0)

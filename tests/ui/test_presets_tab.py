@@ -7,15 +7,15 @@ import re
 import pytest
 from gradio_client import Client
 
-from engine.export import read_video
-from engine.hardware import HardwareProfile
-from engine.planner import LADDER
-from engine.presets import BUILTIN_PRESETS_DIR, UserPresets, load_preset_file, load_presets
-from engine.worker import WorkerClient
+from engine.device.hardware import HardwareProfile
+from engine.outputs.export import read_video
+from engine.planning.planner import LADDER
+from engine.service.worker import WorkerClient
+from engine.settings.presets import BUILTIN_PRESETS_DIR, UserPresets, load_preset_file, load_presets
 from tests.conftest import running_app
 from ui.context import AppContext
-from ui.preset_cards import card_markdown, machine_markdown, preset_entries
 from ui.preset_saving import save_user_preset
+from ui.views.preset_cards import card_markdown, machine_markdown, preset_entries
 
 CARD_12GB = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce RTX 3060", arch="sm_86",
                             vram_total_gb=12.0, vram_free_gb=11.5, ram_total_gb=32.0, ram_available_gb=28.0)

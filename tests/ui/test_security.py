@@ -88,7 +88,7 @@ def models_here(tmp_path, monkeypatch) -> Path:
 
 
 def test_which_model_references_the_page_accepts(models_here):
-    from engine.models import ModelError
+    from engine.models.refs import ModelError
     from ui.context import checked_model_ref
 
     inside = str((models_here / "my-wan").absolute())
@@ -115,8 +115,8 @@ def test_which_model_references_the_page_accepts(models_here):
 
 
 def test_the_context_checks_against_its_models_folder(models_here, presets):
-    from engine.models import ModelError
-    from engine.worker import WorkerClient
+    from engine.models.refs import ModelError
+    from engine.service.worker import WorkerClient
     from ui.context import AppContext
 
     ctx = AppContext(WorkerClient(models_here), presets, "outputs", "/opt/wan")

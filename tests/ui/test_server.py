@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from gradio_client import Client, handle_file
 
-from engine.export import read_video
+from engine.outputs.export import read_video
 from tests.conftest import engine_pid, selftest_app
 
 T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 4, 5.0, 3.0, 7]
@@ -213,8 +213,8 @@ def test_sidecars_sit_beside_outputs(server):
 
 def test_decode_again_tab_lists_failed_runs_and_decodes_them(client, server, selftest_models_dir, presets):
     """Latents left by a failed decode show up on the Decode again tab and become a video."""
-    from engine.engine import Engine
-    from engine.hardware import HardwareProfile
+    from engine.device.hardware import HardwareProfile
+    from engine.run.engine import Engine
     from tests.conftest import tiny_request
 
     cpu = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)

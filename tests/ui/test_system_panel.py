@@ -1,10 +1,10 @@
 """The system panel's text: what it says while the engine starts, idle, running, and of the last job."""
 from __future__ import annotations
 
+from engine.device.usage import GIB, EngineMemory, EngineStarting
 from engine.events import JobCancelled, JobFailed, JobFinished, PhaseStarted, PlanReady
-from engine.sysinfo import GIB, EngineMemory, EngineStarting
-from ui.job_view import JobView
-from ui.system_panel import system_markdown
+from ui.parts.system_panel import system_markdown
+from ui.views.job_view import JobView
 
 MEMORY = EngineMemory(backend="cuda", device_name="RTX 3060", vram_total_gb=12.0, vram_used_gb=9.1,
                       vram_engine_gb=8.6, vram_cached_gb=9.0, engine_ram_gb=13.2,

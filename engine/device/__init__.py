@@ -1,0 +1,1 @@
+"""This machine: hardware detection, the device's clock and memory, what the engine holds."""

@@ -1,0 +1,43 @@
+"""What one model can make: the frame counts and sizes its transformer and VAE allow, checked before a run.
+
+They come from the model's configs (its rotary position table and patch sizes, its VAE's scale factors),
+so that a frame count the form accepts but the model cannot place is refused with a sentence, not a
+shape error mid-run. The request's checks (engine/settings/request.py) take them when they are known.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.models.spec import ModelSpec
+from engine.settings.request import MAX_FRAMES, MAX_SIDE, InputError, _check_frames, _check_size
+
+
+@dataclass(frozen=True)
+class Limits:
+    name: str              # the model, as messages name it
+    max_frames: int        # 4k+1
+    max_side: int          # pixels, width and height alike
+    size_multiple: int     # width and height are multiples of it
+    position_rows: int     # rows of the transformer's position table (why the limits are what they are)
+
+    @property
+    def frames_hint(self) -> str:
+        """For the form's frames label: '4k+1, at most 125'."""
+        return f"4k+1, at most {self.max_frames}"
+
+
+def limits_of(spec: ModelSpec) -> Limits:
+    frames = min(MAX_FRAMES, spec.max_frames)
+    side = min(MAX_SIDE, spec.max_side // spec.size_multiple * spec.size_multiple)
+    return Limits(spec.name, frames, side, spec.size_multiple, spec.transformer.rope_max_seq_len)
+
+
+def check_model_limits(spec: ModelSpec, width: int, height: int, frames: int, mode: str = "t2v") -> None:
+    """Raise InputError listing what of (width, height, frames) this model cannot make, each with what to use."""
+    problems: list[str] = []
+    limits = limits_of(spec)
+    for side, value in (("width", width), ("height", height)):
+        _check_size(side, value, limits.size_multiple, problems, limits)
+    _check_frames(frames, mode, problems, limits)
+    if problems:
+        raise InputError(problems)

@@ -1,0 +1,252 @@
+"""Model references: a Hugging Face repo id, a local diffusers folder, or a built-in self-test model.
+
+``resolve_model`` turns a reference into a checked local folder before any
+weight is loaded, so a broken folder is reported with what to change.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from engine.models.selftest import SELFTEST_REFS, ensure_selftest_model
+from engine.models.weights import WeightFileError, read_header
+
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
+# Components whose folder must hold weights, not only a config.
+WEIGHTED = {"transformer", "transformer_2", "vae", "text_encoder", "image_encoder"}
+PIPELINES = {"WanPipeline": "t2v", "WanImageToVideoPipeline": "i2v"}
+
+
+class ModelError(ValueError):
+    """The model reference cannot be used; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    ref: str
+    folder: Path
+    source: str          # "selftest", "local" or "hub"
+    revision: str        # commit hash for hub models, "local" or "builtin" otherwise
+    pipeline_class: str
+    components: tuple[str, ...]
+    expand_timesteps: bool = False   # Wan2.2 TI2V-5B: one model for text and image to video
+
+    @property
+    def selftest(self) -> bool:
+        return self.source == "selftest"
+
+    @property
+    def image_to_video(self) -> bool:
+        """An image-to-video-only model (it needs a first frame)."""
+        return self.pipeline_class == "WanImageToVideoPipeline"
+
+    @property
+    def takes_image(self) -> bool:
+        """It can start from an image: an image-to-video model, or Wan2.2 TI2V-5B."""
+        return self.image_to_video or self.expand_timesteps
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache, read from the environment at call time."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"])
+    home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME") or os.path.join(Path.home(), ".cache"), "huggingface")
+    return Path(home) / "hub"
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def check_model_folder(folder: Path) -> tuple[str, tuple[str, ...], bool]:
+    """Check a diffusers-layout folder; return its pipeline class, component names and whether it is a
+    text-and-image-to-video model (Wan2.2 TI2V-5B: ``expand_timesteps``)."""
+    index_file = folder / "model_index.json"
+    if not index_file.is_file():
+        raise ModelError(
+            f"{folder} has no model_index.json, so it is not a diffusers model folder; "
+            "point to the folder that holds model_index.json (a Wan '-Diffusers' repo)")
+    try:
+        index = json.loads(index_file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ModelError(f"{index_file} is not valid JSON ({exc}); download the model again") from exc
+    if not isinstance(index, dict):
+        raise ModelError(f"{index_file} is not a JSON object; download the model again")
+    pipeline_class = index.get("_class_name", "")
+    if pipeline_class not in PIPELINES:
+        raise ModelError(
+            f"{folder.name}: pipeline {pipeline_class!r} is not supported; "
+            f"use a Wan model for {' or '.join(PIPELINES)}")
+    components = tuple(
+        name for name, value in index.items()
+        if not name.startswith("_") and isinstance(value, list) and value and value[0] is not None)
+    for name in components:
+        part = folder / name
+        if not part.is_dir():
+            raise ModelError(f"{folder.name}: component '{name}' is missing (no folder {part}); download the model again")
+        if name in WEIGHTED:
+            if not (part / "config.json").is_file():
+                raise ModelError(f"{folder.name}: component '{name}' has no config.json; download the model again")
+            _check_json(folder, part / "config.json")
+            if not any(f.name.endswith(WEIGHT_SUFFIXES) for f in part.iterdir()):
+                raise ModelError(f"{folder.name}: component '{name}' has no weight files; download the model again")
+            check_weight_files(folder, part)
+    return pipeline_class, components, bool(index.get("expand_timesteps", False))
+
+
+def _damaged(folder: Path, file: Path, reason: str) -> ModelError:
+    where = file.relative_to(folder) if file.is_relative_to(folder) else file
+    # A hub download is a link into the cache's blobs: that file is the one to delete.
+    stored = f" (stored at {file.resolve()})" if file.is_symlink() else ""
+    return ModelError(f"{folder.name}: weight file {where} is damaged: {reason}. "
+                      f"Delete {file}{stored} and download the model again")
+
+
+def _check_json(folder: Path, file: Path) -> object:
+    try:
+        return json.loads(file.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        where = file.relative_to(folder) if file.is_relative_to(folder) else file
+        raise ModelError(f"{folder.name}: {where} is not valid JSON ({exc.__class__.__name__}); "
+                         "download the model again") from exc
+
+
+def check_weight_files(folder: Path, part: Path) -> None:
+    """Refuse a component whose safetensors files are truncated or have a garbage header.
+
+    Cheap: reads each file's header and size only, never a tensor. A sharded component's index
+    must name only shards that exist.
+    """
+    for index_file in sorted(part.glob("*.safetensors.index.json")):
+        index = _check_json(folder, index_file)
+        weight_map = index.get("weight_map") if isinstance(index, dict) else None
+        if not isinstance(weight_map, dict):
+            raise ModelError(f"{folder.name}: {index_file.relative_to(folder)} has no weight_map; "
+                             "download the model again")
+        for shard in sorted(set(map(str, weight_map.values()))):
+            if not (part / shard).is_file():
+                raise ModelError(f"{folder.name}: weight file {part.name}/{shard} is missing "
+                                 f"(named in {index_file.name}); download the model again")
+    for file in sorted(part.glob("*.safetensors")):
+        try:
+            read_header(file)
+        except WeightFileError as exc:
+            raise _damaged(folder, file, str(exc)) from None
+        except OSError as exc:
+            raise _damaged(folder, file, f"it cannot be read ({exc.strerror or exc})") from None
+
+
+def _progress_class(on_progress: Callable[[float, float | None, str], None]):
+    from tqdm.auto import tqdm
+
+    class ReportingTqdm(tqdm):
+        def __init__(self, *args, **kwargs):
+            kwargs["disable"] = False
+            super().__init__(*args, **kwargs)
+
+        def update(self, n=1):
+            result = super().update(n)
+            on_progress(float(self.n), float(self.total) if self.total else None, str(self.unit))
+            return result
+
+    return ReportingTqdm
+
+
+def _download(repo_id: str, on_progress) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    offline = hub_offline()
+    try:
+        path = snapshot_download(
+            repo_id, cache_dir=hub_cache_dir(), local_files_only=offline,
+            tqdm_class=_progress_class(on_progress) if on_progress else None)
+    except LocalEntryNotFoundError as exc:
+        if offline:
+            raise ModelError(
+                f"{repo_id} is not in the model cache ({hub_cache_dir()}) and offline mode is on "
+                "(HF_HUB_OFFLINE=1); go online once to download it, or give a local folder") from exc
+        raise ModelError(f"could not download {repo_id}: {exc}; check the network and the repo id") from exc
+    except Exception as exc:  # network, auth or unknown-repo errors from the hub client
+        raise ModelError(f"could not download {repo_id} ({exc.__class__.__name__}: {exc}); check the repo id and the network") from exc
+    return Path(path)
+
+
+def is_hub_ref(ref: str) -> bool:
+    return bool(REPO_ID.match(ref)) and not Path(ref).expanduser().exists()
+
+
+# A folder name is at most 255 bytes on the usual file systems; a path at most 4096.
+MAX_NAME_BYTES = 255
+MAX_PATH_BYTES = 4096
+
+
+def check_ref_length(ref: str) -> None:
+    """Refuse a model reference too long to be a repo id or a path (before the file system refuses it)."""
+    parts = ref.replace("\\", "/").split("/")
+    longest = max((len(part.encode("utf-8", "surrogatepass")) for part in parts), default=0)
+    if longest > MAX_NAME_BYTES or len(ref.encode("utf-8", "surrogatepass")) > MAX_PATH_BYTES:
+        raise ModelError(f"the model name {ref[:40]!r}... is {len(ref)} characters long, too long for a repo id "
+                         f"or a folder (at most {MAX_NAME_BYTES} per name); give a repo id (org/name), a folder "
+                         f"or {' or '.join(SELFTEST_REFS)}")
+
+
+def classify_ref(ref: str) -> str:
+    """'selftest', 'local' or 'hub'; raises ModelError for a reference that is none of them.
+
+    Cheap: touches no weights and no network, so the app can call it before any work.
+    """
+    if ref is not None and not isinstance(ref, str):
+        raise ModelError(f"the model must be text (a repo id, a folder or a self-test model), got "
+                         f"{type(ref).__name__}")
+    ref = (ref or "").strip()
+    check_ref_length(ref)
+    if ref in SELFTEST_REFS:
+        return "selftest"
+    if ref and Path(ref).expanduser().is_dir():
+        return "local"
+    if is_hub_ref(ref):
+        return "hub"
+    if ref and (os.sep in ref or "/" in ref or ref.startswith((".", "~"))):
+        raise ModelError(f"model folder {ref!r} does not exist; check the path")
+    raise ModelError(
+        f"model {ref!r} is not a folder, a Hugging Face repo id (org/name) or a built-in "
+        f"({', '.join(SELFTEST_REFS)})")
+
+
+def precheck_model(ref: str) -> None:
+    """Refuse a bad reference or a broken local folder before anything heavy runs."""
+    if classify_ref(ref) == "local":
+        check_model_folder(Path(ref.strip()).expanduser())
+
+
+def resolve_model(ref: str, models_dir: Path,
+                  on_progress: Callable[[float, float | None, str], None] | None = None) -> ResolvedModel:
+    """Turn a model reference into a checked local folder (downloading a hub model if needed)."""
+    ref = (ref or "").strip()
+    source = classify_ref(ref)
+    if source == "selftest":
+        folder, revision = ensure_selftest_model(ref, models_dir), "builtin"
+    elif source == "local":
+        folder, revision = Path(ref).expanduser().resolve(), "local"
+    else:
+        folder = _download(ref, on_progress)
+        revision = folder.name
+    pipeline_class, components, expand_timesteps = check_model_folder(folder)
+    return ResolvedModel(ref, folder, source, revision, pipeline_class, components, expand_timesteps)
+
+
+def takes_last_frame(folder: Path) -> bool | None:
+    """Whether an image-to-video model is a first-and-last-frame one (its image embedding has a position
+    table for two images: it then needs a last frame, and other models cannot take one); None if unknown."""
+    try:
+        transformer = json.loads((folder / "transformer" / "config.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return transformer.get("pos_embed_seq_len") is not None

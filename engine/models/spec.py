@@ -1,0 +1,157 @@
+"""What the planner needs to know about a model, before or after it is downloaded.
+
+Known Wan models carry their shapes and parameter counts (derived from their
+configs; tests re-derive them on the meta device). When the files are on
+disk, sizes and shapes come from the safetensors headers and configs instead,
+without loading a weight.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from engine.models.weights import component_tensors
+
+UMT5_XXL_PARAMS = 5_680_000_000     # 24 layers, d_model 4096, gated FFN 10240, 256k vocab
+UMT5_XXL_EMBEDDING_PARAMS = 256_384 * 4096   # its largest tensor: the token embedding
+CLIP_VIT_H_PARAMS = 630_766_080     # image encoder of Wan2.1 I2V
+VAE21_PARAMS = 126_892_531
+VAE22_PARAMS = 704_688_668
+TEXT_TOKENS = 512
+
+
+@dataclass(frozen=True)
+class TransformerShape:
+    layers: int
+    heads: int
+    head_dim: int
+    ffn: int
+    in_channels: int
+    params: int
+    block_params: int            # one transformer block
+    patch: int = 2               # spatial patch size
+    patch_t: int = 1             # temporal patch size
+    # Rows of the rotary position table along each axis (frames, height, width, in patches): the
+    # largest latent grid the transformer can place. 1024 for every published Wan model.
+    rope_max_seq_len: int = 1024
+
+    @property
+    def dim(self) -> int:
+        return self.heads * self.head_dim
+
+    @property
+    def shared_params(self) -> int:
+        """Parameters outside the repeated blocks (embeddings, head): always resident."""
+        return self.params - self.layers * self.block_params
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    transformer: TransformerShape
+    text_encoder_params: int = UMT5_XXL_PARAMS
+    text_encoder_largest_params: int = UMT5_XXL_EMBEDDING_PARAMS   # its biggest tensor (what streaming holds)
+    image_encoder_params: int = 0
+    vae_params: int = VAE21_PARAMS
+    vae_spatial: int = 8
+    vae_temporal: int = 4
+    vae_z: int = 16
+    experts: int = 1                     # Wan2.2 A14B has two transformers of the same shape
+    expand_timesteps: bool = False       # Wan2.2-5B: a timestep (and modulation) per token
+
+    @property
+    def size_multiple(self) -> int:
+        return self.vae_spatial * self.transformer.patch
+
+    @property
+    def wan22_vae(self) -> bool:
+        return self.vae_z == 48
+
+    @property
+    def max_frames(self) -> int:
+        """The most video frames the transformer's position table covers."""
+        latent_frames = self.transformer.rope_max_seq_len * self.transformer.patch_t
+        return (latent_frames - 1) * self.vae_temporal + 1
+
+    @property
+    def max_side(self) -> int:
+        """The widest (or tallest) frame in pixels the transformer's position table covers."""
+        return self.transformer.rope_max_seq_len * self.transformer.patch * self.vae_spatial
+
+    def tokens(self, width: int, height: int, frames: int) -> int:
+        latent_frames = (frames - 1) // self.vae_temporal + 1
+        cell = self.vae_spatial * self.transformer.patch
+        return latent_frames * (height // cell) * (width // cell)
+
+
+_T13 = TransformerShape(30, 12, 128, 8960, 16, 1_418_996_800, 46_440_704)
+_T14 = TransformerShape(40, 40, 128, 13824, 16, 14_288_491_584, 351_394_304)
+_T14_I2V = TransformerShape(40, 40, 128, 13824, 36, 16_394_878_784, 403_838_464)
+_T5B = TransformerShape(30, 24, 128, 14336, 48, 4_999_787_712, 163_656_704)
+_TA14_I2V = TransformerShape(40, 40, 128, 13824, 36, 14_288_901_184, 351_394_304)
+
+KNOWN_MODELS: dict[str, ModelSpec] = {
+    "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": ModelSpec("Wan2.1 T2V 1.3B", _T13),
+    "FastVideo/FastWan2.1-T2V-1.3B-Diffusers": ModelSpec("FastWan2.1 T2V 1.3B", _T13),
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": ModelSpec("Wan2.1 T2V 14B", _T14),
+    "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": ModelSpec("Wan2.1 I2V 14B 480P", _T14_I2V, image_encoder_params=CLIP_VIT_H_PARAMS),
+    "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": ModelSpec("Wan2.1 I2V 14B 720P", _T14_I2V, image_encoder_params=CLIP_VIT_H_PARAMS),
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": ModelSpec("Wan2.2 TI2V 5B", _T5B, vae_params=VAE22_PARAMS, vae_spatial=16, vae_z=48,
+                                                 expand_timesteps=True),
+    "Wan-AI/Wan2.2-T2V-A14B-Diffusers": ModelSpec("Wan2.2 T2V A14B", _T14, experts=2),
+    "Wan-AI/Wan2.2-I2V-A14B-Diffusers": ModelSpec("Wan2.2 I2V A14B", _TA14_I2V, experts=2),
+}
+
+
+# The built-in self-test models (engine/models/selftest.py), so a plan needs no build; a test checks
+# these against the built folders.
+_TINY = TransformerShape(2, 2, 12, 32, 16, 28_328, 6_680, rope_max_seq_len=32)
+SELFTEST_SPECS: dict[str, ModelSpec] = {
+    "selftest-t2v": ModelSpec("selftest-t2v", _TINY, text_encoder_params=23_872,
+                              text_encoder_largest_params=3_168, vae_params=13_861),
+    "selftest-i2v": ModelSpec("selftest-i2v", replace(_TINY, in_channels=36, params=30_444),
+                              text_encoder_params=23_872,
+                              text_encoder_largest_params=3_168, image_encoder_params=4_620, vae_params=13_861),
+}
+
+
+def spec_from_folder(folder: Path, name: str | None = None) -> ModelSpec:
+    """Read shapes from the configs and sizes from the safetensors headers (no weights loaded)."""
+    folder = Path(folder)
+    config = json.loads((folder / "transformer" / "config.json").read_text())
+    index = json.loads((folder / "model_index.json").read_text())
+    vae = json.loads((folder / "vae" / "config.json").read_text())
+    tensors = component_tensors(folder)
+    params = {part: sum(counts.values()) for part, counts in tensors.items()}
+    block_params = _block_params(tensors.get("transformer", {}), config["num_layers"])
+    patch = config.get("patch_size") or [1, 2, 2]
+    shape = TransformerShape(
+        layers=config["num_layers"], heads=config["num_attention_heads"], head_dim=config["attention_head_dim"],
+        ffn=config["ffn_dim"], in_channels=config["in_channels"], params=params.get("transformer", 0),
+        block_params=block_params, patch=int(patch[-1]), patch_t=int(patch[0]),
+        rope_max_seq_len=int(config.get("rope_max_seq_len", 1024)))
+    return ModelSpec(
+        name=name or folder.name, transformer=shape,
+        text_encoder_params=params.get("text_encoder", 0),
+        text_encoder_largest_params=max(tensors.get("text_encoder", {}).values(), default=0), image_encoder_params=params.get("image_encoder", 0),
+        vae_params=params.get("vae", 0), vae_spatial=int(vae.get("scale_factor_spatial", 8)),
+        vae_temporal=int(vae.get("scale_factor_temporal", 4)), vae_z=int(vae.get("z_dim", 16)),
+        experts=2 if (folder / "transformer_2").is_dir() else 1,
+        expand_timesteps=bool(index.get("expand_timesteps", False)))
+
+
+def _block_params(counts: dict[str, int], layers: int) -> int:
+    """Parameters of block 0, from the transformer's tensors."""
+    block = sum(n for name, n in counts.items() if name.startswith("blocks.0."))
+    if block:
+        return block
+    return sum(counts.values()) // max(layers, 1)
+
+
+def spec_for(ref: str, folder: Path | None = None) -> ModelSpec | None:
+    """The spec of a model reference: from its files when present, else the known table."""
+    if folder is not None and (Path(folder) / "transformer" / "config.json").is_file():
+        return spec_from_folder(folder, ref)
+    known = KNOWN_MODELS.get(ref) or SELFTEST_SPECS.get(ref)
+    return replace(known) if known else None

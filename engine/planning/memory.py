@@ -1,0 +1,120 @@
+"""The memory model: bytes each part of a run needs, from shapes alone.
+
+Every constant is named, says where it comes from, and is calibrated by
+``bench/calibrate_memory.py`` on a GPU (results in docs/memory.md).
+"""
+from __future__ import annotations
+
+from engine.models.spec import TEXT_TOKENS, ModelSpec
+
+GB = 1024 ** 3   # the planner speaks GiB throughout, as torch reports memory
+
+# Calibrated on an H200 with real-size random-weight models (bench/calibrate_memory.py,
+# raw figures in docs/data/calibration-h200.json). Each constant is rounded up a few
+# percent so that predictions stay at or above what is measured.
+
+# Transformer activations of one forward pass, bytes per token = 2 x (ACT_DIM x width + ACT_FFN x FFN width).
+# Fitted to 1.3B (48.8 KB/token) and 14B (114 KB/token) with SDPA flash attention; cond and uncond run
+# one after the other, so guidance does not double it.
+ACT_DIM = 7.3
+ACT_FFN = 1.6
+# Wan2.2-5B modulates every token with its own timestep (expand_timesteps): about 36.5 more bytes
+# per token per unit of width (measured 199 KB/token against 87 KB predicted without it).
+ACT_EXPAND_TIMESTEPS = 38.0
+# Math (non-flash) attention materialises fp32 scores: heads x tokens^2 x 4 bytes.
+# (832x480x33 on a 14B model: 40 x 14040^2 x 4 B = 29.4 GiB, as seen on ROCm without AOTriton.)
+MATH_ATTENTION_BYTES = 4
+# Encoder activations: UMT5-XXL, 512 tokens, prompt and negative prompt (measured 0.26 GiB);
+# CLIP ViT-H on one 224px image (measured 0.03 GiB).
+TEXT_ENCODE_ACT_GB = 0.3
+IMAGE_ENCODE_ACT_GB = 0.05
+# VAE decode working set at fp32, bytes per output pixel of the frame (untiled) or of the tile:
+# the decoder works a few frames at a time, so this does not grow with the clip's length.
+# Measured 22,560 B/px (Wan2.1 VAE) and 23,590 B/px (Wan2.2 VAE, untiled), 21,640 B/px (Wan2.2 tiles).
+VAE21_PIXEL_BYTES = 23000.0
+VAE22_PIXEL_BYTES = 24000.0
+VAE22_TILE_PIXEL_BYTES = 22000.0
+# ... plus the decoded clip and its copies, bytes per output pixel per frame: 12.2 untiled (the fp32
+# output), 16.3 tiled (tiles are kept and blended), 24.8 for Wan2.2 tiles, which also never go below
+# 56.1 B per pixel-frame (the blend of all its tiles).
+VAE_OUTPUT_BYTES = 12.5
+VAE21_TILED_OUTPUT_BYTES = 16.5
+VAE22_TILED_OUTPUT_BYTES = 25.0
+VAE22_TILED_FLOOR_BYTES = 57.0
+VAE_TILES = (512, 384, 256, 192, 128)   # largest first; diffusers' default tile is 256
+# Group offload (block level, with a copy stream) holds the shared layers and the blocks in flight
+# while the transformer runs: measured 2.5 blocks for 1.3B and 2.0 for 14B (the calibration file's
+# "resident_gb" also counts 1.39 GB of an earlier model the script still held). Between forward passes
+# everything goes back to RAM, so nothing of the transformer stays on the device during decode.
+# Leaf level holds next to nothing (measured < 0.07 blocks).
+GROUP_RESIDENT_BLOCKS = 2.5
+LEAF_RESIDENT_BLOCKS = 0.15
+LEAF_RESIDENT_MIN_GB = 0.1
+# A streamed text encoder (leaf-level group offload) holds the layer it runs and the next one in flight:
+# its largest tensor dominates (UMT5-XXL: the 2 GB token embedding). Measured 1.005x that tensor with and
+# without a copy stream (bench/text_encoder_places.py, docs/data/text-encoder-places-h200.json).
+STREAMED_TEXT_ENCODER_LEAVES = 1.1
+# Latents, prompt embeddings, timesteps and the image condition beside the big tensors.
+RUN_OVERHEAD_GB = 0.05
+# Host memory of the Python process with torch and the libraries loaded.
+BASE_RAM_GB = 1.5
+BASE_RAM_CPU_ONLY_GB = 0.8
+# fp8 layerwise casting keeps norms, embeddings and biases in 16-bit (measured 1.8% of 14B, 5% of 1.3B).
+FP8_KEPT_FRACTION = 0.05
+
+
+def transformer_weights_gb(spec: ModelSpec, bytes_per_param: float, fp8: bool = False) -> float:
+    params = spec.transformer.params * spec.experts
+    if fp8:
+        return params * (1 + FP8_KEPT_FRACTION * (bytes_per_param - 1)) / GB
+    return params * bytes_per_param / GB
+
+
+def block_gb(spec: ModelSpec, bytes_per_param: float, fp8: bool = False) -> float:
+    per_param = 1.0 if fp8 else bytes_per_param
+    return spec.transformer.block_params * per_param / GB
+
+
+def shared_gb(spec: ModelSpec, bytes_per_param: float) -> float:
+    return spec.transformer.shared_params * spec.experts * bytes_per_param / GB
+
+
+def denoise_activations_gb(spec: ModelSpec, tokens: int, act_bytes: int, math_attention: bool) -> float:
+    shape = spec.transformer
+    act = tokens * (ACT_DIM * shape.dim + ACT_FFN * shape.ffn) * act_bytes
+    if spec.expand_timesteps:
+        act += tokens * ACT_EXPAND_TIMESTEPS * shape.dim
+    if math_attention:
+        act += shape.heads * tokens ** 2 * MATH_ATTENTION_BYTES
+    return act / GB
+
+
+def vae_decode_gb(spec: ModelSpec, width: int, height: int, frames: int, tile: int | None,
+                  vae_bytes: int = 4) -> float:
+    """Peak extra memory of decoding: the working set (whole frame or one tile) plus the output."""
+    clip = frames * width * height
+    tiled = tile is not None and (tile < width or tile < height)
+    if not tiled:
+        pixel_bytes = VAE22_PIXEL_BYTES if spec.wan22_vae else VAE21_PIXEL_BYTES
+        return (pixel_bytes * width * height * vae_bytes / 4 + VAE_OUTPUT_BYTES * clip) / GB
+    area = min(tile, width) * min(tile, height)
+    if spec.wan22_vae:
+        peak = max(VAE22_TILE_PIXEL_BYTES * area * vae_bytes / 4 + VAE22_TILED_OUTPUT_BYTES * clip,
+                   VAE22_TILED_FLOOR_BYTES * clip)
+    else:
+        peak = VAE21_PIXEL_BYTES * area * vae_bytes / 4 + VAE21_TILED_OUTPUT_BYTES * clip
+    return peak / GB
+
+
+def streamed_text_encoder_gb(spec: ModelSpec, bytes_per_param: float) -> float:
+    """Device memory of the text encoder while it streams through the device (weights only)."""
+    return STREAMED_TEXT_ENCODER_LEAVES * spec.text_encoder_largest_params * bytes_per_param / GB
+
+
+def text_encode_gb(spec: ModelSpec) -> float:
+    return TEXT_ENCODE_ACT_GB * max(1, TEXT_TOKENS // 512)
+
+
+def frames_ram_gb(width: int, height: int, frames: int) -> float:
+    """Decoded frames on the host: float32 from the VAE, then uint8 for the encoder."""
+    return frames * width * height * 3 * (4 + 1) / GB

@@ -1,0 +1,493 @@
+"""The memory planner: a pure function of (model spec, request, hardware) -> Plan.
+
+It walks a ladder of strategies, fastest first, predicts the device and host
+memory of every phase for each, and picks the first that fits the budget with
+a safety margin. Every choice comes with a sentence saying why.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+
+from engine.device.hardware import HardwareProfile
+from engine.models.spec import ModelSpec
+from engine.planning import memory as mem
+from engine.words import plural
+
+# Rungs of the ladder, fastest (and highest quality) first.
+LADDER = ("all_on_device", "text_encoder_offload", "group_offload", "fp8_storage", "fp8_group_offload",
+          "leaf_offload")
+RUNG_TEXT = {
+    "all_on_device": "everything on the device",
+    "text_encoder_offload": "text encoder kept off the device except while it encodes (whole or streamed)",
+    "group_offload": "transformer streamed block by block from RAM (group offload)",
+    "fp8_storage": "transformer weights stored in fp8 on the device",
+    "fp8_group_offload": "fp8 transformer weights streamed block by block from RAM",
+    "leaf_offload": "transformer streamed layer by layer from RAM (slowest, least device memory)",
+}
+CPU_ONLY = "CPU only"
+CPU_ONLY_TEXT = "everything in RAM, computed on the CPU"
+
+
+def strategy_words(strategy: str, device: str) -> tuple[str, str]:
+    """(the strategy's name, what it does) as the page and the command line say them: a CPU-only machine's
+    plan is "CPU only" (its rung is all_on_device, and the device is the CPU)."""
+    if device == "cpu":
+        return (CPU_ONLY if strategy == "all_on_device" else f"{strategy} (on the CPU)"), CPU_ONLY_TEXT
+    return strategy, RUNG_TEXT.get(strategy, strategy)
+
+
+# Where the text (and image) encoder lives: always on the device; moved there whole to encode; streamed
+# through it layer by layer to encode; or run on the CPU.
+TEXT_ENCODER_PLACES = ("device", "offload", "streamed", "cpu")
+# Device memory kept free for the desktop, the driver and the allocator's slack.
+DEVICE_MARGIN_FRACTION = 0.05
+DEVICE_MARGIN_MIN_GB = 0.75
+# Host memory kept free for the OS and the desktop.
+RAM_MARGIN_FRACTION = 0.05
+RAM_MARGIN_MIN_GB = 1.5
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    width: int
+    height: int
+    frames: int
+    image_to_video: bool = False
+
+
+@dataclass(frozen=True)
+class Override:
+    """What the user forces; None leaves the choice to the planner."""
+    strategy: str | None = None
+    text_encoder: str | None = None       # one of TEXT_ENCODER_PLACES
+    vae_tiling: bool | None = None
+
+    def __post_init__(self):
+        if self.strategy is not None and self.strategy not in LADDER:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(LADDER)}")
+        if self.text_encoder is not None and self.text_encoder not in TEXT_ENCODER_PLACES:
+            raise ValueError(f"text encoder place must be one of {', '.join(TEXT_ENCODER_PLACES)}")
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    phase: str
+    placement: dict            # component -> "device", "cpu", "streamed" or "absent"
+    peak_vram_gb: float
+    peak_ram_gb: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: str
+    fits: bool
+    device: str
+    dtype: str
+    vae_dtype: str
+    attention: str             # "flash" (no tokens^2 buffer) or "math"
+    text_encoder: str          # one of TEXT_ENCODER_PLACES
+    transformer: str           # "device", "group" or "leaf"
+    fp8: bool
+    vae_tile: int | None       # tile size in pixels, None = untiled
+    load: str                  # "cpu" (through RAM) or "device_map" (straight to the device)
+    pin_memory: bool
+    use_stream: bool
+    budget_vram_gb: float
+    budget_ram_gb: float
+    predicted_peak_vram_gb: float
+    predicted_peak_ram_gb: float
+    phases: tuple[PhasePlan, ...] = ()
+    decisions: tuple[str, ...] = ()
+    suggestions: tuple[str, ...] = ()
+    vae_tiled: bool = False    # the decode really runs in tiles (a frame no larger than one tile decodes whole)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["phases"] = {p["phase"]: {k: v for k, v in p.items() if k != "phase"} for p in data["phases"]}
+        return data
+
+    @property
+    def reload_key(self) -> tuple:
+        """What cannot change on a loaded pipeline without loading it again."""
+        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load)
+
+
+def _round(x: float) -> float:
+    """Round up to 0.01 GiB: a prediction must not drop below what it stands for."""
+    return math.ceil(x * 100 - 1e-9) / 100
+
+
+def budgets(hw: HardwareProfile) -> tuple[float, float]:
+    """(device GiB, RAM GiB) a run may use, after the safety margins."""
+    ram = hw.ram_available_gb - max(RAM_MARGIN_MIN_GB, RAM_MARGIN_FRACTION * hw.ram_total_gb)
+    if hw.device == "cpu":
+        return 0.0, max(ram, 0.0)
+    vram = hw.vram_free_gb - max(DEVICE_MARGIN_MIN_GB, DEVICE_MARGIN_FRACTION * hw.vram_total_gb)
+    return max(vram, 0.0), max(ram, 0.0)
+
+
+def _dtypes(hw: HardwareProfile) -> tuple[str, int]:
+    if hw.backend in ("cuda", "rocm"):
+        return "bfloat16", 2
+    if hw.backend == "mps":
+        return "float16", 2
+    return "float32", 4
+
+
+def _copy_streams(hw: HardwareProfile) -> bool:
+    """Offloaded weights are pinned in RAM and copied on a side stream: discrete CUDA and ROCm cards."""
+    return not hw.unified_memory and hw.backend in ("cuda", "rocm")
+
+
+def _attention(hw: HardwareProfile) -> str:
+    # CUDA SDPA picks flash / memory-efficient kernels for 16-bit inputs; ROCm does too once
+    # AOTriton is enabled (the engine process sets it). MPS falls back to math attention.
+    # On the CPU torch's flash kernel runs for float32 as well.
+    return "math" if hw.backend == "mps" else "flash"
+
+
+@dataclass(frozen=True)
+class _Rung:
+    name: str
+    text_encoder: str
+    transformer: str
+    fp8: bool
+    vae_tile: int | None
+    load: str
+
+
+def _weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> dict[str, float]:
+    """GiB of each component's weights under ``rung`` (the VAE always in float32)."""
+    _, nbytes = _dtypes(hw)
+    return {"transformer": mem.transformer_weights_gb(spec, nbytes, rung.fp8),
+            "text_encoder": spec.text_encoder_params * nbytes / mem.GB,
+            "image_encoder": spec.image_encoder_params * nbytes / mem.GB if req.image_to_video else 0.0,
+            "vae": spec.vae_params * 4 / mem.GB}
+
+
+def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> tuple[PhasePlan, ...]:
+    """A CPU-only machine: every weight sits in RAM from the load on and nothing moves, so each phase
+    needs the weights plus its own working memory, and there is no transfer phase."""
+    _, nbytes = _dtypes(hw)
+    weights = mem.BASE_RAM_CPU_ONLY_GB + sum(_weights_gb(spec, req, hw, rung).values())
+    tokens = spec.tokens(req.width, req.height, req.frames)
+    frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
+    names = ["text_encoder", "transformer", "vae"]
+    if req.image_to_video and spec.image_encoder_params:
+        names.insert(1, "image_encoder")
+    places = {name: "cpu" for name in names}
+    phases = [("load", 0.0), ("text_encode", mem.text_encode_gb(spec))]
+    if "image_encoder" in places:
+        phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
+    phases += [
+        ("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) + mem.RUN_OVERHEAD_GB),
+        ("vae_decode", mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile)
+         + mem.RUN_OVERHEAD_GB + frames_ram),
+        ("export", frames_ram)]
+    return tuple(PhasePlan(name, places, 0.0, _round(weights + extra)) for name, extra in phases)
+
+
+def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> tuple[PhasePlan, ...]:
+    if hw.device == "cpu":
+        return _cpu_phases(spec, req, hw, rung)
+    dtype, nbytes = _dtypes(hw)
+    weights = _weights_gb(spec, req, hw, rung)
+    te, ie, vae, tr_full = (weights[k] for k in ("text_encoder", "image_encoder", "vae", "transformer"))
+    if rung.transformer == "device":
+        tr_dev, tr_ram = tr_full, 0.0
+    elif rung.transformer == "group":
+        # The shared layers plus the blocks in flight (current, prefetched, being released).
+        tr_dev = mem.shared_gb(spec, nbytes) + mem.GROUP_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8)
+        tr_ram = tr_full
+    else:  # leaf: one layer at a time, the next one prefetched
+        tr_dev = max(mem.LEAF_RESIDENT_MIN_GB, mem.LEAF_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8))
+        tr_ram = tr_full
+    te_dev_always = te if rung.text_encoder == "device" else 0.0
+    te_ram_idle = te if rung.text_encoder != "device" else 0.0
+    ie_dev_always = ie if rung.text_encoder == "device" else 0.0
+    ie_ram_idle = ie if rung.text_encoder != "device" else 0.0
+    base_ram = mem.BASE_RAM_GB
+    tokens = spec.tokens(req.width, req.height, req.frames)
+    act = mem.denoise_activations_gb(spec, tokens, nbytes, _attention(hw) == "math")
+    decode = mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile)
+    frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
+    # A streamed transformer is on the device only while it runs (denoise); a resident one always.
+    tr_idle = tr_dev if rung.transformer == "device" else 0.0
+    resident = tr_idle + vae + te_dev_always + ie_dev_always     # on the device between phases
+    idle_ram = base_ram + tr_ram + te_ram_idle + ie_ram_idle     # in RAM between phases
+    te_place = {"device": "device", "offload": "device", "streamed": "streamed", "cpu": "cpu"}[rung.text_encoder]
+    tr_place = {"device": "device", "group": "streamed", "leaf": "streamed"}[rung.transformer]
+    places = {"text_encoder": te_place, "transformer": tr_place, "vae": "device"}
+    if req.image_to_video and spec.image_encoder_params:
+        places["image_encoder"] = te_place
+
+    if rung.load == "device_map":
+        # Straight to the device; an fp8 transformer is briefly held in 16-bit while it is cast.
+        load_dev = max(resident, resident - tr_full + mem.transformer_weights_gb(spec, nbytes)) if rung.fp8 else resident
+        load_ram = base_ram + tr_ram + te_ram_idle + ie_ram_idle
+    else:
+        load_dev = 0.0
+        load_ram = base_ram + te + ie + vae + tr_full
+    phases = [PhasePlan("load", {k: ("cpu" if rung.load == "cpu" else v) for k, v in places.items()},
+                        load_dev, load_ram)]
+    if rung.load == "cpu":
+        # Pinning a streamed text encoder holds one of its tensors twice for a moment.
+        pinning = (spec.text_encoder_largest_params * nbytes / mem.GB
+                   if rung.text_encoder == "streamed" and _copy_streams(hw) else 0.0)
+        phases.append(PhasePlan("transfer", places, resident, idle_ram + pinning))
+
+    # What comes to the device to encode: the whole encoder, or the layers in flight of a streamed one.
+    te_visit = {"offload": te, "streamed": mem.streamed_text_encoder_gb(spec, nbytes)}.get(rung.text_encoder, 0.0)
+    encode_dev = resident + te_visit
+    encode_ram = idle_ram - (te if rung.text_encoder == "offload" else 0.0)
+    if rung.text_encoder != "cpu":
+        encode_dev += mem.text_encode_gb(spec)
+    else:
+        encode_ram += mem.text_encode_gb(spec)
+    phases.append(PhasePlan("text_encode", {**places, "text_encoder": te_place}, encode_dev, encode_ram))
+    if "image_encoder" in places:
+        # (a streamed image encoder is charged whole: it is small, and its layers are not known here)
+        img_dev = resident + (ie if rung.text_encoder in ("offload", "streamed") else 0.0) + mem.IMAGE_ENCODE_ACT_GB
+        phases.append(PhasePlan("image_encode", places, img_dev, idle_ram))
+    denoise_places = {**places, "text_encoder": "cpu" if rung.text_encoder != "device" else "device"}
+    if "image_encoder" in places:
+        denoise_places["image_encoder"] = denoise_places["text_encoder"]
+    phases.append(PhasePlan("denoise", denoise_places, resident - tr_idle + tr_dev + act + mem.RUN_OVERHEAD_GB,
+                            idle_ram))
+    phases.append(PhasePlan("vae_decode", denoise_places, resident + decode + mem.RUN_OVERHEAD_GB,
+                            idle_ram + frames_ram))
+    phases.append(PhasePlan("export", denoise_places, resident, idle_ram + frames_ram))
+    return tuple(PhasePlan(p.phase, p.placement, _round(p.peak_vram_gb), _round(p.peak_ram_gb)) for p in phases)
+
+
+def _rung(name: str, text_encoder: str, vae_tile: int | None, load: str) -> _Rung:
+    transformer = {"group_offload": "group", "fp8_group_offload": "group", "leaf_offload": "leaf"}.get(name, "device")
+    return _Rung(name, text_encoder, transformer, name.startswith("fp8"), vae_tile, load)
+
+
+def _fits(phases, vram_budget: float, ram_budget: float, hw: HardwareProfile) -> bool:
+    if hw.unified_memory and hw.backend == "mps":
+        # One pool: what sits on the "device" and in "RAM" comes from the same memory.
+        return all(p.peak_vram_gb + p.peak_ram_gb <= ram_budget for p in phases)
+    return all(p.peak_vram_gb <= vram_budget and p.peak_ram_gb <= ram_budget for p in phases)
+
+
+def _candidates(name: str, override: Override, hw: HardwareProfile):
+    """Text-encoder places, tiles and load methods to try for one rung, best first."""
+    if name == "all_on_device":
+        # On a CPU-only machine the "device" is the CPU: say so.
+        te_places = ["cpu" if hw.device == "cpu" else "device"]
+    elif name == "leaf_offload":
+        te_places = ["streamed", "cpu"]
+    else:
+        te_places = ["offload", "streamed", "cpu"] if name == "text_encoder_offload" else list(TEXT_ENCODER_PLACES)
+    if not _copy_streams(hw):
+        # Without a copy stream diffusers copies every streamed layer back to RAM: slower than the CPU.
+        te_places = [place for place in te_places if place != "streamed"]
+    if override.text_encoder:
+        te_places = [override.text_encoder]
+    if override.vae_tiling is True:
+        tiles = list(mem.VAE_TILES)
+    elif override.vae_tiling is False:
+        tiles = [None]
+    else:
+        tiles = [None, *mem.VAE_TILES]
+    loads = ["cpu"] if hw.device == "cpu" else ["cpu", "device_map"]
+    if name in ("group_offload", "fp8_group_offload", "leaf_offload"):
+        loads = ["cpu"]   # offloaded weights live in RAM anyway
+    for te in te_places:
+        for tile in tiles:
+            for load in loads:
+                yield te, tile, load
+
+
+def _choose(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override):
+    """(rung, phases, fits): the first rung and settings that fit, else the closest miss."""
+    vram_budget, ram_budget = budgets(hw)
+    ladder = LADDER if hw.device != "cpu" else ("all_on_device",)
+    if override.strategy:
+        ladder = (override.strategy,)
+    chosen = None
+    first = None
+    for name in ladder:
+        for te, tile, load in _candidates(name, override, hw):
+            rung = _rung(name, te, tile, load)
+            phases = _phases(spec, req, hw, rung)
+            first = first or (rung, phases)
+            if _fits(phases, vram_budget, ram_budget, hw):
+                chosen = (rung, phases)
+                break
+        if chosen:
+            break
+    if chosen:
+        return (*chosen, True)
+    return (*(_fallback(spec, req, hw, ladder, override) or first), False)
+
+
+def fits(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override = Override()) -> bool:
+    return _choose(spec, req, hw, override)[2]
+
+
+def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override = Override()) -> Plan:
+    """Choose the fastest strategy whose every phase fits the budgets."""
+    vram_budget, ram_budget = budgets(hw)
+    dtype, _ = _dtypes(hw)
+    rung, phases, fits_ = _choose(spec, req, hw, override)
+    peak_vram = max(p.peak_vram_gb for p in phases)
+    peak_ram = max(p.peak_ram_gb for p in phases)
+    plan = Plan(
+        strategy=rung.name, fits=fits_, device=hw.device, dtype=dtype,
+        vae_dtype="float32", attention=_attention(hw), text_encoder=rung.text_encoder,
+        transformer=rung.transformer, fp8=rung.fp8, vae_tile=rung.vae_tile, load=rung.load,
+        pin_memory=_copy_streams(hw), use_stream=_copy_streams(hw),
+        budget_vram_gb=_round(vram_budget), budget_ram_gb=_round(ram_budget),
+        predicted_peak_vram_gb=_round(peak_vram), predicted_peak_ram_gb=_round(peak_ram), phases=phases,
+        vae_tiled=rung.vae_tile is not None and (rung.vae_tile < req.width or rung.vae_tile < req.height))
+    decisions = _explain(spec, req, hw, plan, override)
+    suggestions = () if fits_ else _suggest(spec, req, hw, override)
+    if not fits_ and not suggestions:
+        decisions.append("Neither fewer frames, a smaller size nor a smaller known model makes it fit this "
+                         "machine" + (": it needs more RAM, or a GPU." if hw.device == "cpu" else "."))
+    return replace(plan, decisions=tuple(decisions), suggestions=tuple(suggestions))
+
+
+def _fallback(spec, req, hw, ladder, override):
+    """When nothing fits, the last rung with its smallest settings (so the user sees the closest plan)."""
+    name = ladder[-1]
+    options = list(_candidates(name, override, hw))
+    if not options:
+        return None
+    te, tile, load = options[-1]
+    rung = _rung(name, te, tile, load)
+    return rung, _phases(spec, req, hw, rung)
+
+
+def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan, override: Override) -> list[str]:
+    _, nbytes = _dtypes(hw)
+    te_gb = spec.text_encoder_params * nbytes / mem.GB
+    tr_gb = mem.transformer_weights_gb(spec, nbytes)
+    said = []
+    if hw.device == "cpu":
+        return _explain_cpu(spec, req, hw, plan, override)
+    said.append(f"{hw.device_name} ({hw.backend.upper()}): {plan.budget_vram_gb:.1f} GB of device memory and "
+                f"{plan.budget_ram_gb:.1f} GB of RAM may be used after the safety margins; computing in {plan.dtype}.")
+    if override.strategy:
+        said.append(f"Strategy forced to '{plan.strategy}': {RUNG_TEXT[plan.strategy]}.")
+    elif not plan.fits:
+        said.append(f"No rung fits; the closest is '{plan.strategy}' ({RUNG_TEXT[plan.strategy]}).")
+    else:
+        said.append(f"Chose '{plan.strategy}' ({RUNG_TEXT[plan.strategy]}): the fastest rung whose every phase "
+                    f"fits, peaking at {plan.predicted_peak_vram_gb:.1f} GB on the device and "
+                    f"{plan.predicted_peak_ram_gb:.1f} GB of RAM.")
+    if plan.text_encoder == "offload":
+        said.append(f"The text encoder ({te_gb:.1f} GB) moves to the device only to encode the prompt, then back to RAM, "
+                    f"so it never sits beside the {tr_gb:.1f} GB transformer while it denoises.")
+    elif plan.text_encoder == "streamed":
+        said.append(f"The text encoder ({te_gb:.1f} GB) does not fit on the device whole beside the rest: it stays in "
+                    f"RAM (pinned once when the model loads) and streams through the device layer by layer to encode "
+                    f"each new prompt, many times faster than encoding on the CPU.")
+    elif plan.text_encoder == "cpu":
+        said.append(f"The text encoder ({te_gb:.1f} GB) runs on the CPU: it would not fit on the device beside the rest.")
+    if plan.transformer in ("group", "leaf"):
+        said.append(f"The {tr_gb:.1f} GB transformer stays in RAM and streams to the device "
+                    f"{'block by block' if plan.transformer == 'group' else 'layer by layer'}"
+                    + (" with pinned memory and a copy stream, overlapping copies with compute." if plan.use_stream
+                       else " (no pinned memory or copy stream: memory is unified)."))
+    if plan.fp8:
+        said.append("Transformer weights are stored in fp8 and computed in 16-bit, halving their memory "
+                    "at a small cost in quality.")
+    if plan.load == "device_map":
+        said.append("Weights load straight to the device: there is not enough RAM to stage them on the CPU first.")
+    said.extend(_explain_tiles(req, plan, override))
+    if plan.attention == "math":
+        tokens = spec.tokens(req.width, req.height, req.frames)
+        said.append(f"This backend uses math attention: its score buffer grows with tokens^2 ({tokens} tokens).")
+    if hw.unified_memory and hw.backend == "rocm":
+        said.append("Unified memory: the device carve-out and the RAM left to the OS are budgeted separately.")
+    if not plan.fits:
+        said.append(f"Nothing fits: even '{plan.strategy}' needs {plan.predicted_peak_vram_gb:.1f} GB on the device "
+                    f"and {plan.predicted_peak_ram_gb:.1f} GB of RAM.")
+    return said
+
+
+def _explain_tiles(req: PlanRequest, plan: Plan, override: Override) -> list[str]:
+    if plan.vae_tile is None:
+        return []
+    if not plan.vae_tiled:
+        return [f"VAE tiling is on, but a {req.width}x{req.height} frame is no larger than one {plan.vae_tile}px "
+                "tile, so it decodes whole."]
+    if override.vae_tiling:
+        return [f"VAE tiling is on (your choice): it decodes in {plan.vae_tile}px tiles."]
+    return [f"The VAE decodes in {plan.vae_tile}px tiles: an untiled decode of "
+            f"{req.frames}x{req.height}x{req.width} would not fit."]
+
+
+def _explain_cpu(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
+                 override: Override) -> list[str]:
+    """What a CPU-only plan means: everything in RAM, in float32; the overrides that change nothing here."""
+    weights = _weights_gb(spec, req, hw, _rung(plan.strategy, plan.text_encoder, plan.vae_tile, plan.load))
+    if plan.fits:
+        said = [f"No GPU found: everything runs on the CPU in float32, in RAM: up to "
+                f"{plan.predicted_peak_ram_gb:.1f} of the {plan.budget_ram_gb:.1f} GB that may be used. "
+                "Slow, but it works."]
+    else:
+        said = [f"No GPU found: on the CPU everything is held in RAM in float32, which needs "
+                f"{plan.predicted_peak_ram_gb:.1f} GB, but only {plan.budget_ram_gb:.1f} GB may be used; the "
+                f"weights alone take {sum(weights.values()):.1f} GB (text encoder {weights['text_encoder']:.1f} GB, "
+                f"transformer {weights['transformer']:.1f} GB)."]
+    if override.strategy and override.strategy != "all_on_device":
+        said.append(f"Strategy forced to '{plan.strategy}': on a CPU-only machine it changes no memory figure "
+                    "(everything is in RAM either way); it only runs that strategy's offload hooks.")
+    if override.text_encoder:
+        said.append(f"Text encoder place forced to '{override.text_encoder}': on a CPU-only machine it runs on the "
+                    "CPU wherever it is put.")
+    if plan.fits:
+        said.extend(_explain_tiles(req, plan, override))
+    return said
+
+
+def _smaller_model(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile) -> str | None:
+    """A tip naming the largest known model smaller than ``spec`` that fits this request here, if any."""
+    from engine.models.spec import KNOWN_MODELS
+
+    def does(candidate: ModelSpec) -> bool:   # image to video: an I2V model (36 input channels) or Wan2.2-5B
+        takes_image = candidate.transformer.in_channels == 36 or candidate.expand_timesteps
+        makes_text_video = candidate.transformer.in_channels != 36
+        return takes_image if req.image_to_video else makes_text_video
+
+    size = spec.transformer.params * spec.experts
+    smaller = sorted(((ref, known) for ref, known in KNOWN_MODELS.items()
+                      if known.transformer.params * known.experts < size and does(known)),
+                     key=lambda item: -item[1].transformer.params)
+    for ref, known in smaller:
+        sized = replace(req, width=req.width // known.size_multiple * known.size_multiple or known.size_multiple,
+                        height=req.height // known.size_multiple * known.size_multiple or known.size_multiple)
+        chosen = plan_memory(known, sized, hw) if fits(known, sized, hw) else None
+        if chosen is not None:
+            where = (f"{chosen.predicted_peak_ram_gb:.1f} GB RAM" if hw.device == "cpu" else
+                     f"{chosen.predicted_peak_vram_gb:.1f} GB device memory, {chosen.predicted_peak_ram_gb:.1f} GB RAM")
+            return f"Use a smaller model: {known.name} ({ref}) fits here at this size, peaking at {where}."
+    return None
+
+
+def _suggest(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override) -> list[str]:
+    """Changes that make this request fit, each checked with the planner; none when nothing would."""
+    tips = []
+    for frames in range(req.frames - 4, 0, -4):
+        if fits(spec, replace(req, frames=frames), hw, override):
+            tips.append(f"Use {plural(frames, 'frame')} instead of {req.frames}.")
+            break
+    for scale in (0.75, 0.5):
+        w = max(spec.size_multiple, int(req.width * scale) // spec.size_multiple * spec.size_multiple)
+        h = max(spec.size_multiple, int(req.height * scale) // spec.size_multiple * spec.size_multiple)
+        if fits(spec, replace(req, width=w, height=h), hw, override):
+            tips.append(f"Use {w}x{h} instead of {req.width}x{req.height}.")
+            break
+    if (override.strategy or override.text_encoder or override.vae_tiling is not None) \
+            and fits(spec, req, hw, Override()):
+        tips.append("Set Strategy, Text encoder and VAE tiling back to Auto: the planner finds a plan that fits.")
+    smaller = _smaller_model(spec, req, hw)
+    if smaller:
+        tips.append(smaller)
+    return tips

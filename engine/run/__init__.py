@@ -1,0 +1,1 @@
+"""A job on the loaded pipeline: the Engine, applying a plan, decoding, preview, schedulers, failures."""

@@ -1,0 +1,181 @@
+"""Applying a memory plan to a loaded pipeline with diffusers' own mechanisms.
+
+Placement of each component, group offloading, fp8 layerwise casting and VAE
+tiling are all hooks or moves that diffusers provides; this module only
+decides which to call, from the Plan.
+"""
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+
+from engine.planning.planner import Plan
+
+TRANSFORMERS = ("transformer", "transformer_2")
+ENCODERS = ("text_encoder", "image_encoder")
+
+
+def torch_dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def from_pretrained_kwargs(plan: Plan) -> dict:
+    """Keyword arguments for loading the pipeline under ``plan``."""
+    kwargs = {"dtype": {"default": torch_dtype(plan.dtype), "vae": torch_dtype(plan.vae_dtype)}}
+    if plan.load == "device_map":
+        kwargs["device_map"] = plan.device
+    return kwargs
+
+
+def loaded_into_ram(plan: Plan) -> tuple[str, ...]:
+    """Encoders to load on their own, into RAM, when the rest loads straight to the device.
+
+    diffusers maps a whole pipeline to one device; an encoder the plan keeps off the device would
+    otherwise land there during the load, beside everything else, before it could be moved out.
+    """
+    return ENCODERS if plan.load == "device_map" and plan.text_encoder != "device" else ()
+
+
+def load_into_ram(folder: Path, names: tuple[str, ...], plan: Plan) -> dict:
+    """Each named component that ``folder`` has, loaded on the CPU in the plan's dtype (for from_pretrained)."""
+    import importlib
+
+    index = json.loads((Path(folder) / "model_index.json").read_text())
+    parts = {}
+    for name in names:
+        library, class_name = index.get(name) or (None, None)
+        if not library or not (Path(folder) / name).is_dir():
+            continue
+        component = getattr(importlib.import_module(library), class_name)
+        parts[name] = component.from_pretrained(Path(folder) / name, dtype=torch_dtype(plan.dtype))
+    return parts
+
+
+def place_components(pipe, plan: Plan) -> None:
+    """Move every component where ``plan`` keeps it between phases, with its hooks."""
+    import torch
+
+    compute = torch_dtype(plan.dtype)
+    for name in TRANSFORMERS:
+        model = getattr(pipe, name, None)
+        if model is None:
+            continue
+        if plan.fp8:
+            # Only the transformer: UMT5 casts activations to its weights' dtype and breaks in fp8.
+            model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute)
+        if plan.transformer == "device":
+            model.to(plan.device)
+        else:
+            if plan.pin_memory:
+                pin_in_place(model)    # else a 30 GB model would sit in RAM twice until its first step
+            model.enable_group_offload(
+                onload_device=plan.device, offload_device="cpu",
+                offload_type="block_level" if plan.transformer == "group" else "leaf_level",
+                num_blocks_per_group=1 if plan.transformer == "group" else None,
+                use_stream=plan.use_stream, low_cpu_mem_usage=not plan.pin_memory)
+    place_encoders(pipe, plan)
+    pipe.vae.to(plan.device)
+    set_vae_tiling(pipe.vae, plan.vae_tile)
+
+
+def place_encoders(pipe, plan: Plan) -> None:
+    """Put the text and image encoders where ``plan`` keeps them between phases; also when a loaded
+    pipeline is reused under a plan that places them differently."""
+    from diffusers.hooks import apply_group_offloading
+
+    for name in ENCODERS:
+        model = getattr(pipe, name, None)
+        if model is None:
+            continue
+        stop_streaming(model)
+        if plan.text_encoder == "streamed":
+            # Layer by layer, each copied ahead of its use on a copy stream. The copy in RAM is kept
+            # (pinned once when the plan pins), so no weight is ever copied back from the device.
+            model.to("cpu")
+            if plan.pin_memory:
+                pin_in_place(model)
+            apply_group_offloading(model, onload_device=plan.device, offload_device="cpu",
+                                   offload_type="leaf_level", use_stream=plan.use_stream,
+                                   low_cpu_mem_usage=not plan.pin_memory)
+        else:
+            model.to(plan.device if plan.text_encoder == "device" else "cpu")
+
+
+def pin_in_place(model) -> None:
+    """Move each weight into page-locked RAM, one at a time, dropping the ordinary copy as it goes.
+
+    Group offloading pins a copy of every weight and lets go of the originals only on the first offload,
+    so for a while the model would be in RAM twice; already pinned weights are used as they are.
+    """
+    for module in model.modules():
+        for param in module._parameters.values():
+            if param is not None and not param.data.is_pinned():
+                param.data = param.data.pin_memory()
+        for key, buffer in module._buffers.items():
+            if buffer is not None and not buffer.is_pinned():
+                module._buffers[key] = buffer.pin_memory()
+
+
+def _hook_names(model) -> set[str]:
+    """The diffusers hooks on ``model`` and its layers (the encoders get none but streaming's)."""
+    return {hook for m in model.modules() if getattr(m, "_diffusers_hook", None) is not None
+            for hook in m._diffusers_hook.hooks}
+
+
+def is_streaming(model) -> bool:
+    return bool(_hook_names(model))
+
+
+def stop_streaming(model) -> None:
+    """Remove streaming's hooks from ``model``; its weights are left in RAM, where streaming keeps them."""
+    from diffusers.hooks import HookRegistry
+
+    names = _hook_names(model)
+    if names:
+        registry = HookRegistry.check_if_exists_or_initialize(model)
+        for hook in names:
+            registry.remove_hook(hook, recurse=True)
+
+
+def set_vae_tiling(vae, tile: int | None) -> None:
+    if tile is None:
+        vae.disable_tiling()
+        return
+    stride = tile * 3 // 4
+    vae.enable_tiling(tile_sample_min_height=tile, tile_sample_min_width=tile,
+                      tile_sample_stride_height=stride, tile_sample_stride_width=stride)
+
+
+def encoder_device(plan: Plan) -> str:
+    """Where the text and image encoders compute."""
+    return "cpu" if plan.text_encoder == "cpu" else plan.device
+
+
+@contextmanager
+def encoder_visiting(pipe, name: str, plan: Plan):
+    """While encoding: an offloaded encoder is on the device; afterwards it is back in RAM.
+
+    Its weights in RAM are kept while it visits, and put back afterwards: sending the device copy back
+    would copy 11 GB into freshly allocated host memory, which takes longer than encoding on the CPU.
+    """
+    model = getattr(pipe, name, None)
+    if model is None or plan.text_encoder != "offload":
+        yield
+        return
+    # .to() either swaps a parameter's data or replaces the parameter: keep both, and every buffer.
+    params = [(module, key, param, param.data) for module in model.modules()
+              for key, param in module._parameters.items() if param is not None]
+    buffers = [(module, key, buffer) for module in model.modules() for key, buffer in module._buffers.items()
+               if buffer is not None]
+    try:
+        model.to(plan.device)
+        yield
+    finally:
+        for module, key, param, data in params:
+            param.data = data
+            module._parameters[key] = param
+        for module, key, buffer in buffers:
+            module._buffers[key] = buffer

@@ -1,0 +1,574 @@
+"""The Engine: owns at most one loaded pipeline and runs generation jobs as timed phases.
+
+A run reads like a pipeline: check, plan, load, encode text, encode image,
+denoise, decode, export. Each phase is timed with the device synchronised
+and reported as typed events through ``emit``. Out of memory in a phase
+steps one rung down the planner's ladder and runs again; out of memory in
+the decode retries the decode alone, tiled, then on the CPU.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import traceback
+from collections import OrderedDict
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from engine.device.hardware import HardwareProfile, detect_hardware
+from engine.device.runtime import RamPeakSampler, clock, free_device_memory, peak_vram_gb, reset_peak_vram, synchronize
+from engine.events import (
+    DownloadProgress,
+    Event,
+    Info,
+    JobCancelled,
+    JobFinished,
+    JobStarted,
+    LatentsSaved,
+    PhaseFinished,
+    PhaseStarted,
+    PlanReady,
+    StepFinished,
+)
+from engine.models.limits import check_model_limits
+from engine.models.refs import ResolvedModel, classify_ref, resolve_model, takes_last_frame
+from engine.models.selftest import selftest_built
+from engine.models.spec import ModelSpec, spec_for
+from engine.outputs.export import output_stem, write_json
+from engine.outputs.kept_inputs import carry_inputs, keep_inputs
+from engine.outputs.latents import (
+    DECODE_AGAIN_HINT,
+    DEFAULT_KEEP_HOURS,
+    cleanup_latents,
+    latents_path,
+    load_latents,
+    save_latents,
+    stem_of,
+)
+from engine.outputs.record import redecode_record, run_record, write_media
+from engine.planning.memory import VAE_TILES
+from engine.planning.planner import LADDER, Override, Plan, PlanRequest, plan_memory
+from engine.run.apply_plan import (
+    encoder_device,
+    encoder_visiting,
+    from_pretrained_kwargs,
+    load_into_ram,
+    loaded_into_ram,
+    place_components,
+    place_encoders,
+    set_vae_tiling,
+    torch_dtype,
+)
+from engine.run.decoding import decode_attempts, decode_latents
+from engine.run.failures import failure_event, is_out_of_memory
+from engine.run.preview import PREVIEW_EVERY_SECONDS, LivePreview, PreviewMap, preview_map_for
+from engine.run.schedulers import make_scheduler
+from engine.settings.request import MODE_NAMES, GenerationRequest, InputError, check_inputs
+
+SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
+TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer needs exactly that
+PROMPT_CACHE_SIZE = 4   # encodings are 512 x 4096 x 2 bytes each: 4 MB
+Emit = Callable[[Event], None]
+
+
+class Cancelled(Exception):
+    """The user asked to stop; raised at a step or phase boundary."""
+
+
+class InjectedOutOfMemory(RuntimeError):
+    """Raised by the test hook ``Engine(inject_oom=...)``; handled like a real out-of-memory error."""
+
+
+@dataclass
+class LoadedModel:
+    model: ResolvedModel
+    pipe: object
+    plan: Plan
+    scheduler_config: dict
+    preview_map: PreviewMap | None = None   # latent -> RGB for live previews, made at the first one
+    image_pipe: object = None   # Wan2.2 TI2V-5B's image-to-video pipeline, over the same components
+
+    def for_mode(self, mode: str):
+        """The pipeline that runs ``mode``: the loaded one or, for image to video with a text-and-image model
+        (Wan2.2 TI2V-5B), an image-to-video pipeline made once over the same components: nothing is
+        loaded or copied, and every hook the plan applied stays on them."""
+        if mode != "i2v" or self.model.image_to_video:
+            return self.pipe
+        if self.image_pipe is None:
+            from diffusers import WanImageToVideoPipeline
+
+            parts = {name: getattr(self.pipe, name, None)
+                     for name in ("tokenizer", "text_encoder", "vae", "scheduler", "transformer", "transformer_2")}
+            self.image_pipe = WanImageToVideoPipeline(**parts, boundary_ratio=self.pipe.config.get("boundary_ratio"),
+                                                      expand_timesteps=True)
+            self.image_pipe.set_progress_bar_config(disable=True)
+        return self.image_pipe
+
+
+@dataclass
+class _Job:
+    """What one run accumulates: its id, the emitter, timings and step times."""
+    id: str
+    emit: Emit
+    should_cancel: Callable[[], bool]
+    device: str = "cpu"
+    phase: str | None = None
+    timings: dict = field(default_factory=dict)
+    step_seconds: list = field(default_factory=list)
+    step_downs: list = field(default_factory=list)
+    decode_fallback: str | None = None
+    latents: str | None = None
+    inputs: dict | None = None          # input images kept beside the output: {field: file name or None}
+    ram: RamPeakSampler | None = None   # the run's RAM peak so far, reported with every step
+
+
+class Engine:
+    def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
+                 inject_oom: dict[str, int] | None = None, crash_in: str | None = None,
+                 latents_hours: float = DEFAULT_KEEP_HOURS, preview_seconds: float = PREVIEW_EVERY_SECONDS):
+        self.models_dir = Path(models_dir)
+        self._hardware = hardware
+        self.loaded: LoadedModel | None = None
+        # How long the latents of a finished run are kept (0: removed as soon as the video is written).
+        self.latents_hours = latents_hours
+        # Live previews while denoising: at most one every this many seconds (0: every step; negative: none).
+        self.preview_seconds = preview_seconds
+        # Test hooks: phase name -> how many times to fail it with out-of-memory; a phase in which
+        # the whole process dies (SIGKILL), as a driver fault would kill it.
+        self._inject_oom = dict(inject_oom or {})
+        self._crash_in = crash_in
+        # Recent prompt encodings, kept on the CPU: a new seed with the same prompt skips the text encoder.
+        self._prompt_cache: OrderedDict[tuple, tuple] = OrderedDict()
+
+    def use_hardware(self, hardware: HardwareProfile) -> None:
+        """Plan for another hardware description from now on (the loaded model is dropped)."""
+        self.unload()
+        self._hardware = hardware
+
+    @property
+    def hardware(self) -> HardwareProfile:
+        if self._hardware is None:
+            self._hardware = detect_hardware()
+        return self._hardware
+
+    # ----- model management -------------------------------------------------
+    def unload(self) -> None:
+        """Drop the loaded pipeline and give its memory back."""
+        if self.loaded is not None:
+            pipe = self.loaded.pipe
+            self.loaded = None
+            if hasattr(pipe, "remove_all_hooks"):
+                pipe.remove_all_hooks()
+            del pipe
+        free_device_memory()
+
+    @contextmanager
+    def _phase(self, job: _Job, name: str):
+        job.phase = name
+        job.emit(PhaseStarted(job.id, name))
+        if self._crash_in == name:
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self._inject_oom.get(name, 0) > 0:
+            self._inject_oom[name] -= 1
+            raise InjectedOutOfMemory(f"out of memory (injected into {name} for a test)")
+        synchronize(job.device)
+        start = clock()
+        yield
+        synchronize(job.device)
+        seconds = clock() - start
+        job.timings[name] = round(job.timings.get(name, 0.0) + seconds, 4)
+        job.emit(PhaseFinished(job.id, name, seconds))
+
+    def _resolve(self, ref: str, job: _Job) -> ResolvedModel:
+        if self.loaded is not None and self.loaded.model.ref == ref:
+            return self.loaded.model
+        kind = classify_ref(ref)
+        if kind == "hub":
+            def progress(done, total, unit):
+                job.emit(DownloadProgress(job.id, done, total, unit))
+            with self._phase(job, "download"):
+                return resolve_model(ref, self.models_dir, progress)
+        if kind == "selftest" and not selftest_built(ref, self.models_dir):
+            with self._phase(job, "build_model"):   # the first use on this machine builds and saves it
+                return resolve_model(ref, self.models_dir)
+        return resolve_model(ref, self.models_dir)
+
+    def _ensure_loaded(self, resolved: ResolvedModel, plan: Plan, job: _Job) -> LoadedModel:
+        if self.loaded is not None:
+            if self.loaded.model.ref == resolved.ref and self.loaded.plan.reload_key == plan.reload_key:
+                job.emit(Info(job.id, f"Model {resolved.ref} is already loaded with this plan: no load needed."))
+                if self.loaded.plan.text_encoder != plan.text_encoder:
+                    with self._phase(job, "transfer"):
+                        place_encoders(self.loaded.pipe, plan)
+                self.loaded.plan = plan
+                return self.loaded
+            # No local reference to the old pipeline may survive this point: it would stay in
+            # memory beside the new one while that loads.
+            old = self.loaded.model.ref
+            why = "a different memory strategy" if old == resolved.ref else resolved.ref
+            job.emit(Info(job.id, f"Unloading {old} to make room for {why}."))
+            self.unload()
+        with self._phase(job, "load"):
+            pipe = self._from_pretrained(resolved, plan)
+        with self._phase(job, "transfer"):
+            place_components(pipe, plan)
+        self.loaded = LoadedModel(resolved, pipe, plan, dict(pipe.scheduler.config))
+        return self.loaded
+
+    @staticmethod
+    def _from_pretrained(resolved: ResolvedModel, plan: Plan):
+        import diffusers
+
+        pipeline_class = getattr(diffusers, resolved.pipeline_class)
+        in_ram = load_into_ram(resolved.folder, loaded_into_ram(plan), plan)
+        pipe = pipeline_class.from_pretrained(resolved.folder, **from_pretrained_kwargs(plan), **in_ram)
+        pipe.set_progress_bar_config(disable=True)  # progress goes out as events instead
+        return pipe
+
+    # ----- planning ---------------------------------------------------------
+    def plan_for(self, request: GenerationRequest, spec: ModelSpec, strategy: str | None = None) -> Plan:
+        override = Override(strategy=strategy or request.strategy, text_encoder=request.text_encoder,
+                            vae_tiling=request.vae_tiling)
+        size = PlanRequest(request.width, request.height, request.frames, request.mode == "i2v")
+        return plan_memory(spec, size, self.hardware, override)
+
+    def _next_rung(self, request: GenerationRequest, spec: ModelSpec, plan: Plan) -> Plan | None:
+        """The plan one rung down the ladder (the first lower rung that fits, else the next one)."""
+        lower = [self.plan_for(request, spec, name) for name in LADDER[LADDER.index(plan.strategy) + 1:]]
+        return next((p for p in lower if p.fits), lower[0] if lower else None)
+
+    # ----- one run ----------------------------------------------------------
+    def run(self, request: GenerationRequest, job_id: str, emit: Emit,
+            should_cancel: Callable[[], bool] = lambda: False, timings: dict | None = None) -> Event:
+        """Run one job to a terminal event (finished, cancelled or failed), which is also emitted.
+
+        ``timings``: phases the job went through before it reached the engine (its wait for the engine
+        process to start), counted in its total and its sidecar."""
+        job = _Job(job_id, emit, should_cancel, timings=dict(timings or {}))
+        emit(JobStarted(job_id, f"{MODE_NAMES.get(request.mode, request.mode)} with {request.model}"))
+        ram = job.ram = RamPeakSampler()
+        try:
+            with ram.running():
+                result = self._run(request, job, ram)
+        except Cancelled:
+            result = JobCancelled(job_id, len(job.step_seconds), request.steps, job.phase, self.loaded is not None)
+        except Exception as exc:  # every failure reaches the page as an event
+            result = failure_event(job_id, exc, job.phase)
+            if result.kind == "runtime":   # a fault, not a user's mistake: its traceback goes to the console
+                traceback.print_exc()
+            if job.latents:
+                result = replace(result, latents=job.latents, hint=" ".join(filter(None, (result.hint,
+                                                                                        DECODE_AGAIN_HINT))))
+        emit(result)
+        return result
+
+    def _check_cancel(self, job: _Job) -> None:
+        if job.should_cancel():
+            raise Cancelled()
+
+    def _run(self, request: GenerationRequest, job: _Job, ram: RamPeakSampler) -> Event:
+        request = check_inputs(request)
+        reset_peak_vram()
+        resolved = self._resolve(request.model, job)
+        spec = spec_for(resolved.ref, resolved.folder)
+        self._check_model_fits_request(resolved, spec, request)
+        plan = self.plan_for(request, spec)
+        if not plan.fits and not request.strategy:
+            raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
+        request = replace(request, seed=request.seed if request.seed >= 0 else secrets.randbelow(2**32))
+        while True:
+            self._announce(plan, job)
+            try:
+                loaded, latents = self._load_and_denoise(resolved, plan, request, job)
+                break
+            except Exception as exc:
+                if not is_out_of_memory(exc) or job.phase == "vae_decode":
+                    raise
+                lower = self._next_rung(request, spec, plan)
+                if lower is None:
+                    raise
+                job.emit(Info(job.id, f"Out of memory during {job.phase.replace('_', ' ')} with '{plan.strategy}': "
+                                      f"freeing memory and stepping down to '{lower.strategy}'."))
+                job.step_downs.append({"phase": job.phase, "from": plan.strategy, "to": lower.strategy})
+                job.step_seconds.clear()
+                self.unload()
+                plan = lower
+        if job.step_downs:
+            job.emit(Info(job.id, f"'{plan.strategy}' worked after stepping down from "
+                                  f"'{job.step_downs[0]['from']}'."))
+        cleanup_latents(Path(request.outputs_dir), self.latents_hours)
+        stem = output_stem(Path(request.outputs_dir), request.mode, request.prompt, request.seed)
+        job.phase = "saving latents"
+        if request.mode == "i2v":
+            # The upload is a temporary file: keep a copy (before the decode, which may fail) so the run
+            # can be repeated from the History tab, also after Decode again.
+            job.inputs, problems = keep_inputs(request, stem)
+            for problem in problems:
+                job.emit(Info(job.id, problem))
+        job.latents = str(save_latents(latents, latents_path(stem), {
+            "request": request.to_dict(), "model": {"ref": loaded.model.ref, "revision": loaded.model.revision},
+            "strategy": loaded.plan.strategy, "keep": request.keep_latents, "inputs": job.inputs}))
+        job.emit(LatentsSaved(job.id, job.latents))
+        frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
+        with self._phase(job, "export"):
+            media = write_media(request, frames, stem)
+        if self.latents_hours <= 0 and not request.keep_latents:
+            Path(job.latents).unlink(missing_ok=True)
+            job.latents = None
+        sidecar = self._write_sidecar(loaded, request, job, media, frames, ram)
+        return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
+                           ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
+
+    def _announce(self, plan: Plan, job: _Job) -> None:
+        job.emit(PlanReady(job.id, plan.to_dict()))
+        for sentence in plan.decisions:
+            job.emit(Info(job.id, f"Plan: {sentence}"))
+
+    def _load_and_denoise(self, resolved: ResolvedModel, plan: Plan, request: GenerationRequest, job: _Job):
+        import torch
+
+        job.device = plan.device
+        loaded = self._ensure_loaded(resolved, plan, job)
+        set_vae_tiling(loaded.pipe.vae, plan.vae_tile)
+        self._check_cancel(job)
+        with torch.inference_mode():
+            embeds = self._encode_text(loaded, request, job)
+            image_inputs = self._encode_image(loaded, request, job)
+            self._check_cancel(job)
+            latents = self._denoise(loaded, request, job, embeds, image_inputs)
+        return loaded, latents
+
+    @staticmethod
+    def _check_model_fits_request(model: ResolvedModel, spec: ModelSpec, request: GenerationRequest) -> None:
+        if request.mode == "i2v" and not model.takes_image:
+            raise InputError(f"{model.ref} is a text-to-video model; pick an image-to-video model for this tab")
+        if request.mode != "i2v" and model.image_to_video:
+            raise InputError(f"{model.ref} is an image-to-video model; use the Image to Video tab with an image")
+        if request.mode == "i2v":
+            first_last = takes_last_frame(model.folder)
+            if first_last is False and request.last_image:
+                raise InputError(f"{model.ref} cannot use a last frame (only first-and-last-frame models such as "
+                                 "Wan2.1-FLF2V-14B can); remove the last frame")
+            if first_last and not request.last_image:
+                raise InputError(f"{model.ref} is a first-and-last-frame model and needs a last frame too; "
+                                 "add one")
+        check_model_limits(spec, request.width, request.height, request.frames, request.mode)
+
+    def _encode_text(self, loaded: LoadedModel, request: GenerationRequest, job: _Job):
+        pipe, plan = loaded.pipe, loaded.plan
+        key = (loaded.model.ref, loaded.model.revision, request.prompt, request.negative_prompt or "",
+               request.guidance > 1.0, plan.dtype)
+        with self._phase(job, "text_encode"):
+            if key in self._prompt_cache:
+                job.emit(Info(job.id, "Same prompt as a recent run: its encoding is reused, the text encoder is not run."))
+                self._prompt_cache.move_to_end(key)
+                positive, negative = self._prompt_cache[key]
+            else:
+                self._warn_if_truncated(pipe, request, job)
+                with encoder_visiting(pipe, "text_encoder", plan):
+                    positive, negative = pipe.encode_prompt(
+                        prompt=request.prompt, negative_prompt=request.negative_prompt or "",
+                        do_classifier_free_guidance=request.guidance > 1.0, max_sequence_length=TEXT_TOKENS,
+                        device=encoder_device(plan), dtype=torch_dtype(plan.dtype))
+                positive = positive.to("cpu")
+                negative = negative.to("cpu") if negative is not None else None
+                self._prompt_cache[key] = (positive, negative)
+                while len(self._prompt_cache) > PROMPT_CACHE_SIZE:
+                    self._prompt_cache.popitem(last=False)
+            positive = positive.to(plan.device)
+            negative = negative.to(plan.device) if negative is not None else None
+        return positive, negative
+
+    @staticmethod
+    def _warn_if_truncated(pipe, request: GenerationRequest, job: _Job) -> None:
+        """Say so when the text encoder will see only the first TEXT_TOKENS tokens of a prompt."""
+        for name, text in (("prompt", request.prompt), ("negative prompt", request.negative_prompt)):
+            if not text:
+                continue
+            count = len(pipe.tokenizer(text, add_special_tokens=True, truncation=False).input_ids)
+            if count > TEXT_TOKENS:
+                job.emit(Info(job.id, f"The {name} is {count} tokens long; only the first {TEXT_TOKENS} are used, "
+                                      "so its end has no effect. Shorten it to keep every part."))
+
+    def _encode_image(self, loaded: LoadedModel, request: GenerationRequest, job: _Job) -> dict:
+        if request.mode != "i2v":
+            return {}
+        from engine.settings.images import fit_image
+
+        pipe, plan = loaded.for_mode(request.mode), loaded.plan
+        image = fit_image(request.image, request.width, request.height)
+        last = (fit_image(request.last_image, request.width, request.height, name="last image")
+                if request.last_image else None)
+        inputs = {"image": image, "last_image": last}
+        if getattr(pipe, "image_encoder", None) is not None:
+            with self._phase(job, "image_encode"):
+                with encoder_visiting(pipe, "image_encoder", plan):
+                    embeds = pipe.encode_image(image if last is None else [image, last], plan.device)
+            inputs["cached_image_embeds"] = embeds
+        return inputs
+
+    def _denoise(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
+        pipe = loaded.for_mode(request.mode)
+        pipe.scheduler = make_scheduler(loaded.scheduler_config, request.shift, request.sigmas)
+        image_inputs = dict(image_inputs)
+        cached = image_inputs.pop("cached_image_embeds", None)
+        if cached is not None:
+            # The pipeline refuses image and image_embeds together, yet needs the image for its
+            # latents: shadow its encode_image for this call so the timed encoding is reused.
+            pipe.encode_image = lambda *args, **kwargs: cached
+        try:
+            return self._denoise_loop(loaded, request, job, embeds, image_inputs)
+        finally:
+            if cached is not None:
+                del pipe.encode_image
+
+    def _denoise_loop(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
+        import torch
+
+        pipe = loaded.for_mode(request.mode)
+        total = request.steps
+        last = [0.0]
+        previews = LivePreview(job.id, total, self.preview_seconds, request.fps / pipe.vae_scale_factor_temporal,
+                               lambda: self._preview_map(loaded))
+
+        def on_step_end(pipeline, i, t, tensors):
+            synchronize(job.device)
+            now = clock()
+            seconds = now - last[0]
+            previews.settle()   # the previous step's preview is emitted before this step's news
+            job.step_seconds.append(round(seconds, 4))
+            mean = sum(job.step_seconds) / len(job.step_seconds)
+            job.emit(StepFinished(job.id, i + 1, total, seconds, mean * (total - i - 1), peak_vram_gb(),
+                                  job.ram.peak_gb if job.ram else None))
+            if job.should_cancel():
+                pipeline._interrupt = True
+            else:
+                previews.emit_after_step(pipeline.scheduler, i, tensors["latents"], job.emit)
+            # A preview's cost is in its event and in the denoise phase, not in the step times;
+            # its encoding overlaps the next step.
+            last[0] = clock()
+            return {}
+
+        positive, negative = embeds
+        with self._phase(job, "denoise"):
+            last[0] = clock()
+            try:
+                output = pipe(
+                    prompt_embeds=positive,
+                    negative_prompt_embeds=negative if request.guidance > 1.0 else None,
+                    height=request.height, width=request.width, num_frames=request.frames,
+                    num_inference_steps=total, guidance_scale=request.guidance,
+                    generator=torch.Generator("cpu").manual_seed(request.seed),
+                    max_sequence_length=TEXT_TOKENS, output_type="latent",
+                    callback_on_step_end=on_step_end, **image_inputs)
+            finally:
+                previews.close()   # the last preview belongs to the denoising, before anything after it
+        if len(job.step_seconds) < total or job.should_cancel():
+            raise Cancelled()
+        return output.frames
+
+    @staticmethod
+    def _preview_map(loaded: LoadedModel) -> PreviewMap:
+        """The loaded model's latent -> RGB map, made once (a model without known factors decodes a little)."""
+        if loaded.preview_map is None:
+            loaded.preview_map = preview_map_for(loaded.pipe.vae)
+        return loaded.preview_map
+
+    # ----- decode, with its own fallbacks --------------------------------------
+    def _decode(self, vae, video_processor, plan: Plan, latents, job: _Job):
+        """Decode as planned; on out-of-memory retry tiled, then on the CPU. The denoise is never repeated."""
+        attempts = decode_attempts(plan.vae_tile, plan.device, VAE_TILES)
+        for number, (how, tile, device) in enumerate(attempts):
+            try:
+                frames = self._decode_once(vae, video_processor, latents, job, tile, device)
+                if number:
+                    job.decode_fallback = how
+                    job.emit(Info(job.id, f"The VAE decode worked {how}."))
+                return frames
+            except Exception as exc:
+                if not is_out_of_memory(exc) or number == len(attempts) - 1:
+                    raise
+                free_device_memory()
+                job.emit(Info(job.id, f"Out of memory in the VAE decode; retrying {attempts[number + 1][0]} "
+                                      "from the same latents."))
+            finally:
+                if device != plan.device:
+                    vae.to(plan.device)
+                set_vae_tiling(vae, plan.vae_tile)
+
+    def _decode_once(self, vae, video_processor, latents, job: _Job, tile: int | None, device: str):
+        with self._phase(job, "vae_decode"):
+            return decode_latents(vae, video_processor, latents, tile, device)
+
+    # ----- decode again, from saved latents ------------------------------------
+    def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False,
+                     timings: dict | None = None) -> Event:
+        """Decode saved latents into a new video (no denoising); the terminal event is also emitted."""
+        job = _Job(job_id, emit, lambda: False, timings=dict(timings or {}))
+        emit(JobStarted(job_id, f"decode again from {Path(path).name}"))
+        ram = RamPeakSampler()
+        try:
+            with ram.running():
+                result = self._decode_saved(Path(path), job, tiled, on_cpu, ram)
+        except Exception as exc:  # the page shows it like any failure
+            result = replace(failure_event(job_id, exc, job.phase), latents=str(path))
+        emit(result)
+        return result
+
+    def _decode_saved(self, path: Path, job: _Job, tiled: bool, on_cpu: bool, ram: RamPeakSampler) -> Event:
+        latents, meta = load_latents(path)
+        fields = dict(meta["request"])
+        fields["sigmas"] = tuple(fields["sigmas"]) if fields.get("sigmas") else None
+        request = GenerationRequest(**fields)
+        reset_peak_vram()
+        resolved = self._resolve(request.model, job)
+        vae, video_processor = self._vae_for(resolved, job)
+        plan = self.plan_for(request, spec_for(resolved.ref, resolved.folder))
+        device = "cpu" if on_cpu else plan.device
+        tile = (plan.vae_tile or VAE_TILES[2]) if tiled else plan.vae_tile
+        job.device = device
+        vae.to(device)
+        frames = self._decode_once(vae, video_processor, latents, job, tile, device)
+        if device != plan.device and self.loaded is not None and vae is self.loaded.pipe.vae:
+            vae.to(plan.device)
+        stem = stem_of(path)   # the failed run's own name, unless a decode already filled it
+        if any(stem.with_suffix(s).exists() for s in (".mp4", ".png", ".json")):
+            stem = output_stem(path.parent.parent, request.mode, request.prompt, request.seed)
+        with self._phase(job, "export"):
+            media = write_media(request, frames, stem)
+        how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
+        record = redecode_record(request, media, path, how, meta.get("model"), fields, job.timings,
+                                 ram.peak_gb, self.hardware.to_dict())
+        if meta.get("inputs"):
+            record["inputs"] = carry_inputs(meta["inputs"], path.parent, media.with_suffix(""))
+        sidecar = write_json(record, media.with_suffix(".json"))
+        return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
+                           ram.peak_gb, f"Decoded again ({how}) from saved latents.")
+
+    def _vae_for(self, resolved: ResolvedModel, job: _Job):
+        """The loaded model's VAE, or the VAE alone from the model's files (nothing else is loaded)."""
+        if self.loaded is not None and self.loaded.model.ref == resolved.ref:
+            return self.loaded.pipe.vae, self.loaded.pipe.video_processor
+        import torch
+        from diffusers import AutoencoderKLWan
+        from diffusers.video_processor import VideoProcessor
+
+        with self._phase(job, "load"):
+            vae = AutoencoderKLWan.from_pretrained(resolved.folder, subfolder="vae", dtype=torch.float32)
+        return vae, VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
+
+    # ----- export -------------------------------------------------------------
+    def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, media: Path,
+                       frames, ram: RamPeakSampler) -> Path:
+        sidecar = run_record(request, media, frames, model=loaded.model, plan=loaded.plan.to_dict(),
+                             step_downs=job.step_downs, latents=job.latents, decode_fallback=job.decode_fallback,
+                             timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=ram.peak_gb,
+                             hardware=self.hardware.to_dict())
+        if job.inputs is not None:
+            sidecar["inputs"] = job.inputs
+        if loaded.model.selftest:
+            sidecar["note"] = SELFTEST_NOTE
+        return write_json(sidecar, media.with_suffix(".json"))

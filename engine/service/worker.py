@@ -1,0 +1,443 @@
+"""The engine in its own process, and the client the app uses to drive it.
+
+The worker owns the Engine (and so the GPU). The app talks to it over a pipe:
+it sends a request and reads typed events until a terminal one. If the
+worker dies (segfault, driver fault, kill -9), the client reports which phase
+was running, starts a fresh worker, and the next job runs there.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Iterator
+
+from engine.device.hardware import HardwareProfile
+from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
+from engine.events import Event, Info, JobFailed, LatentsSaved, PhaseFinished, PhaseStarted, is_terminal
+from engine.models.refs import ModelError, precheck_model
+from engine.outputs.latents import DECODE_AGAIN_HINT
+from engine.planning.ahead import limits_for
+from engine.run.failures import failure_event
+from engine.service.watchdog import Watchdog
+from engine.settings.request import GenerationRequest, InputError, check_inputs_with_notes
+
+_SPAWN = mp.get_context("spawn")
+# How often a running job's watchdog looks at the engine when no event comes, in seconds.
+WATCH_TICK_S = 0.5
+# A new engine process that has not loaded its libraries after this long is stopped and started again.
+STARTUP_LIMIT_S = 600.0
+# Applied in the worker before torch loads: flash attention on ROCm (AOTriton) and an
+# allocator that grows segments instead of fragmenting (CUDA and ROCm read the same variable).
+PLATFORM_ENV = {
+    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+}
+
+
+@dataclass
+class _Starting:
+    """The engine process while it loads its libraries; ``engine`` is set once it can take jobs."""
+    since: float
+    engine: object = None
+
+
+def _serve_status(conn, state: _Starting) -> None:
+    """Answer memory questions from the app while the main thread starts up or runs jobs (a daemon thread)."""
+    while True:
+        try:
+            question = conn.recv()
+        except (EOFError, OSError):
+            return
+        engine = state.engine
+        if question == ("ping",):   # the client's watchdog: is this process alive?
+            reply = "pong"
+        elif engine is None:
+            reply = EngineStarting(round(time.monotonic() - state.since, 1))
+        else:
+            from engine.device.usage import engine_memory
+
+            loaded = engine.loaded
+            hardware = engine.hardware
+            try:
+                reply = engine_memory(hardware.backend, hardware.device_name,
+                                      loaded.model.ref if loaded else None, loaded.plan.strategy if loaded else None)
+            except Exception as exc:   # never let a status question take the engine down
+                reply = f"{type(exc).__name__}: {exc}"
+        try:
+            conn.send(reply)
+        except (BrokenPipeError, OSError):
+            return
+
+
+def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json: str | None,
+                 options: dict) -> None:
+    """Entry point of the worker process: load the libraries, say so, then serve requests until told to stop."""
+    # Platform settings must be in place before torch initialises the device.
+    for name, value in PLATFORM_ENV.items():
+        os.environ.setdefault(name, value)
+    state = _Starting(time.monotonic())
+    threading.Thread(target=_serve_status, args=(status_conn, state), name="engine-status", daemon=True).start()
+    from engine.device.runtime import load_libraries
+
+    load_libraries()   # torch, diffusers and transformers: seconds that belong to no job's load
+    from engine.device.hardware import HardwareProfile
+    from engine.run.engine import Engine
+
+    hardware = HardwareProfile.from_dict(json.loads(hardware_json)) if hardware_json else None
+    engine = Engine(models_dir, hardware, **options)
+    engine.hardware   # the device is probed (and its driver started) now, not during the first job
+    state.engine = engine
+    conn.send(("ready", time.monotonic() - state.since))
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:
+            return
+        kind = message[0]
+        if kind == "run":
+            _, request, job_id, timings = message
+            engine.run(request, job_id, conn.send, cancel_event.is_set, timings)
+        elif kind == "decode":
+            _, path, job_id, tiled, on_cpu, timings = message
+            engine.decode_saved(path, job_id, conn.send, tiled=tiled, on_cpu=on_cpu, timings=timings)
+        elif kind == "unload":
+            engine.unload()
+            conn.send(("unloaded",))
+        elif kind == "hardware":
+            conn.send(("hardware", engine.hardware.to_dict()))
+        elif kind == "stop":
+            # Nothing here needs tearing down (the OS frees the memory and the device): exiting at once saves
+            # the seconds the interpreter spends unloading torch.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
+
+
+def _signal_name(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"
+
+
+@dataclass
+class _Worker:
+    process: object
+    conn: object
+    status: object    # a second pipe, answered by a thread in the engine process even during a job
+    ready: bool = False   # it has said that its libraries are loaded
+
+
+class WorkerClient:
+    """Owns the worker process; runs one job at a time; restarts the worker when it dies."""
+
+    def __init__(self, models_dir: Path | str = "models", hardware_json: str | None = None,
+                 latents_hours: float | None = None, crash_in: str | None = None,
+                 preview_seconds: float | None = None):
+        """``latents_hours``: how long finished runs' latents are kept; ``crash_in``: a test hook
+        that makes the engine process die (SIGKILL) when it enters that phase; ``preview_seconds``:
+        the least time between live previews (0: every step; negative: none)."""
+        self.models_dir = str(models_dir)
+        self.options = {"crash_in": crash_in}
+        if latents_hours is not None:
+            self.options["latents_hours"] = latents_hours
+        if preview_seconds is not None:
+            self.options["preview_seconds"] = preview_seconds
+        self.hardware_json = hardware_json
+        self._cancel = _SPAWN.Event()
+        self._job_lock = threading.Lock()
+        self._start_lock = threading.Lock()
+        self._status_lock = threading.Lock()
+        self._worker: _Worker | None = None
+        self._ids = itertools.count(1)
+        self.restarts = 0
+        self.hung = 0     # engine processes stopped because they stopped answering
+        self._hardware_profile: HardwareProfile | None = None
+
+    # ----- process management -------------------------------------------
+    def _ensure_worker(self) -> _Worker:
+        with self._start_lock:
+            if self._worker is None or not self._worker.process.is_alive():
+                if self._worker is not None:
+                    self._worker.conn.close()
+                    self._worker.status.close()
+                    self.restarts += 1
+                parent, child = _SPAWN.Pipe()
+                status_parent, status_child = _SPAWN.Pipe()
+                process = _SPAWN.Process(
+                    target=_worker_main, args=(child, status_child, self._cancel, self.models_dir,
+                                               self.hardware_json, self.options),
+                    name="wan-engine", daemon=True)
+                process.start()
+                child.close()
+                status_child.close()
+                self._worker = _Worker(process, parent, status_parent)
+                # The crash test hook applies to the first engine process only.
+                self.options = {**self.options, "crash_in": None}
+            return self._worker
+
+    @property
+    def pid(self) -> int | None:
+        return self._worker.process.pid if self._worker and self._worker.process.is_alive() else None
+
+    def start(self) -> None:
+        """Start the worker now (otherwise it starts with the first job)."""
+        self._ensure_worker()
+
+    def close(self) -> None:
+        worker, self._worker = self._worker, None
+        if worker is None:
+            return
+        try:
+            if worker.ready:   # still loading its libraries: it would hear the stop only once they are in
+                worker.conn.send(("stop",))
+        except (BrokenPipeError, OSError):
+            pass
+        worker.process.join(timeout=5 if worker.ready else 0)
+        if worker.process.is_alive():
+            worker.process.kill()
+            worker.process.join()
+        worker.conn.close()
+        worker.status.close()
+
+    def cancel(self) -> None:
+        """Ask the running job to stop at its next step boundary."""
+        self._cancel.set()
+
+    @property
+    def busy(self) -> bool:
+        return self._job_lock.locked()
+
+    def _wait_ready(self, worker: _Worker) -> bool:
+        """Wait until a new engine process has loaded its libraries; False if it died first, or did not get
+        there within STARTUP_LIMIT_S (it is stopped then)."""
+        deadline = time.monotonic() + STARTUP_LIMIT_S
+        while not worker.ready:
+            ready = wait([worker.conn, worker.process.sentinel], timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                worker.process.kill()
+                worker.process.join(timeout=10)
+                return False
+            if worker.conn not in ready:
+                return False
+            try:
+                reply = worker.conn.recv()
+            except (EOFError, OSError):
+                return False
+            worker.ready = reply[0] == "ready"
+        return True
+
+    def _ready_worker(self) -> _Worker:
+        """The engine process once it has loaded its libraries (a fresh one if it died while starting)."""
+        worker = self._ensure_worker()
+        if not self._wait_ready(worker):
+            worker = self._ensure_worker()
+            self._wait_ready(worker)
+        return worker
+
+    def _call(self, message, expect: str, timeout: float = 120.0):
+        """Ask the engine for something quick between jobs; an engine that does not answer within ``timeout``
+        seconds is stopped (OSError says so, and the next job starts a fresh one)."""
+        with self._job_lock:
+            worker = self._ready_worker()
+            worker.conn.send(message)
+            if not wait([worker.conn, worker.process.sentinel], timeout=timeout) or not worker.conn.poll():
+                worker.process.kill()
+                worker.process.join(timeout=10)
+                raise OSError(f"the engine process did not answer {message[0]!r} within {timeout:.0f} s; it was "
+                              "stopped, and the next job starts a fresh one")
+            reply = worker.conn.recv()
+            assert reply[0] == expect, reply
+            return reply
+
+    def unload(self) -> None:
+        self._call(("unload",), "unloaded")
+
+    def hardware(self) -> dict:
+        return self._call(("hardware",), "hardware")[1]
+
+    def _ask_status(self, question: tuple, timeout: float):
+        """The engine process's answer to ``question`` on its status channel; EngineSilent when it runs but
+        does not answer in time, None when no engine process runs."""
+        with self._status_lock:
+            worker = self._worker
+            if worker is None or not worker.process.is_alive():
+                return None
+            try:
+                while worker.status.poll(0):   # a late answer to a question that timed out
+                    worker.status.recv()
+                worker.status.send(question)
+                if not worker.status.poll(timeout):
+                    return EngineSilent()
+                return worker.status.recv()
+            except (EOFError, OSError):
+                return None
+
+    def memory(self, timeout: float = 5.0) -> EngineMemory | EngineStarting | EngineSilent | None:
+        """What the engine process holds now (device memory, its RAM, the loaded model), that it is still
+        loading its libraries, or that it does not answer; answered during a job too. None when no engine
+        process is running."""
+        reply = self._ask_status(("memory",), timeout)
+        return reply if isinstance(reply, (EngineMemory, EngineStarting, EngineSilent)) else None
+
+    def alive(self, timeout: float = 1.0) -> bool:
+        """Whether the engine process answers its status channel within ``timeout`` seconds."""
+        return self._ask_status(("ping",), timeout) == "pong"
+
+    def hardware_profile(self) -> HardwareProfile:
+        """The engine process's hardware, asked once and cached (the app never probes the GPU itself)."""
+        if self._hardware_profile is None:
+            self._hardware_profile = HardwareProfile.from_dict(self.hardware())
+        return self._hardware_profile
+
+    # ----- jobs ----------------------------------------------------------
+    def new_job_id(self) -> str:
+        return f"job-{next(self._ids)}-{uuid.uuid4().hex[:6]}"
+
+    def check(self, request: GenerationRequest) -> tuple[GenerationRequest, list[str]]:
+        """``request`` checked as a run checks it before anything heavy (settings, images, the model and what
+        it can make), with notes for the user; raises InputError or ModelError saying what to change."""
+        request, notes = check_inputs_with_notes(request, limits_for(request.model, self.models_dir))
+        precheck_model(request.model)
+        return request, notes
+
+    def run(self, request: GenerationRequest, notes: list[str] | tuple = (),
+            job_id: str | None = None) -> Iterator[Event]:
+        """Run a request that ``check`` passed, yielding its events; the last one is terminal.
+
+        The engine stays reserved for this job until the iterator ends: a caller that stops early must
+        close() it, which cancels the job at its next step and waits for the engine to finish it.
+        """
+        job_id = job_id or self.new_job_id()
+        for note in notes:   # cleaned prompts, converted images: said before the job starts
+            yield Info(job_id, note)
+        yield from self._exchange(lambda timings: ("run", request, job_id, timings), job_id)
+
+    def submit(self, request: GenerationRequest, job_id: str | None = None) -> Iterator[Event]:
+        """``check`` then ``run``: bad input ends in a JobFailed event, before the engine does anything."""
+        job_id = job_id or self.new_job_id()
+        try:
+            request, notes = self.check(request)
+        except (InputError, ModelError) as exc:
+            yield failure_event(job_id, exc, None)
+            return
+        yield from self.run(request, notes, job_id)
+
+    def decode(self, latents: str, tiled: bool = False, on_cpu: bool = False,
+               job_id: str | None = None) -> Iterator[Event]:
+        """Decode saved latents again (tiled, or on the CPU) into a new video, without denoising."""
+        job_id = job_id or self.new_job_id()
+        yield from self._exchange(lambda timings: ("decode", str(latents), job_id, tiled, on_cpu, timings), job_id)
+
+    def _starting(self, job_id: str) -> Iterator[Event]:
+        """While a new engine process loads its libraries, the job says so and times it (phase engine_start);
+        returns the engine, ready, and the job's timings so far."""
+        worker = self._ensure_worker()
+        if worker.ready:
+            return worker, {}
+        yield PhaseStarted(job_id, "engine_start")
+        start = time.monotonic()
+        worker = self._ready_worker()
+        waited = time.monotonic() - start
+        yield PhaseFinished(job_id, "engine_start", waited)
+        return worker, {"engine_start": round(waited, 4)}
+
+    def _exchange(self, message, job_id: str) -> Iterator[Event]:
+        """Run one job in the engine: ``message(timings)`` is what to send it, with the timings so far."""
+        with self._job_lock:
+            self._cancel.clear()
+            worker, timings = yield from self._starting(job_id)
+            try:
+                worker.conn.send(message(timings))
+            except (BrokenPipeError, OSError):
+                worker, timings = yield from self._starting(job_id)
+                worker.conn.send(message(timings))
+            events = self._read_events(worker, job_id)
+            finished = False
+            try:
+                for event in events:
+                    finished = is_terminal(event)
+                    yield event
+            finally:
+                if not finished:
+                    # The caller stopped listening (a closed page, a cancelled request): stop the
+                    # job and wait for its end, so the engine is free and in step for the next one.
+                    self._cancel.set()
+                    for event in events:
+                        pass
+
+    def _read_events(self, worker: _Worker, job_id: str) -> Iterator[Event]:
+        watch = Watchdog(time.monotonic())
+        latents = None
+        while True:
+            ready = wait([worker.conn, worker.process.sentinel], timeout=WATCH_TICK_S)
+            if not ready:   # nothing came: is the engine still alive, and still moving?
+                reason = self._check_on(watch)
+                if reason:
+                    yield from self._replace_hung(worker, job_id, watch.phase, latents, reason)
+                    return
+                continue
+            if worker.conn in ready:
+                try:
+                    event = worker.conn.recv()
+                except (EOFError, OSError):
+                    event = None
+                if event is not None:
+                    watch.saw(event, time.monotonic())
+                    if isinstance(event, LatentsSaved):
+                        latents = event.path
+                    yield event
+                    if is_terminal(event):
+                        return
+                    continue
+            # The pipe closed or the process ended without a terminal event: it died.
+            worker.process.join(timeout=5)
+            reason = _signal_name(worker.process.exitcode)
+            where = f" during {watch.phase.replace('_', ' ')}" if watch.phase else ""
+            yield from self._failed(job_id, f"The engine process stopped unexpectedly{where} ({reason}).",
+                                    watch.phase, "crash", latents)
+            return
+
+    def _check_on(self, watch: Watchdog) -> str | None:
+        """Why the engine of the running job is hung, or None: asks its status channel when it has been quiet."""
+        now = time.monotonic()
+        if self._cancel.is_set():
+            watch.cancel_asked(now)
+        if watch.should_ask(now):
+            watch.answered(self.alive(timeout=1.0), time.monotonic())
+        return watch.hung(time.monotonic())
+
+    def _replace_hung(self, worker: _Worker, job_id: str, phase: str | None, latents: str | None,
+                      reason: str) -> Iterator[Event]:
+        """Kill an engine process that stopped answering (a stopped process dies too) and fail its job."""
+        worker.process.kill()
+        worker.process.join(timeout=10)
+        self.hung += 1
+        where = f" during {phase.replace('_', ' ')}" if phase else ""
+        yield from self._failed(job_id, f"The engine stopped answering{where} ({reason}), so it was stopped.",
+                                phase, "hung", latents)
+
+    def _failed(self, job_id: str, message: str, phase: str | None, kind: str,
+                latents: str | None) -> Iterator[Event]:
+        """A fresh engine process for the next job, and the end of this one."""
+        self._ensure_worker()
+        yield Info(job_id, "A fresh engine process was started.")
+        hint = ("Nothing else was lost; the next job runs in a fresh engine process. If it happens again, "
+                "lower the size or frames and run 'python app.py doctor'.")
+        if latents:
+            hint += f" {DECODE_AGAIN_HINT}"
+        yield JobFailed(job_id, message, hint, phase, kind, latents)

@@ -1,0 +1,1 @@
+"""Page parts shared by the tabs: the settings form, the job panel, the system panel, event chains."""

@@ -1,0 +1,178 @@
+"""The settings form shared by the generation tabs, and its memory-plan panel."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import gradio as gr
+
+from engine.models.limits import Limits
+from engine.planning.ahead import limits_for
+from engine.settings.presets import Preset
+from engine.settings.request import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE
+from ui.context import AppContext
+from ui.views.plan_panel import AUTO, STRATEGY_CHOICES, TEXT_ENCODER_CHOICES, VAE_TILING_CHOICES, form_plan_markdown
+
+CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strategy or text-encoder place to choose. "
+            "VAE tiling still lowers the decode's memory.")
+# Width, height, frames and steps share one row of a half-width column (gradio's default minimum is 160 px).
+NUMBER_MIN_WIDTH = 100
+
+
+@dataclass
+class Form:
+    preset: gr.Dropdown
+    prompt: gr.Textbox
+    negative_prompt: gr.Textbox
+    model: gr.Textbox
+    width: gr.Number
+    height: gr.Number
+    frames: gr.Number
+    steps: gr.Number
+    guidance: gr.Number
+    shift: gr.Number
+    seed: gr.Number
+    # The Image to Video tab's first and last frame (None on the Text to Video tab).
+    image: gr.Image | None = None
+    last_image: gr.Image | None = None
+
+    def settings(self) -> list:
+        """Components in the order build_request takes them (after mode; the plan overrides follow)."""
+        return [self.preset, self.prompt, self.negative_prompt, self.model, self.width, self.height,
+                self.frames, self.steps, self.guidance, self.shift, self.seed]
+
+    def preset_fields(self) -> list:
+        return [self.model, self.negative_prompt, self.width, self.height, self.frames,
+                self.steps, self.guidance, self.shift]
+
+
+def preset_values(preset: Preset, model_override: str | None = None) -> list:
+    return [model_override or preset.model, preset.negative_prompt, preset.width, preset.height,
+            preset.frames, preset.steps, preset.guidance, preset.shift]
+
+
+@dataclass
+class PlanPanel:
+    strategy: gr.Dropdown
+    text_encoder: gr.Dropdown
+    vae_tiling: gr.Dropdown
+    plan: gr.Markdown
+
+    def overrides(self) -> list:
+        """The override dropdowns, in the order build_request takes them (after the form's settings)."""
+        return [self.strategy, self.text_encoder, self.vae_tiling]
+
+
+def preset_choices(ctx: AppContext, mode: str) -> list[tuple[str, str]]:
+    """(title, name) of every preset of the mode, built-in and the user's own, for the Preset dropdown."""
+    presets = dict(ctx.presets)   # a snapshot: a user preset may be saved or deleted meanwhile
+    return [(presets[name].title, name) for name in ctx.presets_for(mode) if name in presets]
+
+
+def frames_label(hint: str) -> str:
+    return f"Frames ({hint})"
+
+
+def form_limits(ctx: AppContext, mode: str, preset: str | None, model: str | None) -> Limits | None:
+    """What the model in the form can make (its frame and size limits), or None when it is not known yet."""
+    try:
+        ref = ctx.model_ref(model or ctx.preset_or_default(preset, mode).model)
+    except ValueError:   # a refused model: the run (and the plan) say why
+        return None
+    return limits_for(ref, ctx.client.models_dir)
+
+
+def limit_updates(limits: Limits | None) -> tuple:
+    """The form's frames, width and height boxes with the model's maxima and the frames hint."""
+    frames = limits.max_frames if limits else MAX_FRAMES
+    side = limits.max_side if limits else MAX_SIDE
+    hint = limits.frames_hint if limits else f"4k+1, at most {MAX_FRAMES}"
+    return (gr.Number(maximum=frames, label=frames_label(hint)), gr.Number(maximum=side), gr.Number(maximum=side))
+
+
+def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
+    """(the settings form, what ``actions()`` returned): preset and prompt first, then ``actions()`` builds the
+    tab's buttons (so that Generate is in sight without scrolling), then the model, negative prompt and
+    numbers."""
+    chosen = ctx.default_preset(mode)
+    preset = ctx.presets[chosen]
+    model = ctx.model_for(mode)
+    preset_box = gr.Dropdown(choices=preset_choices(ctx, mode), value=chosen, label="Preset",
+                             elem_id=f"{prefix}-preset")
+    prompt = gr.Textbox(label="Prompt", lines=3, placeholder="Describe the video...", elem_id=f"{prefix}-prompt")
+    built = actions()
+    with gr.Accordion("Settings", open=True, elem_id=f"{prefix}-settings"):
+        model_box = gr.Textbox(value=model, label="Model (repo id, folder in models/, or selftest-t2v / selftest-i2v)",
+                               elem_id=f"{prefix}-model")
+        negative = gr.Textbox(value=preset.negative_prompt, label="Negative prompt", lines=2,
+                              elem_id=f"{prefix}-negative")
+        with gr.Row():
+            width = gr.Number(value=preset.width, label="Width", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
+                              step=16, elem_id=f"{prefix}-width", min_width=NUMBER_MIN_WIDTH)
+            height = gr.Number(value=preset.height, label="Height", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
+                               step=16, elem_id=f"{prefix}-height", min_width=NUMBER_MIN_WIDTH)
+            frames = gr.Number(value=preset.frames, label=frames_label(f"4k+1, at most {MAX_FRAMES}"), precision=0,
+                               minimum=1, maximum=MAX_FRAMES, step=4, elem_id=f"{prefix}-frames",
+                               min_width=NUMBER_MIN_WIDTH, scale=2)
+        with gr.Row():
+            steps = gr.Number(value=preset.steps, label="Steps", precision=0, minimum=1, maximum=MAX_STEPS,
+                              elem_id=f"{prefix}-steps", min_width=NUMBER_MIN_WIDTH)
+            guidance = gr.Number(value=preset.guidance, label="Guidance", step=0.5, elem_id=f"{prefix}-guidance",
+                                 min_width=NUMBER_MIN_WIDTH)
+            shift = gr.Number(value=preset.shift, label="Shift", step=0.5, elem_id=f"{prefix}-shift",
+                              min_width=NUMBER_MIN_WIDTH)
+            seed = gr.Number(value=-1, label="Seed (-1 = random)", precision=0, elem_id=f"{prefix}-seed",
+                             min_width=NUMBER_MIN_WIDTH, scale=2)
+    form = Form(preset_box, prompt, negative, model_box, width, height, frames, steps, guidance, shift, seed)
+    # preset_or_default: a user preset may have been deleted since the page loaded.
+    # Only a person's choice fills the form: a preset set by code (history's Reuse, a saved preset)
+    # comes with its own values.
+    preset_box.input(lambda name: preset_values(ctx.preset_or_default(name, mode)), preset_box, form.preset_fields(),
+                     api_visibility="private")
+    # The model's own limits (frames, size) follow the model in the form: when the page opens and when it changes.
+    gr.on(None, lambda preset, model: limit_updates(form_limits(ctx, mode, preset, model)),
+          [preset_box, model_box], [frames, width, height], api_visibility="private", show_progress="hidden",
+          trigger_mode="always_last", queue=False, preprocess=False)
+    return form, built
+
+
+def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
+                     api_name: str | None = None) -> PlanPanel:
+    """The memory plan for the form's settings, with overrides; ``api_name`` makes it a public endpoint."""
+    with gr.Accordion("Memory plan", open=True, elem_id=f"{prefix}-plan-panel"):
+        with gr.Row():
+            strategy = gr.Dropdown(list(STRATEGY_CHOICES), value=AUTO, label="Strategy",
+                                   elem_id=f"{prefix}-strategy", scale=2)
+            text_encoder = gr.Dropdown(list(TEXT_ENCODER_CHOICES), value=AUTO, label="Text encoder",
+                                       elem_id=f"{prefix}-text-encoder", scale=1)
+            vae_tiling = gr.Dropdown(list(VAE_TILING_CHOICES), value=AUTO, label="VAE tiling",
+                                     elem_id=f"{prefix}-vae-tiling", scale=1)
+        cpu_note = gr.Markdown(CPU_NOTE, visible=False, elem_id=f"{prefix}-plan-cpu-note")
+        plan = gr.Markdown("Working out the memory plan...", elem_id=f"{prefix}-plan")
+    panel = PlanPanel(strategy, text_encoder, vae_tiling, plan)
+
+    def for_this_machine():
+        """On a CPU-only engine, Strategy and Text encoder mean nothing: they are hidden, and the note says why."""
+        try:
+            cpu = ctx.client.hardware_profile().backend == "cpu"
+        except (EOFError, OSError):
+            return gr.skip(), gr.skip(), gr.skip()
+        return gr.Dropdown(visible=not cpu), gr.Dropdown(visible=not cpu), gr.Markdown(visible=cpu)
+
+    gr.on(None, for_this_machine, None, [strategy, text_encoder, cpu_note], api_visibility="private",
+          show_progress="hidden")
+
+    def show_plan(preset, model, width, height, frames, strategy, text_encoder, vae_tiling):
+        """The memory plan for these settings on the engine's hardware, as markdown."""
+        try:
+            hardware = ctx.client.hardware_profile()
+        except (EOFError, OSError) as exc:
+            return f"**No plan yet:** the engine process did not answer ({exc}); try again in a moment."
+        return form_plan_markdown(ctx, hardware, mode, preset, model, width, height, frames,
+                                  strategy, text_encoder, vae_tiling)
+
+    # No triggers: runs on page load and whenever an input changes (a preset filling the form included).
+    inputs = [form.preset, form.model, form.width, form.height, form.frames, *panel.overrides()]
+    # The values as typed (preprocess=False): a number out of range gets the plan's own sentence, not an error.
+    gr.on(None, show_plan, inputs, plan, api_name=api_name, api_visibility="public" if api_name else "private",
+          concurrency_id="plan", trigger_mode="always_last", show_progress="hidden", preprocess=False)
+    return panel

@@ -1,0 +1,171 @@
+"""History tab: past outputs from the outputs folder; see one's settings and timings, reuse them, or delete it.
+
+Everything is read from the outputs folder each time (engine.history), so the tab shows runs from
+before a restart and from other visitors. Public API: ``/history`` (the entries as dicts, newest
+first) and ``/delete_output`` (by key).
+"""
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from engine.outputs.history import (
+    DEFAULT_LIMIT,
+    HistoryEntry,
+    HistoryError,
+    ReuseValues,
+    delete_output,
+    find_entry,
+    reuse_values,
+    scan_history,
+)
+from ui.context import AppContext, forget_served_copies
+from ui.parts.form import Form, preset_choices
+from ui.tabs.ids import TAB_IDS, tab_by_id
+from ui.views.history_view import NOTHING_CHOSEN, confirm_markdown, entry_markdown, summary_markdown
+
+
+def _error(exc: HistoryError) -> gr.Error:
+    # The page renders error text as HTML; a key is the caller's own text.
+    return gr.Error(html.escape(str(exc), quote=False), title="History", print_exception=False)
+
+
+def _shown(entry: HistoryEntry | None) -> tuple:
+    """Updates of (video, image) showing the entry's media (or neither)."""
+    video = entry.media if entry is not None and entry.kind == "video" else None
+    image = entry.media if entry is not None and entry.kind == "image" else None
+    return gr.Video(value=video, visible=video is not None), gr.Image(value=image, visible=image is not None)
+
+
+def form_updates(ctx: AppContext, forms: dict[str, Form], values: ReuseValues) -> tuple[dict, list[str]]:
+    """{component: value} that put ``values`` into the matching form, and warnings for what cannot be refilled."""
+    form = forms[values.tab]
+    updates = {form.prompt: values.prompt, form.negative_prompt: values.negative_prompt, form.model: values.model,
+               form.width: values.width, form.height: values.height, form.steps: values.steps,
+               form.guidance: values.guidance, form.shift: values.shift, form.seed: values.seed}
+    if values.frames is not None:
+        updates[form.frames] = values.frames
+    warnings = []
+    choices = preset_choices(ctx, values.tab)
+    if values.preset in {name for _, name in choices}:
+        updates[form.preset] = gr.Dropdown(choices=choices, value=values.preset)
+    elif values.preset:
+        warnings.append(f"The preset {html.escape(values.preset)} no longer exists: the form keeps its preset, "
+                        "and the output's other settings are filled in.")
+    if values.tab == "i2v":
+        for component, path in ((form.image, values.image), (form.last_image, values.last_image)):
+            if component is not None:
+                updates[component] = path
+        if values.image is None:
+            warnings.append("The input image of this output was not kept (an older output): drop it in again.")
+    return updates, warnings
+
+
+def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
+    keys = gr.State([])        # the keys of the gallery's items, in gallery order (per browser tab)
+    chosen = gr.State(None)    # the key of the output shown on the right
+    with gr.Row():
+        summary = gr.Markdown("Open this tab or press Refresh to list past outputs.", elem_id="history-summary")
+        refresh = gr.Button("Refresh", size="sm", scale=0, min_width=120, elem_id="history-refresh")
+    with gr.Row():
+        with gr.Column(scale=3):
+            gallery = gr.Gallery(label="Past outputs, newest first", columns=4, height=640, allow_preview=False,
+                                 object_fit="cover", interactive=False, elem_id="history-gallery")
+        with gr.Column(scale=2):
+            video = gr.Video(label="Output", visible=False, autoplay=True, loop=True, interactive=False,
+                             elem_id="history-video")
+            image = gr.Image(label="Output", visible=False, type="filepath", interactive=False,
+                             elem_id="history-image")
+            with gr.Row():
+                reuse_btn = gr.Button("Reuse settings", variant="primary", interactive=False, elem_id="history-reuse")
+                delete_btn = gr.Button("Delete", variant="stop", interactive=False, elem_id="history-delete")
+            with gr.Group(visible=False, elem_id="history-confirm") as confirm_box:
+                confirm_text = gr.Markdown(elem_id="history-confirm-text")
+                with gr.Row():
+                    yes_btn = gr.Button("Yes, delete", variant="stop", elem_id="history-confirm-delete")
+                    keep_btn = gr.Button("Keep", elem_id="history-keep")
+            details = gr.Markdown(NOTHING_CHOSEN, elem_id="history-details")
+
+    def entry_for(key) -> HistoryEntry:
+        try:
+            return find_entry(ctx.outputs_dir, key)
+        except HistoryError as exc:
+            raise _error(exc) from None
+
+    # ----- listing --------------------------------------------------------------
+    def list_outputs():
+        entries = scan_history(ctx.outputs_dir, limit=DEFAULT_LIMIT)
+        items = [(entry.media, entry.label()) for entry in entries]
+        return (gr.Gallery(value=items, selected_index=None), [entry.key for entry in entries],
+                summary_markdown(len(entries), DEFAULT_LIMIT))
+
+    listing = [gallery, keys, summary]
+    history_tab = tab_by_id(tabs, "history")
+    triggers = [refresh.click] + ([history_tab.select] if history_tab is not None else [])
+    gr.on(triggers, list_outputs, None, listing, api_visibility="private", show_progress="minimal")
+
+    # ----- one output: its settings, reuse, delete --------------------------------
+    def show(keys, evt: gr.SelectData):
+        index = evt.index if isinstance(evt.index, int) else -1
+        if not 0 <= index < len(keys):
+            raise gr.Error("That output is no longer listed; press Refresh.", title="History", print_exception=False)
+        entry = entry_for(keys[index])
+        return (entry.key, entry_markdown(entry), *_shown(entry), gr.Button(interactive=True),
+                gr.Button(interactive=True), gr.Group(visible=False))
+
+    shown = [chosen, details, video, image, reuse_btn, delete_btn, confirm_box]
+    gallery.select(show, keys, shown, api_visibility="private", show_progress="hidden")
+
+    t2v, i2v = forms["t2v"], forms["i2v"]
+    reuse_targets = [tabs, *t2v.settings(), *i2v.settings()]
+    reuse_targets += [c for c in (i2v.image, i2v.last_image) if c is not None]
+
+    def reuse(key):
+        """Fill the matching tab's form with the output's settings (its seed included) and switch to it."""
+        values = reuse_values(entry_for(key))
+        updates, warnings = form_updates(ctx, forms, values)
+        for warning in warnings:
+            gr.Warning(warning)
+        return {tabs: gr.Tabs(selected=TAB_IDS[values.tab]), **updates}
+
+    reuse_btn.click(reuse, chosen, reuse_targets, api_visibility="private", show_progress="hidden")
+
+    def ask(key):
+        return gr.Group(visible=True), confirm_markdown(entry_for(key))
+
+    delete_btn.click(ask, chosen, [confirm_box, confirm_text], api_visibility="private", show_progress="hidden")
+    keep_btn.click(lambda: gr.Group(visible=False), None, confirm_box, api_visibility="private",
+                   show_progress="hidden")
+
+    def delete_everywhere(key) -> list[str]:
+        """The output's files, and the copies of them the page was served from."""
+        try:
+            removed = delete_output(ctx.outputs_dir, key)
+        except HistoryError as exc:
+            raise _error(exc) from None
+        forget_served_copies(ctx.served_dir, removed)
+        return removed
+
+    def confirm_delete(key):
+        removed = delete_everywhere(key)
+        gr.Info(f"Deleted {html.escape(removed[0])} and {len(removed) - 1} file(s) that belonged to it.")
+        return (None, NOTHING_CHOSEN, *_shown(None), gr.Button(interactive=False), gr.Button(interactive=False),
+                gr.Group(visible=False), *list_outputs())
+
+    yes_btn.click(confirm_delete, chosen, [*shown, *listing], api_visibility="private", show_progress="hidden")
+
+    # ----- public API -----------------------------------------------------------------
+    def history(limit: int = DEFAULT_LIMIT) -> list[dict]:
+        """Past outputs, newest first (at most ``limit``): key, media and sidecar paths, created, mode,
+        prompt, negative prompt, model, preset, size, frames, steps, guidance, shift, seed, fps, plan
+        strategy, per-phase timings, peak VRAM and RAM, kept input images and note."""
+        return [entry.to_dict() for entry in scan_history(ctx.outputs_dir, limit=max(1, int(limit)))]
+
+    def delete_output_api(key: str) -> dict:
+        """Delete the output with this key (as /history lists it) and its sidecar, latents and kept inputs.
+        Returns {"key": key, "removed": [file names]}; an unknown or already deleted key is an error."""
+        return {"key": key, "removed": delete_everywhere(key)}
+
+    gr.api(history, api_name="history")
+    gr.api(delete_output_api, api_name="delete_output")

@@ -1,0 +1,216 @@
+"""Presets tab: every preset with what it would need on this machine; use one, save your own, delete yours
+(after a confirmation).
+
+The cards are drawn (``@gr.render``) from a JSON listing that is filled when the page loads (the
+engine process may not be up while the page is built) and again after every save or delete; the
+same listing is the public ``/presets`` API. ``/save_preset`` and ``/delete_preset`` are API
+endpoints of their own, so that callers pass values instead of the two forms' components.
+"""
+from __future__ import annotations
+
+import html
+
+import gradio as gr
+
+from ui.context import AppContext
+from ui.parts.form import Form, preset_choices, preset_values
+from ui.preset_saving import delete_user_preset, save_user_preset
+from ui.tabs.ids import TAB_IDS, tab_by_id
+from ui.views.preset_cards import MODE_TITLES, card_markdown, machine_markdown, preset_entries
+
+SAVE_HELP = ("The current values of the chosen tab's form (preset, model, negative prompt, size, frames, steps, "
+             "guidance, shift; not the prompt or the seed) become a preset of your own, listed above and in "
+             "that tab's Preset list. Names: letters, digits, '-' and '_', up to 64 characters. Saving again "
+             "under one of your names replaces that preset; the built-in presets' names are taken.")
+
+
+def _saved_fields(form: Form) -> list:
+    """The components whose values a saved preset holds, in save_user_preset's order (after name and mode)."""
+    return [form.preset, form.negative_prompt, form.model, form.width, form.height, form.frames, form.steps,
+            form.guidance, form.shift]
+
+
+def _escaped(exc: Exception) -> str:
+    # Messages are rendered as markdown/HTML, and names in them are the caller's own text.
+    return html.escape(str(exc), quote=False)
+
+
+class _Dropdowns:
+    """The generation tabs' Preset dropdowns, kept in step with the presets that exist."""
+
+    def __init__(self, ctx: AppContext, forms: dict[str, Form]):
+        self.ctx = ctx
+        self.forms = forms
+        self.components = [form.preset for form in forms.values()]
+
+    def sync(self) -> dict[str, list]:
+        """Give the page's own dropdowns every preset now known; {mode: choices}.
+
+        A session whose dropdown was never updated (every API caller) checks a submitted preset
+        name against these choices, so a new preset is usable by name at once.
+        """
+        choices = {mode: preset_choices(self.ctx, mode) for mode in self.forms}
+        for mode, form in self.forms.items():
+            form.preset.choices = choices[mode]
+        return choices
+
+    def updates(self, *current: str | None, select: tuple[str, str] | None = None) -> list:
+        """This session's dropdown updates; ``current`` = their values, ``select`` = (mode, name) to pick."""
+        choices = self.sync()
+        updates = []
+        for mode, value in zip(self.forms, current):
+            names = [name for _, name in choices[mode]]
+            if select and select[0] == mode:
+                updates.append(gr.Dropdown(choices=choices[mode], value=select[1]))
+            elif value not in names:   # deleted: back to the mode's default
+                updates.append(gr.Dropdown(choices=choices[mode], value=self.ctx.default_preset(mode)))
+            else:                      # the value stays, so the form keeps its edits
+                updates.append(gr.Dropdown(choices=choices[mode]))
+        return updates
+
+    def skip(self) -> list:
+        return [gr.skip()] * len(self.components)
+
+
+def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
+    dropdowns = _Dropdowns(ctx, forms)
+    listing = gr.JSON(preset_entries(ctx, None, "still being worked out"), label="presets", visible="hidden",
+                      elem_id="presets-data")
+
+    def presets() -> list[dict]:
+        """Every preset: its settings, whether it is yours (user), and the memory plan the engine expects
+        on its hardware (plan: strategy, fits, expected_peak_vram_gb, expected_peak_ram_gb, to_make_it_fit...)."""
+        try:
+            hardware = ctx.client.hardware_profile()
+        except (EOFError, OSError) as exc:
+            return preset_entries(ctx, None, f"the engine process did not answer ({exc}); reload the page")
+        return preset_entries(ctx, hardware)
+
+    # On page load (public as /presets) and whenever the tab is opened (presets another visitor saved or
+    # deleted meanwhile): the listing, then the dropdowns.
+    presets_tab = tab_by_id(tabs, "presets")
+    refreshes = [gr.on(None, presets, None, listing, api_name="presets", show_progress="hidden")]
+    if presets_tab is not None:
+        refreshes.append(presets_tab.select(presets, None, listing, api_visibility="private", show_progress="hidden"))
+    for refresh in refreshes:
+        refresh.then(dropdowns.updates, dropdowns.components, dropdowns.components, api_visibility="private",
+                     show_progress="hidden")
+
+    # Shared by the cards' Delete buttons and the save section; placed under the Save button.
+    message = gr.Markdown(elem_id="preset-message", render=False)
+    _build_cards(ctx, tabs, forms, listing, dropdowns, presets, message)
+    _build_save(ctx, forms, listing, dropdowns, presets, message)
+    _build_api(ctx, dropdowns)
+
+
+def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing: gr.JSON,
+                 dropdowns: _Dropdowns, presets, message: gr.Markdown) -> None:
+    """The cards, redrawn whenever the listing changes."""
+    def card(entry: dict) -> None:
+        name = entry["name"]
+        form = forms["i2v" if entry["mode"] == "i2v" else "t2v"]
+        with gr.Group(elem_id=f"preset-card-{name}", elem_classes=["preset-card"]):
+            gr.Markdown(card_markdown(entry))
+            with gr.Row():
+                use = gr.Button("Use this preset", size="sm", variant="primary", elem_id=f"use-preset-{name}",
+                                scale=0, min_width=160)
+                if entry.get("user"):   # the user's own: Delete asks first
+                    delete = gr.Button("Delete", size="sm", variant="stop", elem_id=f"delete-preset-{name}")
+                    sure = gr.Button(f"Yes, delete {name}", size="sm", variant="stop", visible=False,
+                                     elem_id=f"confirm-delete-preset-{name}")
+                    keep = gr.Button("Keep it", size="sm", visible=False, elem_id=f"keep-preset-{name}")
+                else:
+                    delete = None
+
+        def apply():
+            preset = ctx.presets.get(name)
+            if preset is None:
+                raise gr.Error(f"The preset {html.escape(name)} was deleted; reload the page.", print_exception=False)
+            return [gr.Tabs(selected=TAB_IDS["i2v" if preset.mode == "i2v" else "t2v"]), name, *preset_values(preset)]
+
+        use.click(apply, None, [tabs, form.preset, *form.preset_fields()], api_visibility="private")
+        if delete is not None:
+            def remove(*current):
+                try:
+                    text = delete_user_preset(ctx, name)
+                except ValueError as exc:
+                    return [f"**Not deleted:** {_escaped(exc)}", gr.skip(), *dropdowns.skip()]
+                return [text, presets(), *dropdowns.updates(*current)]
+
+            def asking(ask: bool):
+                return [gr.Button(visible=not ask), gr.Button(visible=ask), gr.Button(visible=ask)]
+
+            delete.click(lambda: asking(True), None, [delete, sure, keep], api_visibility="private",
+                         queue=False, show_progress="hidden")
+            keep.click(lambda: asking(False), None, [delete, sure, keep], api_visibility="private",
+                       queue=False, show_progress="hidden")
+            sure.click(remove, dropdowns.components, [message, listing, *dropdowns.components],
+                       api_visibility="private")
+
+    @gr.render(inputs=listing)
+    def cards(entries):
+        gr.Markdown(machine_markdown(entries or []), elem_id="presets-machine")
+        for entry in entries or []:
+            card(entry)
+
+
+def _build_save(ctx: AppContext, forms: dict[str, Form], listing: gr.JSON, dropdowns: _Dropdowns, presets,
+                message: gr.Markdown) -> None:
+    """Save current settings as a preset: one section, with a selector for which tab's form."""
+    with gr.Group(elem_id="preset-save-panel"):
+        gr.Markdown("### Save current settings as a preset\n" + SAVE_HELP)
+        with gr.Row():
+            mode = gr.Radio([(MODE_TITLES[key], key) for key in forms], value="t2v", label="Settings of the tab",
+                            elem_id="preset-save-mode", scale=1)
+            name = gr.Textbox(label="Name", placeholder="my-preset", max_length=64, elem_id="preset-save-name",
+                              scale=1)
+            title = gr.Textbox(label="Title (optional)", elem_id="preset-save-title", scale=2)
+        description = gr.Textbox(label="Description (optional)", lines=2, elem_id="preset-save-description")
+        save_btn = gr.Button("Save as preset", variant="primary", elem_id="preset-save-button")
+        message.render()
+    size = len(_saved_fields(next(iter(forms.values()))))
+
+    def save_from_page(name, title, description, mode, *values):
+        by_mode = {key: values[i * size:(i + 1) * size] for i, key in enumerate(forms)}
+        if mode not in by_mode:
+            return ["**Not saved:** choose whose settings to save: Text to Video or Image to Video.",
+                    gr.skip(), *dropdowns.skip()]
+        try:
+            saved = save_user_preset(ctx, name, mode, *by_mode[mode], title=title, description=description)
+        except ValueError as exc:
+            return [f"**Not saved:** {_escaped(exc)}", gr.skip(), *dropdowns.skip()]
+        current = [chunk[0] for chunk in by_mode.values()]   # each form's Preset value
+        return [saved.message, presets(), *dropdowns.updates(*current, select=(mode, saved.preset.name))]
+
+    fields = [component for form in forms.values() for component in _saved_fields(form)]
+    save_btn.click(save_from_page, [name, title, description, mode, *fields],
+                   [message, listing, *dropdowns.components], api_visibility="private")
+
+
+def _build_api(ctx: AppContext, dropdowns: _Dropdowns) -> None:
+    """/save_preset and /delete_preset, with values for inputs (the page's buttons are private)."""
+    def save_preset(name: str, mode: str = "t2v", preset: str = "", negative_prompt: str | None = None,
+                    model: str = "", width: int | None = None, height: int | None = None,
+                    frames: int | None = None, steps: int | None = None, guidance: float | None = None,
+                    shift: float | None = None, title: str = "", description: str = "") -> dict:
+        """Save settings as one of your presets; mode t2v or i2v; values left out (null) come from `preset`.
+        Returns {name, replaced, message, preset}; the preset is usable by its name at once."""
+        try:
+            saved = save_user_preset(ctx, name, mode, preset, negative_prompt, model, width, height, frames,
+                                     steps, guidance, shift, title=title, description=description)
+        except ValueError as exc:
+            raise gr.Error(_escaped(exc), title="Preset not saved", print_exception=False) from None
+        dropdowns.sync()
+        return saved.to_dict()
+
+    def delete_preset(name: str) -> str:
+        """Delete one of your presets (built-in presets cannot be deleted)."""
+        try:
+            text = delete_user_preset(ctx, name)
+        except ValueError as exc:
+            raise gr.Error(_escaped(exc), title="Preset not deleted", print_exception=False) from None
+        dropdowns.sync()
+        return text
+
+    gr.api(save_preset, api_name="save_preset")
+    gr.api(delete_preset, api_name="delete_preset")

@@ -1,0 +1,1 @@
+"""Pure renderers (no gradio): what the page says about a job, a plan, presets, history, timings."""

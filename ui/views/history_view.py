@@ -1,0 +1,83 @@
+"""What the History tab says about past outputs, as markdown (pure; no gradio)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.outputs.history import HistoryEntry
+from engine.words import plural
+from ui.views.job_view import PHASE_LABELS
+from ui.views.text import plain
+
+MODE_NAMES = {"t2v": "Text to video", "i2v": "Image to video", "t2i": "Text to image"}
+NOTHING_CHOSEN = "Pick an output in the gallery to see its settings and timings."
+
+
+def escape_markdown(text: str) -> str:
+    """User text (a prompt, a model name) shown literally: no HTML, no markdown formatting, one line."""
+    return plain(text, one_line=True)
+
+
+def _gb(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f} GB"
+
+
+def _size(entry: HistoryEntry) -> str:
+    if entry.kind == "image":
+        return f"{entry.width}x{entry.height}, image"
+    fps = f" at {entry.fps} fps ({(entry.frames - 1) / entry.fps:.1f} s)" if entry.fps else ""
+    return f"{entry.width}x{entry.height}, {plural(entry.frames, 'frame')}{fps}"
+
+
+def _timings_table(timings: dict[str, float]) -> list[str]:
+    if not timings:
+        return ["_No phase timings were recorded._"]
+    ordered = [p for p in PHASE_LABELS if p in timings] + [p for p in timings if p not in PHASE_LABELS]
+    lines = ["| Phase | Seconds |", "|---|---:|"]
+    lines += [f"| {escape_markdown(PHASE_LABELS.get(p, p))} | {timings[p]:.2f} |" for p in ordered]
+    lines.append(f"| **Total** | **{sum(timings.values()):.2f}** |")
+    return lines
+
+
+def entry_markdown(entry: HistoryEntry) -> str:
+    """Settings, timings and peaks of one output: enough to understand it and to run it again."""
+    images = ""
+    if entry.mode == "i2v":
+        kept = [name for name, path in (("first frame", entry.first_image), ("last frame", entry.last_image)) if path]
+        images = ", ".join(kept) + " kept" if kept else "not kept (an older output): drop the image again to reuse it"
+    rows = [
+        ("Created", escape_markdown(entry.created.replace("T", " "))),
+        ("Mode", MODE_NAMES.get(entry.mode, entry.mode)),
+        ("Model", escape_markdown(entry.model)),
+        ("Preset", escape_markdown(entry.preset or "none")),
+        ("Size", _size(entry)),
+        ("Steps", str(entry.steps)),
+        ("Guidance", f"{entry.guidance:g}"),
+        ("Shift", f"{entry.shift:g}"),
+        ("Seed", str(entry.seed)),
+        ("Plan strategy", escape_markdown(entry.strategy or "n/a")),
+        ("Peak VRAM / RAM", f"{_gb(entry.peak_vram_gb)} / {_gb(entry.peak_ram_gb)}"),
+    ]
+    if images:
+        rows.append(("Input images", images))
+    rows.append(("File", escape_markdown(Path(entry.media).name)))
+    lines = [f"**Prompt:** {escape_markdown(entry.prompt) or '_(empty)_'}", ""]
+    if entry.negative_prompt:
+        lines += [f"**Negative prompt:** {escape_markdown(entry.negative_prompt)}", ""]
+    lines += ["| Setting | Value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows), ""]
+    lines += ["**Where the time went**", "", *_timings_table(entry.timings)]
+    if entry.note:
+        lines += ["", f"_{escape_markdown(entry.note)}_"]
+    return "\n".join(lines)
+
+
+def confirm_markdown(entry: HistoryEntry) -> str:
+    what = "video" if entry.kind == "video" else "image"
+    return (f"**Delete {escape_markdown(Path(entry.media).name)}?** This removes the {what}, its settings "
+            "(sidecar), any saved latents and the kept input images. It cannot be undone.")
+
+
+def summary_markdown(count: int, limit: int) -> str:
+    if not count:
+        return "No outputs yet: what you generate appears here, newest first."
+    more = f" (the newest {limit}; older ones stay in the outputs folder)" if count >= limit else ""
+    return f"{count} output{'s' if count != 1 else ''}, newest first{more}. Click one to see its settings."

@@ -1,0 +1,290 @@
+"""What the page shows about one job, folded from its events (pure; no gradio).
+
+The generate handlers feed each event into ``JobView.apply`` and render the
+view; tests use the same class to check what a user would see.
+"""
+from __future__ import annotations
+
+import base64
+import html
+from dataclasses import dataclass, field
+
+from engine.events import (
+    DownloadProgress,
+    Event,
+    Info,
+    JobCancelled,
+    JobFailed,
+    JobFinished,
+    JobStarted,
+    PhaseFinished,
+    PhaseStarted,
+    PlanReady,
+    PreviewReady,
+    StepFinished,
+)
+from engine.planning.planner import strategy_words
+from engine.words import plural
+from ui.views.text import plain
+from ui.views.timing_chart import timing_chart_html
+
+PHASE_LABELS = {
+    "engine_start": "Engine start (libraries)", "download": "Download", "build_model": "Build self-test model",
+    "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "text_encode": "Text encode",
+    "image_encode": "Image encode", "denoise": "Denoise", "vae_decode": "VAE decode", "export": "Export",
+}
+
+
+# On a CPU-only machine nothing moves to a device: the engine's "transfer" only applies the plan.
+CPU_PHASE_LABELS = {"transfer": "Apply the plan"}
+
+
+def phase_label(phase: str, device: str | None = None) -> str:
+    """A phase as the page and the command line name it (``device``: the plan's, "cpu" on a CPU-only machine)."""
+    if device == "cpu" and phase in CPU_PHASE_LABELS:
+        return CPU_PHASE_LABELS[phase]
+    return PHASE_LABELS.get(phase, phase)
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.0f} s" if value < 90 else f"{value / 60:.0f} min"
+
+
+def queue_status(place: int, estimate: float | None) -> str:
+    """What a waiting job shows: its place and how long it may wait."""
+    when = f"about {_seconds(estimate)} until it starts" if estimate is not None else \
+        "no estimate until a job has finished"
+    return f"Waiting in the queue: {plural(place, 'job')} ahead of yours, {when}."
+TIMING_HEADERS = ["Phase", "Seconds", "Detail"]
+
+
+@dataclass
+class JobView:
+    status: str = "Waiting for the engine..."
+    phase: str | None = None
+    phase_seconds: dict = field(default_factory=dict)
+    running_phase: str | None = None
+    step: int = 0
+    total_steps: int = 0
+    step_seconds: list = field(default_factory=list)
+    eta: float | None = None
+    notes: list = field(default_factory=list)
+    download: str = ""
+    plan: dict | None = None          # the engine's latest PlanReady (again after an out-of-memory step-down)
+    peaks: tuple = (None, None)       # (VRAM, RAM) peaks so far, from the latest step
+    preview: PreviewReady | None = None   # the latest live preview; dropped when the result arrives
+    previews: int = 0
+    result: JobFinished | None = None
+    failure: JobFailed | None = None
+    cancelled: JobCancelled | None = None
+    left_queue: bool = False          # taken out of the queue before it ran
+
+    def apply(self, event: Event) -> "JobView":
+        if isinstance(event, JobStarted):
+            self.status = "Started: " + event.description + "."
+        elif isinstance(event, Info):
+            self.notes.append(event.message)
+        elif isinstance(event, PlanReady):
+            self.plan = event.plan
+        elif isinstance(event, PhaseStarted):
+            self.running_phase = event.phase
+            self.status = self.label(event.phase) + "..."
+        elif isinstance(event, PhaseFinished):
+            self.phase_seconds[event.phase] = event.seconds
+            self.running_phase = None
+        elif isinstance(event, DownloadProgress):
+            total = f" of {event.total:,.0f}" if event.total else ""
+            self.download = f"{event.done:,.0f}{total} {event.unit}"
+            self.status = f"Downloading: {self.download}"
+        elif isinstance(event, PreviewReady):
+            self.preview = event
+            self.previews += 1
+        elif isinstance(event, StepFinished):
+            self.step, self.total_steps = event.step, event.total
+            self.step_seconds.append(event.seconds)
+            self.peaks = (event.peak_vram_gb, event.peak_ram_gb)
+            self.eta = event.eta_seconds
+            self.status = (f"Denoising: step {event.step}/{event.total}, {self.rate_text()}, "
+                           f"about {event.eta_seconds:.0f} s left")
+        elif isinstance(event, JobFinished):
+            self.result = event
+            self.preview = None
+            self.status = f"Done in {sum(event.timings.values()):.1f} s. Seed used: {event.seed}."
+            if event.note:
+                self.status += " " + event.note
+        elif isinstance(event, JobCancelled):
+            self.cancelled = event
+            loaded = " The model stays loaded, so the next run starts without loading it." if event.model_loaded else ""
+            self.status = (f"Cancelled {self._where_it_stopped(event)}: nothing new was saved, and the earlier "
+                           f"result is kept.{loaded}")
+        elif isinstance(event, JobFailed):
+            self.failure = event
+            self.status = self._failure_headline(event)
+        return self
+
+    def waiting(self, place: int, estimate: float | None) -> "JobView":
+        self.status = queue_status(place, estimate)
+        return self
+
+    def withdrawn(self) -> "JobView":
+        self.status = "Taken out of the queue: it did not run, and the earlier result is kept."
+        self.left_queue = True
+        return self
+
+    def label(self, phase: str) -> str:
+        return phase_label(phase, (self.plan or {}).get("device"))
+
+    def _where_it_stopped(self, event: JobCancelled) -> str:
+        if event.at_step:
+            return f"during the denoising, after step {event.at_step} of {event.total}"
+        if event.phase:
+            return f"after {self.label(event.phase)}"
+        return "before it started"
+
+    def _failure_headline(self, event: JobFailed) -> str:
+        if event.kind == "input":
+            return "Not started: the settings need a change."
+        if event.kind == "model":
+            return "Not started: the model cannot be used."
+        if event.kind == "queue":
+            return "Not started: the queue is full."
+        where = f" during {self.label(event.phase)}" if event.phase else ""
+        return f"Failed{where}."
+
+    @property
+    def ended(self) -> bool:
+        return self.result is not None or self.cancelled is not None or self.failure is not None or self.left_queue
+
+    @property
+    def ending(self) -> str | None:
+        """How the job ended, in words every visitor may see (the system panel): no prompt, no message text."""
+        if self.result is not None:
+            return f"done in {sum(self.result.timings.values()):.1f} s"
+        if self.cancelled is not None:
+            return "cancelled " + self._where_it_stopped(self.cancelled)
+        if self.failure is not None:
+            kind = {"input": "not started (settings)", "model": "not started (model)"}.get(self.failure.kind)
+            headline = self._failure_headline(self.failure).rstrip(".")
+            return kind or headline[:1].lower() + headline[1:]
+        if self.running_phase:
+            return f"stopped during {self.label(self.running_phase)}"
+        return None
+
+    @property
+    def progress(self) -> float:
+        """Overall fraction done: denoising steps dominate, decode and export finish it."""
+        if self.result is not None:
+            return 1.0
+        if not self.total_steps:
+            return 0.0
+        done = 0.9 * self.step / self.total_steps
+        if "vae_decode" in self.phase_seconds:
+            done = 0.97
+        return done
+
+    def rate_text(self) -> str:
+        """'0.52 s/step (1.92 steps/s)' from the mean of the steps so far."""
+        if not self.step_seconds:
+            return ""
+        mean = sum(self.step_seconds) / len(self.step_seconds)
+        rate = f"{1 / mean:.2f} steps/s" if mean > 0 else "instant"
+        return f"{mean:.2f} s/step ({rate})"
+
+    def chart_phases(self) -> list[tuple[str, str, float | None]]:
+        """(phase, label, seconds; None while it runs) in run order, for the bar chart."""
+        shown = [(p, self.label(p), self.phase_seconds[p]) for p in PHASE_LABELS if p in self.phase_seconds]
+        if self.running_phase and self.running_phase not in self.phase_seconds:
+            running = sum(self.step_seconds) if self.running_phase == "denoise" else None
+            shown.append((self.running_phase, self.label(self.running_phase), running))
+        return shown
+
+    def chart_html(self) -> str:
+        return timing_chart_html(self.chart_phases(), self.step_seconds, self.total_steps)
+
+    def preview_html(self) -> str:
+        """The latest live preview as an inline animated image with its caption ('' when there is none)."""
+        p = self.preview
+        if p is None:
+            return ""
+        data = base64.b64encode(p.image).decode("ascii")
+        source = "" if p.source == "known" else " (colours from a map derived from this model's VAE)"
+        caption = (f"Live preview after step {p.step} of {p.total}: the model's current guess of the final "
+                   f"video, {p.frames} latent frame{'s' if p.frames != 1 else ''}{source}.")
+        return (f'<figure class="wan-preview" style="margin:0"><img alt="live preview" '
+                f'src="data:{p.mime};base64,{data}" style="max-width:100%;image-rendering:auto"/>'
+                f'<figcaption style="font-size:0.8em">{html.escape(caption)}</figcaption></figure>')
+
+    def timing_rows(self) -> list[list]:
+        rows = []
+        for phase in PHASE_LABELS:
+            label = self.label(phase)
+            if phase in self.phase_seconds:
+                detail = ""
+                if phase == "denoise" and self.step_seconds:
+                    detail = f"{len(self.step_seconds)} steps, {self.rate_text()}"
+                    if self.cancelled is not None and self.step < self.total_steps:
+                        detail = f"cancelled after step {self.step}/{self.total_steps}, {self.rate_text()}"
+                rows.append([label, round(self.phase_seconds[phase], 3), detail])
+            elif phase == self.running_phase:
+                rows.append([label, None, self._running_detail(phase)])
+        if self.result is not None:
+            rows.append(["Total", round(sum(self.phase_seconds.values()), 3),
+                         _memory_detail(self.result)])
+        return rows
+
+    def _running_detail(self, phase: str) -> str:
+        """The detail of the phase that was running when the last event came: still running, or how it ended."""
+        steps = f"step {self.step}/{self.total_steps}" if phase == "denoise" and self.total_steps else ""
+        if self.cancelled is not None:
+            return f"cancelled at {steps}" if steps else "cancelled"
+        if self.failure is not None:
+            return f"failed at {steps}" if steps else "failed"
+        if steps:
+            return f"{steps}, {self.rate_text()}, ETA {self.eta or 0:.0f} s"
+        return "running"
+
+    def markdown(self) -> str:
+        """The status as markdown. Its text may quote the user's own (a model name, a file name): it is shown
+        as written, never as markdown or HTML."""
+        if self.failure is not None:
+            return self._failure_markdown()
+        lines = [f"**{plain(self.status)}**"]
+        if self.result is None and any(p is not None for p in self.peaks):
+            vram, ram = self.peaks
+            shown = ([f"VRAM {vram:.2f} GB"] if vram is not None else []) + ([f"RAM {ram:.2f} GB"] if ram else [])
+            lines += ["", "Peak so far: " + ", ".join(shown)]
+        return self._with_plan_and_notes(lines)
+
+    def _failure_markdown(self) -> str:
+        """The failure said once: a headline, then each problem (with what to change) or the message and hint."""
+        failure = self.failure
+        lines = [f"**{plain(self.status)}**"]
+        if len(failure.problems) > 1:
+            lines += ["", *(f"- {plain(problem)}" for problem in failure.problems)]
+        else:
+            lines += ["", plain(failure.text)]
+        return self._with_plan_and_notes(lines)
+
+    def _with_plan_and_notes(self, lines: list[str]) -> str:
+        if self.plan:
+            lines += ["", plan_line(self.plan)]
+        lines += [f"- {plain(note)}" for note in self.notes]
+        return "\n".join(lines)
+
+
+def plan_line(plan: dict) -> str:
+    """'Plan: group_offload (predicted peak ...)' from a Plan.to_dict()."""
+    ram = f"{plan.get('predicted_peak_ram_gb', 0):.2f} GB RAM"
+    peak = ram if plan.get("device") == "cpu" else f"{plan.get('predicted_peak_vram_gb', 0):.2f} GB device, {ram}"
+    fits = "" if plan.get("fits", True) else "; predicted not to fit"
+    name, _ = strategy_words(str(plan.get("strategy")), str(plan.get("device")))
+    return f"Plan: {name} (predicted peak {peak}{fits})"
+
+
+def _memory_detail(result: JobFinished) -> str:
+    parts = []
+    if result.peak_vram_gb is not None:
+        parts.append(f"peak VRAM {result.peak_vram_gb:.2f} GB")
+    if result.peak_ram_gb is not None:
+        parts.append(f"peak RAM {result.peak_ram_gb:.2f} GB")
+    return ", ".join(parts)

@@ -1,0 +1,112 @@
+"""The memory plan on the page: what the planner would do with the form's settings (pure; no gradio).
+
+The page never probes the hardware itself: the caller passes the profile the
+engine process reported (``WorkerClient.hardware_profile()``).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.device.hardware import HardwareProfile
+from engine.planning.ahead import limits_for, plan_request
+from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
+from engine.settings.request import GenerationRequest, check_shape
+from engine.words import plural
+from ui.context import AppContext
+from ui.views.job_view import PHASE_LABELS
+from ui.views.text import code, plain
+
+AUTO = "Auto"
+STRATEGY_CHOICES = (AUTO, *LADDER)
+TEXT_ENCODER_CHOICES = (AUTO, *TEXT_ENCODER_PLACES)
+VAE_TILING_CHOICES = (AUTO, "On", "Off")
+# Where a component can live, in the order the phase table lists them.
+PLACES = ("device", "streamed", "cpu", "absent")
+
+
+def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO,
+                    vae_tiling: str | None = AUTO) -> dict:
+    """The plan dropdowns as GenerationRequest fields; Auto (or nothing) leaves each choice to the planner."""
+    def chosen(value):
+        return None if value in (None, "", AUTO) else value
+
+    tiling = chosen(vae_tiling)
+    # Anything but On or Off stays as it came, for the request's check to refuse with its own message.
+    tiling = {"On": True, "Off": False}.get(tiling, tiling) if isinstance(tiling, str) else tiling
+    return {"strategy": chosen(strategy), "text_encoder": chosen(text_encoder), "vae_tiling": tiling}
+
+
+def plan_markdown(plan: Plan) -> str:
+    """Headline, peaks against budgets, a table of phases, the reasons and (when it does not fit) what to change."""
+    verdict = "fits" if plan.fits else "does NOT fit"
+    cpu = plan.device == "cpu"   # no device memory to show
+    name, what = strategy_words(plan.strategy, plan.device)
+    lines = [f"**Strategy: {name}** ({verdict}): {what}.",
+             "", _peaks(plan), "", _settings(plan), "",
+             "| Phase |" + ("" if cpu else " Device GB |") + " RAM GB | Where the components live |",
+             "|---|" + ("" if cpu else "--:|") + "--:|---|"]
+    for phase in plan.phases:
+        device = "" if cpu else f" {phase.peak_vram_gb:.2f} |"
+        lines.append(f"| {PHASE_LABELS.get(phase.phase, phase.phase)} |{device} {phase.peak_ram_gb:.2f} | "
+                     f"{_where(phase.placement)} |")
+    if plan.decisions:
+        lines += ["", "**Why**", *(f"- {sentence}" for sentence in plan.decisions)]
+    if not plan.fits and plan.suggestions:
+        lines += ["", "**To make it fit**", *(f"- {tip}" for tip in plan.suggestions)]
+    return "\n".join(lines)
+
+
+def _peaks(plan: Plan) -> str:
+    ram = f"{plan.predicted_peak_ram_gb:.2f} of {plan.budget_ram_gb:.2f} GB RAM"
+    if plan.device == "cpu":
+        return f"Predicted peak: {ram} (CPU only)."
+    return (f"Predicted peak: {plan.predicted_peak_vram_gb:.2f} of {plan.budget_vram_gb:.2f} GB device memory, "
+            f"{ram}.")
+
+
+def _settings(plan: Plan) -> str:
+    tiles = f"in {plan.vae_tile}px tiles" if plan.vae_tiled else "whole (untiled)"
+    if plan.device == "cpu":
+        return f"Computes in {plan.dtype} on the CPU; the VAE decodes {tiles}."
+    fp8 = ", transformer weights in fp8" if plan.fp8 else ""
+    return (f"Computes in {plan.dtype}{fp8}; text encoder: {plan.text_encoder}; "
+            f"VAE ({plan.vae_dtype}) decodes {tiles}.")
+
+
+def _where(placement: dict) -> str:
+    """'device: vae; streamed: transformer' from {component: place}."""
+    groups = []
+    for place in (*PLACES, *sorted(set(placement.values()) - set(PLACES))):
+        names = [name.replace("_", " ") for name, where in placement.items() if where == place]
+        if names:
+            groups.append(f"{place}: {', '.join(names)}")
+    return "; ".join(groups)
+
+
+def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, preset: str | None,
+                       model: str | None, width, height, frames, strategy: str | None = AUTO,
+                       text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO) -> str:
+    """The plan for a generation tab's current values, or one line saying why there is none."""
+    try:
+        request = _plan_request(ctx, mode, preset, model, width, height, frames,
+                                override_fields(strategy, text_encoder, vae_tiling))
+        plan = plan_request(request, hardware, Path(ctx.client.models_dir))
+    except ValueError as exc:   # InputError, ModelError and a bad override are all ValueErrors
+        problems = getattr(exc, "problems", ())
+        if len(problems) > 1:
+            return "**No plan yet:**\n" + "\n".join(f"- {plain(problem)}" for problem in problems)
+        return f"**No plan yet:** {plain(exc)}"
+    kind = "image to video" if mode == "i2v" else "video"
+    subject = (f"_For {code(request.model)}, {kind} {request.width}x{request.height}, {plural(request.frames, 'frame')}, "
+               f"on {hardware.summary()}._")
+    return subject + "\n\n" + plan_markdown(plan)
+
+
+def _plan_request(ctx: AppContext, mode: str, preset_name: str | None, model: str | None, width, height,
+                  frames, overrides: dict) -> GenerationRequest:
+    """A request holding what the plan depends on, with its sizes checked as a run checks them."""
+    preset = ctx.preset_or_default(preset_name, mode)
+    request = GenerationRequest.from_preset(
+        preset, "", mode=mode, model=ctx.model_ref(model or preset.model), width=width, height=height, frames=frames,
+        outputs_dir=ctx.outputs_dir, **overrides)
+    return check_shape(request, limits_for(request.model, ctx.client.models_dir))
