@@ -134,25 +134,33 @@ def _pick_preset(presets, args):
     mode = "i2v" if getattr(args, "image", None) else "t2v"
     if args.model:
         for preset in presets.values():
-            if preset.model == args.model and preset.mode == mode:
+            if preset.settings.model == args.model and preset.settings.mode == mode:
                 return preset
     return get_preset(presets, "wan21-i2v-14b" if mode == "i2v" else "wan21-t2v-1.3b")
+
+
+def _settings(args):
+    """The settings the command line asks for: its preset's, with the options given."""
+    preset = _pick_preset(_presets_with_user_folder(args.user_presets)[0], args)
+    image = getattr(args, "image", None)
+    mode = getattr(args, "mode", None) or ("i2v" if image else ("t2i" if args.frames == 1 else preset.settings.mode))
+    return preset, preset.settings.changed(
+        mode=mode, model=args.model, width=args.width, height=args.height, frames=args.frames, steps=args.steps,
+        guidance=getattr(args, "guidance", None), shift=getattr(args, "shift", None), fps=getattr(args, "fps", None),
+        strategy=args.strategy, text_encoder=args.text_encoder,
+        vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on")
 
 
 def _build_request(args):
     from engine.settings.request import GenerationRequest
 
-    preset = _pick_preset(_presets_with_user_folder(args.user_presets)[0], args)
-    image = getattr(args, "image", None)
-    mode = getattr(args, "mode", None) or ("i2v" if image else ("t2i" if args.frames == 1 else preset.mode))
-    return GenerationRequest.from_preset(
-        preset, getattr(args, "prompt", "plan"), mode=mode, model=args.model,
-        negative_prompt=getattr(args, "negative_prompt", None), width=args.width, height=args.height,
-        frames=args.frames, steps=args.steps, guidance=getattr(args, "guidance", None),
-        shift=getattr(args, "shift", None), seed=getattr(args, "seed", None), fps=getattr(args, "fps", None),
-        image=getattr(args, "image", None), last_image=getattr(args, "last_image", None), outputs_dir=args.outputs,
-        strategy=args.strategy, text_encoder=args.text_encoder, keep_latents=getattr(args, "keep_latents", False),
-        vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on")
+    preset, settings = _settings(args)
+    negative = getattr(args, "negative_prompt", None)
+    return GenerationRequest(
+        settings, args.prompt, negative_prompt=preset.negative_prompt if negative is None else negative,
+        seed=-1 if args.seed is None else args.seed, image=getattr(args, "image", None),
+        last_image=getattr(args, "last_image", None), preset=preset.name, outputs_dir=args.outputs,
+        keep_latents=getattr(args, "keep_latents", False))
 
 
 def _print_timings(view, out) -> None:
@@ -248,24 +256,26 @@ def plan(args) -> int:
 
     from engine.device.hardware import HardwareError, HardwareProfile
     from engine.models.refs import ModelError
-    from engine.planning.ahead import plan_request, plan_table
+    from engine.planning.ahead import limits_for, plan_settings, plan_table
     from engine.settings.presets import PresetError
+    from engine.settings.values import check_settings
 
     try:
-        request = _build_request(args)
+        settings = _settings(args)[1]
+        settings = check_settings(settings, limits_for(settings.model, args.models_dir))
         if args.hardware:
             hardware = HardwareProfile.from_file(args.hardware)
         else:
             from engine.device.hardware import detect_hardware
             hardware = detect_hardware()
-        chosen = plan_request(request, hardware, Path(args.models_dir))
+        chosen = plan_settings(settings, hardware, Path(args.models_dir))
     except (PresetError, HardwareError, ModelError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.json:
         print(json.dumps(chosen.to_dict(), indent=2))
     else:
-        print(f"{request.model} at {request.width}x{request.height}x{request.frames} on {hardware.summary()}")
+        print(f"{settings.model} at {settings.width}x{settings.height}x{settings.frames} on {hardware.summary()}")
         print(plan_table(chosen))
     return EXIT_OK if chosen.fits else EXIT_FAILED
 

@@ -26,7 +26,7 @@ def hardware(budget: float) -> HardwareProfile:
 
 
 def size(preset) -> PlanRequest:
-    return PlanRequest(preset.width, preset.height, preset.frames, preset.mode == "i2v")
+    return PlanRequest(preset.settings.width, preset.settings.height, preset.settings.frames, preset.settings.mode == "i2v")
 
 
 def main(paths: list[str]) -> None:
@@ -40,7 +40,7 @@ def main(paths: list[str]) -> None:
     print("|---|---|---|---|---|--:|--:|--:|--:|---|")
     for (budget, name), row in sorted(rows.items(), key=lambda kv: (list(presets).index(kv[0][1]), -kv[0][0])):
         preset, hw = presets[name], hardware(budget)
-        spec = KNOWN_MODELS[preset.model]
+        spec = KNOWN_MODELS[preset.settings.model]
         now = plan_memory(spec, size(preset), hw)
         if row.get("status") != "ok":
             print(f"| {budget:g} | {name} | {row['status']} | | | {row['predicted_peak_gb']:.2f} | - | - | - | "

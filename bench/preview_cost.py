@@ -37,7 +37,7 @@ SETTINGS = {"off": -1.0, "every 1 s": 1.0, "every step": 0.0}
 
 def run(engine: BenchEngine, preset, steps: int, work: Path, setting: str) -> dict:
     engine.preview_seconds = SETTINGS[setting]
-    request = GenerationRequest.from_preset(preset, "a red fox running through fresh snow", model=preset.model,
+    request = GenerationRequest.from_preset(preset, "a red fox running through fresh snow", model=preset.settings.model,
                                             steps=steps, seed=1, outputs_dir=str(work / "out"))
     events, snapshot = [], {}
 
@@ -46,7 +46,7 @@ def run(engine: BenchEngine, preset, steps: int, work: Path, setting: str) -> di
         if isinstance(event, StepFinished) and event.step == 2 and not snapshot:
             # Read the way the worker's status thread reads it: from another thread, mid-run.
             reader = threading.Thread(target=lambda: snapshot.update(
-                engine_memory("cuda", torch.cuda.get_device_name(0), preset.model, "bench").to_dict()))
+                engine_memory("cuda", torch.cuda.get_device_name(0), preset.settings.model, "bench").to_dict()))
             reader.start()
             reader.join()
 

@@ -107,11 +107,11 @@ def fake_mp4(frames, path, fps):
 
 
 def run_case(engine: Engine, preset, budget_gb: float, work: Path, image: Path) -> dict:
-    steps = preset.steps if preset.sigmas else STEPS
+    steps = preset.settings.steps if preset.settings.sigmas else STEPS
     request = GenerationRequest.from_preset(
-        preset, "a red fox running through fresh snow, cinematic", model=preset.model, steps=steps, seed=1,
-        image=str(image) if preset.mode == "i2v" else None, outputs_dir=str(work / "out"))
-    size = engine.plan_for(request, engine_module.spec_for(preset.model, None))
+        preset, "a red fox running through fresh snow, cinematic", model=preset.settings.model, steps=steps, seed=1,
+        image=str(image) if preset.settings.mode == "i2v" else None, outputs_dir=str(work / "out"))
+    size = engine.plan_for(request, engine_module.spec_for(preset.settings.model, None))
     row = {"budget_gb": budget_gb, "preset": preset.name, "fits": size.fits, "strategy": size.strategy,
            "text_encoder": size.text_encoder, "vae_tile": size.vae_tile, "load": size.load,
            "predicted_peak_gb": size.predicted_peak_vram_gb}

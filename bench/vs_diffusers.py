@@ -56,7 +56,7 @@ def plain_pipeline(key: str, preset):
     gc.collect()
     torch.cuda.empty_cache()
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                        flow_shift=preset.shift)
+                                        flow_shift=preset.settings.shift)
     cls = WanImageToVideoPipeline if "image_encoder" in parts else WanPipeline
     pipe = cls(tokenizer=realsize.tokenizer(), scheduler=scheduler, **parts)
     pipe.set_progress_bar_config(disable=True)
@@ -93,8 +93,8 @@ def plain_run(pipe, preset, steps: int, prompt: str, image) -> dict:
     extra = {"image": image} if image is not None else {}
     started = time.perf_counter()
     try:
-        pipe(prompt=prompt, negative_prompt=preset.negative_prompt, height=preset.height, width=preset.width,
-             num_frames=preset.frames, num_inference_steps=steps, guidance_scale=preset.guidance,
+        pipe(prompt=prompt, negative_prompt=preset.negative_prompt, height=preset.settings.height, width=preset.settings.width,
+             num_frames=preset.settings.frames, num_inference_steps=steps, guidance_scale=preset.settings.guidance,
              generator=torch.Generator("cpu").manual_seed(1), output_type="np", callback_on_step_end=on_step_end,
              **extra)
         torch.cuda.synchronize()
@@ -167,7 +167,7 @@ def run_engine(key: str, preset, steps: int, image_path: Path | None, budget: fl
     engine = BenchEngine(key, work / "empty-model", hardware, fraction)
     rows = []
     for attempt, prompt in enumerate(PROMPTS, start=1):
-        request = GenerationRequest.from_preset(preset, prompt, model=preset.model, steps=steps, seed=1,
+        request = GenerationRequest.from_preset(preset, prompt, model=preset.settings.model, steps=steps, seed=1,
                                                 image=str(image_path) if image_path else None,
                                                 outputs_dir=str(work / "out"))
         events = []
@@ -268,8 +268,8 @@ def main() -> None:
         model, card = parse_case(case)
         preset_name, key = CASE_MODELS[model]
         preset = presets[preset_name]
-        steps = min(args.steps, preset.steps)
-        image = Image.open(image_path).convert("RGB") if preset.mode == "i2v" else None
+        steps = min(args.steps, preset.settings.steps)
+        image = Image.open(image_path).convert("RGB") if preset.settings.mode == "i2v" else None
         fraction = min(1.0, (card or total) / total)
         entry = {"case": f"{model} on {'the whole H200' if card is None else f'{card:g} GiB'}", "preset": preset.name,
                  "steps": steps, "card_gib": card or round(total, 1), "rows": []}

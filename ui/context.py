@@ -108,23 +108,23 @@ class AppContext:
     def presets_for(self, mode: str) -> list[str]:
         wanted = "i2v" if mode == "i2v" else "t2v"
         # A snapshot: a user preset may be saved or deleted in another thread meanwhile.
-        return [name for name, preset in list(self.presets.items()) if preset.mode == wanted]
+        return [name for name, preset in list(self.presets.items()) if preset.settings.mode == wanted]
 
     def default_preset(self, mode: str) -> str:
         names = self.presets_for(mode)
         if self.default_model:
             for name in names:
-                if self.presets[name].model == self.default_model:
+                if self.presets[name].settings.model == self.default_model:
                     return name
         return names[0]
 
     def model_for(self, mode: str) -> str:
         """The model a tab starts with: --model, unless presets show it is made for the other kind of tab."""
         preset = self.presets[self.default_preset(mode)]
-        if not self.default_model or preset.model == self.default_model:
-            return preset.model
-        other = [p for n, p in self.presets.items() if p.model == self.default_model and n not in self.presets_for(mode)]
-        return preset.model if other else self.default_model
+        if not self.default_model or preset.settings.model == self.default_model:
+            return preset.settings.model
+        other = [p for n, p in self.presets.items() if p.settings.model == self.default_model and n not in self.presets_for(mode)]
+        return preset.settings.model if other else self.default_model
 
     def preset_or_default(self, name: str | None, mode: str) -> Preset:
         """The named preset, or the mode's default when the name is unknown or empty."""
@@ -133,5 +133,5 @@ class AppContext:
 
     def model_ref(self, ref: str | None) -> str:
         """A model reference from the page or the API, checked (ModelError when refused); see checked_model_ref."""
-        trusted = tuple(p.model for p in list(self.presets.values())) + ((self.default_model,) if self.default_model else ())
+        trusted = tuple(p.settings.model for p in list(self.presets.values())) + ((self.default_model,) if self.default_model else ())
         return checked_model_ref(ref, self.models_dir or self.client.models_dir, self.allow_model_paths, trusted)

@@ -16,7 +16,8 @@ from engine.events import Event, JobFailed
 from engine.models.refs import ModelError
 from engine.run.failures import failure_event
 from engine.service.jobqueue import QueueFull
-from engine.settings.request import GenerationRequest, InputError
+from engine.settings.request import GenerationRequest
+from engine.settings.values import InputError
 from ui.context import AppContext
 from ui.parts.chains import when_ended
 from ui.views.job_view import JobView
@@ -77,15 +78,16 @@ def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prom
     """The request for a page or API call, from the values as sent: a field left empty is missing (not the
     preset's), -1 or no seed is random. Raises InputError or ModelError saying what to change."""
     preset = _preset(ctx, preset_name, mode)
-    model = ctx.model_ref(model or preset.model)
-    fields = dict(width=width, height=height, frames=1 if mode == "t2i" else frames, steps=steps,
-                  guidance=guidance, shift=shift, seed=-1 if seed is None else seed)
-    request = GenerationRequest.from_preset(
-        preset, prompt, mode=mode, model=model, negative_prompt=negative_prompt, outputs_dir=ctx.outputs_dir,
-        image=upload_path(image, "image"), last_image=upload_path(last_image, "last image"),
-        **fields, **override_fields(strategy, text_encoder, vae_tiling))
-    # from_preset takes a None as "the preset's value": a field the caller left empty is missing instead.
-    return replace(request, **{name: None for name, value in fields.items() if value is None})
+    # The preset's settings with the form's values as sent: a None stays None (missing), it is not the
+    # preset's. A step count that changes drops the preset's fixed sigma schedule (Settings.changed).
+    settings = replace(preset.settings.changed(steps=steps), mode=mode,
+                       model=ctx.model_ref(model or preset.settings.model), width=width, height=height,
+                       frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
+                       **override_fields(strategy, text_encoder, vae_tiling))
+    return GenerationRequest(
+        settings, prompt, negative_prompt=preset.negative_prompt if negative_prompt is None else negative_prompt,
+        seed=-1 if seed is None else seed, image=upload_path(image, "image"),
+        last_image=upload_path(last_image, "last image"), preset=preset.name, outputs_dir=ctx.outputs_dir)
 
 
 def _say(text: str) -> None:

@@ -1,12 +1,13 @@
 """Saving a generation form's settings as one of the user's presets, and deleting them (pure; no gradio)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from engine.models.selftest import SELFTEST_REFS
 from engine.planning.ahead import limits_for
-from engine.settings.presets import MODES, Preset, PresetError, check_user_preset_name, preset_json
-from engine.settings.request import GenerationRequest, check_inputs, clean_prompt
+from engine.settings.presets import Preset, PresetError, check_user_preset_name, preset_json
+from engine.settings.values import PRESET_MODES, InputError, check_settings
+from engine.settings.request import check_prompt, clean_prompt
 from ui.context import AppContext
 from ui.views.preset_cards import MODE_TITLES
 
@@ -36,28 +37,25 @@ def preset_data(ctx: AppContext, name: str, mode: str, preset: str | None, negat
     saved preset runs exactly as the form would. Raises a ValueError (PresetError, InputError,
     ModelError) that says what to change.
     """
-    if mode not in MODES:
-        raise PresetError(f"mode must be one of {', '.join(MODES)} (text or image to video), got {mode!r}")
+    if mode not in PRESET_MODES:
+        raise PresetError(f"mode must be one of {', '.join(PRESET_MODES)} (text or image to video), got {mode!r}")
     base = ctx.preset_or_default(preset, mode)
     # The model as a run would take it: a path outside the models folder is refused, unless allowed.
-    checked_model = ctx.model_ref(model or base.model)
-    # Checked as a text-to-video run (an image-to-video run checks the same numbers, plus its image).
-    # check_inputs also checks that the outputs folder takes files: the app's own folder.
-    request = check_inputs(GenerationRequest.from_preset(
-        base, "preset", mode="t2v", model=checked_model, negative_prompt=negative_prompt, width=width,
-        height=height, frames=frames, steps=steps, guidance=guidance, shift=shift, outputs_dir=ctx.outputs_dir),
-        limits_for(checked_model, ctx.client.models_dir))
+    checked_model = ctx.model_ref(model or base.settings.model)
+    # Checked as text-to-video settings (image-to-video checks the same numbers).
+    settings = base.settings.changed(mode="t2v", model=checked_model, width=width, height=height, frames=frames,
+                                     steps=steps, guidance=guidance, shift=shift)
+    settings = check_settings(settings, limits_for(checked_model, ctx.client.models_dir))
+    problems: list[str] = []
+    negative = check_prompt("negative prompt", base.negative_prompt if negative_prompt is None else negative_prompt,
+                            False, problems, [])
+    if problems:
+        raise InputError(problems)
     title = " ".join(_text(title, "title").split()) or name
     description = _text(description, "description") or (
         f"Saved from the {MODE_TITLES[mode]} tab, starting from {base.title}.")
-    return {
-        "name": name, "title": title, "description": description, "model": request.model, "mode": mode,
-        "width": request.width, "height": request.height, "frames": request.frames, "steps": request.steps,
-        "guidance": request.guidance, "shift": request.shift, "fps": request.fps,
-        "negative_prompt": request.negative_prompt, "size_multiple": request.size_multiple,
-        "scheduler": request.scheduler, "sigmas": None if request.sigmas is None else list(request.sigmas),
-        "selftest": request.model in SELFTEST_REFS,
-    }
+    return preset_json(Preset(name, title, description, replace(settings, mode=mode), negative,
+                              selftest=settings.model in SELFTEST_REFS))
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ class Saved:
     def message(self) -> str:
         verb = "Replaced" if self.replaced else "Saved"
         return (f"{verb} your preset **{self.preset.name}** as {self.preset.name}.json in the user presets "
-                f"folder. It is in the Preset list of the {MODE_TITLES[self.preset.mode]} tab.")
+                f"folder. It is in the Preset list of the {MODE_TITLES[self.preset.settings.mode]} tab.")
 
     def to_dict(self) -> dict:
         """What the save_preset API returns."""

@@ -16,8 +16,8 @@ def build(ctx: AppContext) -> None:
         preset = ctx.presets[ctx.default_preset("t2v")]
         def make():
             return build_request(ctx, "t2i", preset.name, prompt, preset.negative_prompt, ctx.model_for("t2v"),
-                                 preset.width, preset.height, 1, steps if steps not in (0, None) else preset.steps,
-                                 preset.guidance, preset.shift, -1)
+                                 preset.settings.width, preset.settings.height, 1, steps if steps not in (0, None) else preset.settings.steps,
+                                 preset.settings.guidance, preset.settings.shift, -1)
         path = None
         for update in run_job(ctx, request, "text to image", engine_job(ctx, make),
                               lambda view, event: {"path": event.paths[0]} if isinstance(event, JobFinished) else {}):

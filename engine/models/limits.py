@@ -2,14 +2,14 @@
 
 They come from the model's configs (its rotary position table and patch sizes, its VAE's scale factors),
 so that a frame count the form accepts but the model cannot place is refused with a sentence, not a
-shape error mid-run. The request's checks (engine/settings/request.py) take them when they are known.
+shape error mid-run. The settings' checks (engine/settings/values.py) take them when they are known.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from engine.models.spec import ModelSpec
-from engine.settings.request import MAX_FRAMES, MAX_SIDE, InputError, _check_frames, _check_size
+from engine.settings.values import MAX_FRAMES, MAX_SIDE, InputError, check_frames, check_side
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def check_model_limits(spec: ModelSpec, width: int, height: int, frames: int, mo
     problems: list[str] = []
     limits = limits_of(spec)
     for side, value in (("width", width), ("height", height)):
-        _check_size(side, value, limits.size_multiple, problems, limits)
-    _check_frames(frames, mode, problems, limits)
+        check_side(side, value, limits.size_multiple, problems, limits)
+    check_frames(frames, mode, problems, limits)
     if problems:
         raise InputError(problems)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engine.outputs.export import copy_file, write_png
 from engine.settings.images import upright_rgb
-from engine.settings.request import InputError
+from engine.settings.values import InputError
 
 # The request field each kept image came from -> the suffix of its file beside the output.
 INPUT_SUFFIXES = {"image": ".first.png", "last_image": ".last.png"}

@@ -15,10 +15,10 @@ def write_media(request: GenerationRequest, frames, stem: Path) -> Path:
     """The PNG of a still (mode t2i) or the mp4 of a video, complete or not at all; refused before anything
     is written (DiskFull) when the outputs folder has not the room it may take."""
     count, height, width = frames.shape[:3]
-    ensure_room(stem.parent, expected_bytes(count, width, height), "image" if request.mode == "t2i" else "video")
-    if request.mode == "t2i":
+    ensure_room(stem.parent, expected_bytes(count, width, height), "image" if request.settings.mode == "t2i" else "video")
+    if request.settings.mode == "t2i":
         return write_png(frames[0], stem.with_suffix(".png"))
-    return write_mp4(frames, stem.with_suffix(".mp4"), request.fps)
+    return write_mp4(frames, stem.with_suffix(".mp4"), request.settings.fps)
 
 
 def versions() -> dict:
@@ -37,7 +37,7 @@ def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: 
         "app": {"name": "wan-studio", "version": __version__},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "file": media.name,
-        "mode": request.mode,
+        "mode": request.settings.mode,
         "prompt": request.prompt,
         "negative_prompt": request.negative_prompt,
         "seed": request.seed,
@@ -47,7 +47,7 @@ def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: 
         "parameters": {k: v for k, v in request.to_dict().items()
                        if k not in ("prompt", "negative_prompt", "outputs_dir")},
         "output": {"frames": int(frames.shape[0]), "height": int(frames.shape[1]),
-                   "width": int(frames.shape[2]), "fps": request.fps if request.mode != "t2i" else None},
+                   "width": int(frames.shape[2]), "fps": request.settings.fps if request.settings.mode != "t2i" else None},
         "plan": plan,
         "step_downs": list(step_downs),
         "latents": latents,

@@ -1,4 +1,4 @@
-"""Planning a request before anything is loaded: find the model's spec, then ask the planner."""
+"""Planning settings before anything is loaded: find the model's spec, then ask the planner."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,8 +7,8 @@ from engine.device.hardware import HardwareProfile
 from engine.models.limits import Limits, check_model_limits, limits_of
 from engine.models.refs import ModelError, classify_ref, hub_cache_dir
 from engine.models.spec import ModelSpec, spec_for
-from engine.planning.planner import Override, Plan, PlanRequest, plan_memory, strategy_words
-from engine.settings.request import GenerationRequest
+from engine.planning.planner import Plan, plan_memory, strategy_words
+from engine.settings.values import Settings
 
 
 def cached_snapshot(repo_id: str) -> Path | None:
@@ -42,13 +42,11 @@ def limits_for(ref, models_dir: str | Path) -> Limits | None:
         return None
 
 
-def plan_request(request: GenerationRequest, hardware: HardwareProfile, models_dir: Path) -> Plan:
-    """The plan for ``request``; InputError first when the model cannot make its size or frame count."""
-    spec = find_spec(request.model, models_dir)
-    check_model_limits(spec, request.width, request.height, request.frames, request.mode)
-    override = Override(strategy=request.strategy, text_encoder=request.text_encoder, vae_tiling=request.vae_tiling)
-    size = PlanRequest(request.width, request.height, request.frames, request.mode == "i2v")
-    return plan_memory(spec, size, hardware, override)
+def plan_settings(settings: Settings, hardware: HardwareProfile, models_dir: Path) -> Plan:
+    """The plan for ``settings``; InputError first when the model cannot make their size or frame count."""
+    spec = find_spec(settings.model, models_dir)
+    check_model_limits(spec, settings.width, settings.height, settings.frames, settings.mode)
+    return plan_memory(spec, settings.plan_request(), hardware, settings.override())
 
 
 def plan_table(plan: Plan) -> str:

@@ -50,7 +50,7 @@ from engine.outputs.latents import (
 )
 from engine.outputs.record import redecode_record, run_record, write_media
 from engine.planning.memory import VAE_TILES
-from engine.planning.planner import LADDER, Override, Plan, PlanRequest, plan_memory
+from engine.planning.planner import LADDER, Plan, plan_memory
 from engine.run.apply_plan import (
     encoder_device,
     encoder_visiting,
@@ -66,7 +66,8 @@ from engine.run.decoding import decode_attempts, decode_latents
 from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.preview import PREVIEW_EVERY_SECONDS, LivePreview, PreviewMap, preview_map_for
 from engine.run.schedulers import make_scheduler
-from engine.settings.request import MODE_NAMES, GenerationRequest, InputError, check_inputs
+from engine.settings.request import GenerationRequest, check_request
+from engine.settings.values import MODE_NAMES, InputError
 
 SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
 TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer needs exactly that
@@ -230,10 +231,9 @@ class Engine:
 
     # ----- planning ---------------------------------------------------------
     def plan_for(self, request: GenerationRequest, spec: ModelSpec, strategy: str | None = None) -> Plan:
-        override = Override(strategy=strategy or request.strategy, text_encoder=request.text_encoder,
-                            vae_tiling=request.vae_tiling)
-        size = PlanRequest(request.width, request.height, request.frames, request.mode == "i2v")
-        return plan_memory(spec, size, self.hardware, override)
+        settings = request.settings
+        override = replace(settings.override(), strategy=strategy or settings.strategy)
+        return plan_memory(spec, settings.plan_request(), self.hardware, override)
 
     def _next_rung(self, request: GenerationRequest, spec: ModelSpec, plan: Plan) -> Plan | None:
         """The plan one rung down the ladder (the first lower rung that fits, else the next one)."""
@@ -248,13 +248,13 @@ class Engine:
         ``timings``: phases the job went through before it reached the engine (its wait for the engine
         process to start), counted in its total and its sidecar."""
         job = _Job(job_id, emit, should_cancel, timings=dict(timings or {}))
-        emit(JobStarted(job_id, f"{MODE_NAMES.get(request.mode, request.mode)} with {request.model}"))
+        emit(JobStarted(job_id, f"{MODE_NAMES.get(request.settings.mode, request.settings.mode)} with {request.settings.model}"))
         ram = job.ram = RamPeakSampler()
         try:
             with ram.running():
                 result = self._run(request, job, ram)
         except Cancelled:
-            result = JobCancelled(job_id, len(job.step_seconds), request.steps, job.phase, self.loaded is not None)
+            result = JobCancelled(job_id, len(job.step_seconds), request.settings.steps, job.phase, self.loaded is not None)
         except Exception as exc:  # every failure reaches the page as an event
             result = failure_event(job_id, exc, job.phase)
             if result.kind == "runtime":   # a fault, not a user's mistake: its traceback goes to the console
@@ -270,13 +270,13 @@ class Engine:
             raise Cancelled()
 
     def _run(self, request: GenerationRequest, job: _Job, ram: RamPeakSampler) -> Event:
-        request = check_inputs(request)
+        request = check_request(request)
         reset_peak_vram()
-        resolved = self._resolve(request.model, job)
+        resolved = self._resolve(request.settings.model, job)
         spec = spec_for(resolved.ref, resolved.folder)
         self._check_model_fits_request(resolved, spec, request)
         plan = self.plan_for(request, spec)
-        if not plan.fits and not request.strategy:
+        if not plan.fits and not request.settings.strategy:
             raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
         request = replace(request, seed=request.seed if request.seed >= 0 else secrets.randbelow(2**32))
         while True:
@@ -300,9 +300,9 @@ class Engine:
             job.emit(Info(job.id, f"'{plan.strategy}' worked after stepping down from "
                                   f"'{job.step_downs[0]['from']}'."))
         cleanup_latents(Path(request.outputs_dir), self.latents_hours)
-        stem = output_stem(Path(request.outputs_dir), request.mode, request.prompt, request.seed)
+        stem = output_stem(Path(request.outputs_dir), request.settings.mode, request.prompt, request.seed)
         job.phase = "saving latents"
-        if request.mode == "i2v":
+        if request.settings.mode == "i2v":
             # The upload is a temporary file: keep a copy (before the decode, which may fail) so the run
             # can be repeated from the History tab, also after Decode again.
             job.inputs, problems = keep_inputs(request, stem)
@@ -343,11 +343,11 @@ class Engine:
 
     @staticmethod
     def _check_model_fits_request(model: ResolvedModel, spec: ModelSpec, request: GenerationRequest) -> None:
-        if request.mode == "i2v" and not model.takes_image:
+        if request.settings.mode == "i2v" and not model.takes_image:
             raise InputError(f"{model.ref} is a text-to-video model; pick an image-to-video model for this tab")
-        if request.mode != "i2v" and model.image_to_video:
+        if request.settings.mode != "i2v" and model.image_to_video:
             raise InputError(f"{model.ref} is an image-to-video model; use the Image to Video tab with an image")
-        if request.mode == "i2v":
+        if request.settings.mode == "i2v":
             first_last = takes_last_frame(model.folder)
             if first_last is False and request.last_image:
                 raise InputError(f"{model.ref} cannot use a last frame (only first-and-last-frame models such as "
@@ -355,12 +355,12 @@ class Engine:
             if first_last and not request.last_image:
                 raise InputError(f"{model.ref} is a first-and-last-frame model and needs a last frame too; "
                                  "add one")
-        check_model_limits(spec, request.width, request.height, request.frames, request.mode)
+        check_model_limits(spec, request.settings.width, request.settings.height, request.settings.frames, request.settings.mode)
 
     def _encode_text(self, loaded: LoadedModel, request: GenerationRequest, job: _Job):
         pipe, plan = loaded.pipe, loaded.plan
         key = (loaded.model.ref, loaded.model.revision, request.prompt, request.negative_prompt or "",
-               request.guidance > 1.0, plan.dtype)
+               request.settings.guidance > 1.0, plan.dtype)
         with self._phase(job, "text_encode"):
             if key in self._prompt_cache:
                 job.emit(Info(job.id, "Same prompt as a recent run: its encoding is reused, the text encoder is not run."))
@@ -371,7 +371,7 @@ class Engine:
                 with encoder_visiting(pipe, "text_encoder", plan):
                     positive, negative = pipe.encode_prompt(
                         prompt=request.prompt, negative_prompt=request.negative_prompt or "",
-                        do_classifier_free_guidance=request.guidance > 1.0, max_sequence_length=TEXT_TOKENS,
+                        do_classifier_free_guidance=request.settings.guidance > 1.0, max_sequence_length=TEXT_TOKENS,
                         device=encoder_device(plan), dtype=torch_dtype(plan.dtype))
                 positive = positive.to("cpu")
                 negative = negative.to("cpu") if negative is not None else None
@@ -394,13 +394,13 @@ class Engine:
                                       "so its end has no effect. Shorten it to keep every part."))
 
     def _encode_image(self, loaded: LoadedModel, request: GenerationRequest, job: _Job) -> dict:
-        if request.mode != "i2v":
+        if request.settings.mode != "i2v":
             return {}
         from engine.settings.images import fit_image
 
-        pipe, plan = loaded.for_mode(request.mode), loaded.plan
-        image = fit_image(request.image, request.width, request.height)
-        last = (fit_image(request.last_image, request.width, request.height, name="last image")
+        pipe, plan = loaded.for_mode(request.settings.mode), loaded.plan
+        image = fit_image(request.image, request.settings.width, request.settings.height)
+        last = (fit_image(request.last_image, request.settings.width, request.settings.height, name="last image")
                 if request.last_image else None)
         inputs = {"image": image, "last_image": last}
         if getattr(pipe, "image_encoder", None) is not None:
@@ -411,8 +411,8 @@ class Engine:
         return inputs
 
     def _denoise(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
-        pipe = loaded.for_mode(request.mode)
-        pipe.scheduler = make_scheduler(loaded.scheduler_config, request.shift, request.sigmas)
+        pipe = loaded.for_mode(request.settings.mode)
+        pipe.scheduler = make_scheduler(loaded.scheduler_config, request.settings.shift, request.settings.sigmas)
         image_inputs = dict(image_inputs)
         cached = image_inputs.pop("cached_image_embeds", None)
         if cached is not None:
@@ -428,10 +428,10 @@ class Engine:
     def _denoise_loop(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
         import torch
 
-        pipe = loaded.for_mode(request.mode)
-        total = request.steps
+        pipe = loaded.for_mode(request.settings.mode)
+        total = request.settings.steps
         last = [0.0]
-        previews = LivePreview(job.id, total, self.preview_seconds, request.fps / pipe.vae_scale_factor_temporal,
+        previews = LivePreview(job.id, total, self.preview_seconds, request.settings.fps / pipe.vae_scale_factor_temporal,
                                lambda: self._preview_map(loaded))
 
         def on_step_end(pipeline, i, t, tensors):
@@ -458,9 +458,9 @@ class Engine:
             try:
                 output = pipe(
                     prompt_embeds=positive,
-                    negative_prompt_embeds=negative if request.guidance > 1.0 else None,
-                    height=request.height, width=request.width, num_frames=request.frames,
-                    num_inference_steps=total, guidance_scale=request.guidance,
+                    negative_prompt_embeds=negative if request.settings.guidance > 1.0 else None,
+                    height=request.settings.height, width=request.settings.width, num_frames=request.settings.frames,
+                    num_inference_steps=total, guidance_scale=request.settings.guidance,
                     generator=torch.Generator("cpu").manual_seed(request.seed),
                     max_sequence_length=TEXT_TOKENS, output_type="latent",
                     callback_on_step_end=on_step_end, **image_inputs)
@@ -521,10 +521,9 @@ class Engine:
     def _decode_saved(self, path: Path, job: _Job, tiled: bool, on_cpu: bool, ram: RamPeakSampler) -> Event:
         latents, meta = load_latents(path)
         fields = dict(meta["request"])
-        fields["sigmas"] = tuple(fields["sigmas"]) if fields.get("sigmas") else None
-        request = GenerationRequest(**fields)
+        request = GenerationRequest.from_dict(fields)
         reset_peak_vram()
-        resolved = self._resolve(request.model, job)
+        resolved = self._resolve(request.settings.model, job)
         vae, video_processor = self._vae_for(resolved, job)
         plan = self.plan_for(request, spec_for(resolved.ref, resolved.folder))
         device = "cpu" if on_cpu else plan.device
@@ -536,7 +535,7 @@ class Engine:
             vae.to(plan.device)
         stem = stem_of(path)   # the failed run's own name, unless a decode already filled it
         if any(stem.with_suffix(s).exists() for s in (".mp4", ".png", ".json")):
-            stem = output_stem(path.parent.parent, request.mode, request.prompt, request.seed)
+            stem = output_stem(path.parent.parent, request.settings.mode, request.prompt, request.seed)
         with self._phase(job, "export"):
             media = write_media(request, frames, stem)
         how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")

@@ -6,7 +6,7 @@ import errno
 from engine.events import JobFailed
 from engine.models.refs import ModelError
 from engine.outputs.export import DiskFull
-from engine.settings.request import InputError
+from engine.settings.values import InputError
 from engine.words import sentence
 
 

@@ -29,7 +29,8 @@ from engine.outputs.latents import DECODE_AGAIN_HINT
 from engine.planning.ahead import limits_for
 from engine.run.failures import failure_event
 from engine.service.watchdog import Watchdog
-from engine.settings.request import GenerationRequest, InputError, check_inputs_with_notes
+from engine.settings.request import GenerationRequest, check_request_with_notes
+from engine.settings.values import InputError
 
 _SPAWN = mp.get_context("spawn")
 # How often a running job's watchdog looks at the engine when no event comes, in seconds.
@@ -311,8 +312,8 @@ class WorkerClient:
     def check(self, request: GenerationRequest) -> tuple[GenerationRequest, list[str]]:
         """``request`` checked as a run checks it before anything heavy (settings, images, the model and what
         it can make), with notes for the user; raises InputError or ModelError saying what to change."""
-        request, notes = check_inputs_with_notes(request, limits_for(request.model, self.models_dir))
-        precheck_model(request.model)
+        request, notes = check_request_with_notes(request, limits_for(request.settings.model, self.models_dir))
+        precheck_model(request.settings.model)
         return request, notes
 
     def run(self, request: GenerationRequest, notes: list[str] | tuple = (),

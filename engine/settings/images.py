@@ -12,7 +12,7 @@ import warnings
 from contextlib import contextmanager
 from pathlib import Path
 
-from engine.settings.request import MAX_SIDE, MIN_SIDE, InputError
+from engine.settings.values import MAX_SIDE, MIN_SIDE, InputError
 
 # Refuse images above this many pixels before decoding them (decompression bombs).
 # Checked from the header here; PIL's own global Image.MAX_IMAGE_PIXELS is left alone.

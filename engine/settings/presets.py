@@ -9,12 +9,12 @@ from __future__ import annotations
 import json
 import re
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from engine.settings.values import PRESET_MODES, SCHEDULERS, Settings, split_values
+
 BUILTIN_PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
-MODES = ("t2v", "i2v")
-SCHEDULERS = ("unipc", "flow_euler")
 # A user preset's name is also its file name and its id on the page and in the API.
 NAME_CHARS = re.compile(r"[A-Za-z0-9_-]+")
 MAX_NAME_CHARS = 64
@@ -34,22 +34,12 @@ class PresetError(ValueError):
 
 @dataclass(frozen=True)
 class Preset:
+    """A named starting point: its settings, the negative prompt it suggests, and words for people."""
     name: str
     title: str
     description: str
-    model: str
-    mode: str
-    width: int
-    height: int
-    frames: int
-    steps: int
-    guidance: float
-    shift: float
-    fps: int
+    settings: Settings
     negative_prompt: str = ""
-    size_multiple: int = 16
-    scheduler: str = "unipc"
-    sigmas: tuple[float, ...] | None = None
     selftest: bool = False
 
 
@@ -88,8 +78,8 @@ def parse_preset(data: object, source: str) -> Preset:
         if not isinstance(value, expected):
             raise PresetError(f"{source}: field '{key}' must be {_type_name(expected)}, got {type(value).__name__}")
     values = dict(data)
-    if values["mode"] not in MODES:
-        raise PresetError(f"{source}: field 'mode' must be one of {', '.join(MODES)}, got {values['mode']!r}")
+    if values["mode"] not in PRESET_MODES:
+        raise PresetError(f"{source}: field 'mode' must be one of {', '.join(PRESET_MODES)}, got {values['mode']!r}")
     if values.get("scheduler", "unipc") not in SCHEDULERS:
         raise PresetError(f"{source}: field 'scheduler' must be one of {', '.join(SCHEDULERS)}")
     for key in ("width", "height", "frames", "steps", "fps"):
@@ -104,7 +94,8 @@ def parse_preset(data: object, source: str) -> Preset:
         values["sigmas"] = tuple(float(s) for s in sigmas)
     values["guidance"] = float(values["guidance"])
     values["shift"] = float(values["shift"])
-    return Preset(**values)
+    settings, own = split_values(values)
+    return Preset(settings=Settings(**settings), **own)
 
 
 def load_preset_file(path: Path) -> Preset:
@@ -166,10 +157,11 @@ def _check_texts(preset: Preset) -> None:
 
 def preset_json(preset: Preset) -> dict:
     """The preset as the JSON object its file holds (parse_preset reads it back unchanged)."""
-    data = asdict(preset)
+    own = {f.name: getattr(preset, f.name) for f in fields(preset) if f.name != "settings"}
+    data = {**own, **preset.settings.to_dict()}
     if data["sigmas"] is not None:
         data["sigmas"] = list(data["sigmas"])
-    return data
+    return {key: data[key] for key in _TYPES}
 
 
 @dataclass

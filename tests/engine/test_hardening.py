@@ -22,7 +22,8 @@ from engine.models.refs import ModelError, check_model_folder, precheck_model
 from engine.models.weights import WeightFileError, read_header
 from engine.settings.images import MAX_IMAGE_PIXELS, ImageError, check_image, describe_image, fit_image
 from engine.settings.presets import PresetError, load_preset_file
-from engine.settings.request import MAX_PROMPT_CHARS, InputError, check_inputs, check_inputs_with_notes, clean_prompt
+from engine.settings.request import MAX_PROMPT_CHARS, check_request, check_request_with_notes, clean_prompt
+from engine.settings.values import SETTING_NAMES, InputError
 from tests.conftest import said, tiny_request
 
 W, H = 64, 48
@@ -40,7 +41,7 @@ def i2v(presets, outputs, image_file):
 
 def _refused(request) -> str:
     with pytest.raises(InputError) as info:
-        check_inputs(request)
+        check_request(request)
     return str(info.value)
 
 
@@ -64,7 +65,7 @@ def test_an_image_cut_in_half_is_refused_naming_the_file(i2v, tmp_path, fmt, suf
     _noise().save(buffer, fmt)
     cut = tmp_path / f"half.{suffix}"
     cut.write_bytes(buffer.getvalue()[: len(buffer.getvalue()) // 2])
-    message = _refused(replace(i2v, image=str(cut)))
+    message = _refused(i2v.with_values(image=str(cut)))
     assert f"Image 'half.{suffix}' is truncated or damaged" in message
     assert "save or export it again" in message
     with pytest.raises(ImageError, match="truncated or damaged"):
@@ -78,7 +79,7 @@ def test_a_damaged_png_checksum_is_refused(i2v, tmp_path):
     data[len(data) // 2] ^= 0xFF   # flip a byte inside the compressed data
     bad = tmp_path / "flipped.png"
     bad.write_bytes(bytes(data))
-    assert "Image 'flipped.png' is truncated or damaged" in _refused(replace(i2v, image=str(bad)))
+    assert "Image 'flipped.png' is truncated or damaged" in _refused(i2v.with_values(image=str(bad)))
 
 
 def test_the_last_image_is_checked_and_named_too(i2v, tmp_path):
@@ -86,8 +87,8 @@ def test_the_last_image_is_checked_and_named_too(i2v, tmp_path):
     empty.write_bytes(b"")
     text = tmp_path / "end.jpg"
     text.write_text("not an image at all")
-    assert "Last image 'end.png' is empty (0 bytes)" in _refused(replace(i2v, last_image=str(empty)))
-    assert "Last image 'end.jpg' is not a readable image" in _refused(replace(i2v, last_image=str(text)))
+    assert "Last image 'end.png' is empty (0 bytes)" in _refused(i2v.with_values(last_image=str(empty)))
+    assert "Last image 'end.jpg' is not a readable image" in _refused(i2v.with_values(last_image=str(text)))
 
 
 @pytest.mark.parametrize("value, expected", [
@@ -95,15 +96,15 @@ def test_the_last_image_is_checked_and_named_too(i2v, tmp_path):
     (["a.png"], "image must be a file path, got list"),
 ])
 def test_an_image_that_is_not_a_path_is_refused(i2v, value, expected):
-    assert said(expected) in _refused(replace(i2v, image=value))
+    assert said(expected) in _refused(i2v.with_values(image=value))
 
 
 def test_a_folder_or_heic_given_as_image_says_so(i2v, tmp_path):
-    assert "is a folder, not an image file" in _refused(replace(i2v, image=str(tmp_path)))
+    assert "is a folder, not an image file" in _refused(i2v.with_values(image=str(tmp_path)))
     heic = tmp_path / "IMG_0001.HEIC"
     heic.write_bytes(b"\0\0\0\x18ftypheic" + b"\0" * 64)
     assert "'IMG_0001.HEIC' is not a readable image (HEIC files are not supported)" in _refused(
-        replace(i2v, image=str(heic)))
+        i2v.with_values(image=str(heic)))
 
 
 @pytest.mark.parametrize("width, height, expected", [
@@ -123,7 +124,7 @@ def test_a_decompression_bomb_is_refused_from_its_header_without_decoding(
         raise AssertionError("a decompression bomb was decoded")
 
     monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
-    message = _refused(replace(i2v, image=str(bomb)))
+    message = _refused(i2v.with_values(image=str(bomb)))
     assert f"Image 'bomb.png' {expected}" in message and "scale it down" in message
     with pytest.raises(ImageError, match="80-megapixel limit"):
         fit_image(bomb, W, H)
@@ -133,7 +134,7 @@ def test_a_decompression_bomb_is_refused_from_its_header_without_decoding(
 
 def test_a_text_to_video_request_with_a_last_image_is_refused(good, image_file):
     assert "A last image was given but the mode is text-to-video" in _refused(
-        replace(good, last_image=str(image_file)))
+        good.with_values(last_image=str(image_file)))
 
 
 # ----- images: odd modes become an RGB image of exactly the requested size ----------------------
@@ -252,7 +253,7 @@ def test_describe_image_never_raises(tmp_path):
 def test_check_inputs_with_notes_names_the_image_and_its_notes(i2v, tmp_path):
     gif = _gif(tmp_path)
     rgba = _rgba_transparent(tmp_path)
-    checked, notes = check_inputs_with_notes(replace(i2v, image=str(gif), last_image=str(rgba)))
+    checked, notes = check_request_with_notes(i2v.with_values(image=str(gif), last_image=str(rgba)))
     assert checked.image == str(gif)
     assert "image 'anim.gif': animated image: the first of 3 frames is used" in notes
     assert "last image 'rgba.png': transparent areas filled with white" in notes
@@ -281,14 +282,14 @@ def test_clean_prompt(text, cleaned, warnings):
 
 
 def test_the_request_carries_the_cleaned_prompts_and_notes_say_what_changed(good):
-    checked, notes = check_inputs_with_notes(replace(good, prompt="a\x00 cat\u200b  on a   mat",
+    checked, notes = check_request_with_notes(good.with_values(prompt="a\x00 cat\u200b  on a   mat",
                                                      negative_prompt="  blurry\x1b[0m, \tlow quality "))
     assert checked.prompt == "a cat on a mat"
     assert checked.negative_prompt == "blurry, low quality"
     assert notes == ["prompt: removed 1 control character",
                      "prompt: removed 1 invisible character (zero-width space, byte-order mark or direction mark)",
                      "negative prompt: removed 1 control character"]
-    assert check_inputs(checked) == checked and check_inputs_with_notes(checked)[1] == []
+    assert check_request(checked) == checked and check_request_with_notes(checked)[1] == []
 
 
 @pytest.mark.parametrize("change, expected", [
@@ -301,11 +302,11 @@ def test_the_request_carries_the_cleaned_prompts_and_notes_say_what_changed(good
     (dict(negative_prompt=["blurry"]), "the negative prompt must be text, got list"),
 ])
 def test_bad_prompts_are_refused(good, change, expected):
-    assert said(expected) in _refused(replace(good, **change))
+    assert said(expected) in _refused(good.with_values(**change))
 
 
 def test_length_is_counted_after_cleaning(good):
-    checked = check_inputs(replace(good, prompt="a cat" + " " * (MAX_PROMPT_CHARS * 2), negative_prompt=None))
+    checked = check_request(good.with_values(prompt="a cat" + " " * (MAX_PROMPT_CHARS * 2), negative_prompt=None))
     assert checked.prompt == "a cat" and checked.negative_prompt == ""
 
 
@@ -328,8 +329,8 @@ def test_length_is_counted_after_cleaning(good):
     ("shift", np.float32(3.0), 3.0),
 ])
 def test_numbers_given_as_strings_or_integral_floats_are_normalised(good, field, value, expected):
-    checked = check_inputs(replace(good, **{field: value}))
-    got = getattr(checked, field)
+    checked = check_request(good.with_values(**{field: value}))
+    got = getattr(checked.settings if field in SETTING_NAMES else checked, field)
     assert got == expected and type(got) is type(expected)
     if field == "guidance":
         assert math.copysign(1, got) == 1        # never -0.0
@@ -372,7 +373,7 @@ def test_numbers_given_as_strings_or_integral_floats_are_normalised(good, field,
     ("outputs_dir", "", "no outputs folder given"),
 ])
 def test_bad_numbers_are_refused_with_a_clear_message(good, field, value, expected):
-    assert said(expected) in _refused(replace(good, **{field: value}))
+    assert said(expected) in _refused(good.with_values(**{field: value}))
 
 
 # ----- model folders with damaged safetensors files --------------------------------------------

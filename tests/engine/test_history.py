@@ -101,9 +101,9 @@ def test_scan_lists_every_output_newest_first_with_its_settings(made):
         entry = by_mode[mode]
         assert entry.media == results[mode].paths[0] and entry.sidecar == results[mode].sidecar
         assert (entry.prompt, entry.negative_prompt, entry.model, entry.preset) == (
-            request.prompt, request.negative_prompt, request.model, request.preset)
+            request.prompt, request.negative_prompt, request.settings.model, request.preset)
         assert (entry.width, entry.height, entry.steps, entry.seed) == (64, 48, 2, request.seed)
-        assert (entry.guidance, entry.shift) == (request.guidance, request.shift)
+        assert (entry.guidance, entry.shift) == (request.settings.guidance, request.settings.shift)
         assert entry.strategy == "all_on_device" and entry.peak_ram_gb > 0
         assert {"text_encode", "denoise", "vae_decode", "export"} <= set(entry.timings)
     assert (by_mode["t2v"].kind, by_mode["t2v"].frames, by_mode["t2v"].fps) == ("video", 5, 16)
@@ -133,7 +133,7 @@ def test_image_to_video_inputs_are_kept_beside_the_output(made, image_file):
 
 
 def test_kept_images_give_the_pixels_the_uploads_gave(made, tmp_path, image_file, last_image):
-    request = replace(made["requests"]["i2v"], last_image=str(last_image))
+    request = made["requests"]["i2v"].with_values(last_image=str(last_image))
     kept, problems = keep_inputs(request, tmp_path / "120000_i2v_waves_13")
     assert problems == [] and kept == {"image": "120000_i2v_waves_13.first.png",
                                        "last_image": "120000_i2v_waves_13.last.png"}
@@ -148,7 +148,7 @@ def test_kept_images_give_the_pixels_the_uploads_gave(made, tmp_path, image_file
 
 
 def test_keeping_inputs_never_fails_the_run(tmp_path, made):
-    request = replace(made["requests"]["i2v"], image=str(tmp_path / "gone.png"), last_image=None)
+    request = made["requests"]["i2v"].with_values(image=str(tmp_path / "gone.png"), last_image=None)
     kept, problems = keep_inputs(request, tmp_path / "out")
     assert kept == {"image": None, "last_image": None}
     assert len(problems) == 1 and "image could not be kept" in problems[0] and "gone.png" in problems[0]
@@ -203,7 +203,7 @@ def test_reuse_values_refill_the_matching_form(made):
     t2v = reuse_values(entries["t2v"])
     request = made["requests"]["t2v"]
     assert (t2v.tab, t2v.mode, t2v.preset, t2v.prompt, t2v.model) == ("t2v", "t2v", "selftest-t2v", request.prompt,
-                                                                     request.model)
+                                                                     request.settings.model)
     assert (t2v.width, t2v.height, t2v.frames, t2v.steps, t2v.seed) == (64, 48, 5, 2, 11)
     assert (t2v.image, t2v.last_image) == (None, None)
     t2i = reuse_values(entries["t2i"])
@@ -217,7 +217,7 @@ def test_reused_settings_make_the_same_video_again(made, engine, tmp_path):
     """Running the i2v output's reuse values (kept images, recorded seed) repeats it exactly."""
     entry = find_entry(made["outputs"], _key(made["results"]["i2v"]))
     values = reuse_values(entry)
-    again = replace(made["requests"]["i2v"], prompt=values.prompt, negative_prompt=values.negative_prompt,
+    again = made["requests"]["i2v"].with_values(prompt=values.prompt, negative_prompt=values.negative_prompt,
                     width=values.width, height=values.height, frames=values.frames, steps=values.steps,
                     guidance=values.guidance, shift=values.shift, seed=values.seed, image=values.image,
                     last_image=values.last_image, outputs_dir=str(tmp_path))
@@ -280,7 +280,7 @@ def test_delete_removes_the_output_and_everything_that_belongs_to_it(outputs, ma
     entry = find_entry(outputs, key)
     folder = Path(entry.media).parent
     stem = Path(entry.media).name[: -len(".mp4")]
-    keep_inputs(replace(made["requests"]["i2v"], image=None, last_image=str(last_image)), folder / stem)
+    keep_inputs(made["requests"]["i2v"].with_values(image=None, last_image=str(last_image)), folder / stem)
     files = _stem_files(folder, stem)
     assert files == sorted(f"{stem}{s}" for s in (".first.png", ".json", ".last.png", ".latents.safetensors", ".mp4"))
     assert sorted(p.name for p in output_files(entry)) == files

@@ -6,32 +6,24 @@ import re
 
 import pytest
 
-from engine.settings.presets import (
-    BUILTIN_PRESETS_DIR,
-    PresetError,
-    UserPresets,
-    check_user_preset_name,
-    get_preset,
-    load_preset_file,
-    load_presets,
-)
+from engine.settings.presets import BUILTIN_PRESETS_DIR, PresetError, UserPresets, check_user_preset_name, get_preset, load_preset_file, load_presets
 
 
 def test_builtin_presets_hold_the_articles_settings(presets):
     wan = presets["wan21-t2v-1.3b"]
-    assert (wan.width, wan.height, wan.frames, wan.shift, wan.guidance, wan.fps) == (832, 480, 81, 8.0, 6.0, 16)
+    assert (wan.settings.width, wan.settings.height, wan.settings.frames, wan.settings.shift, wan.settings.guidance, wan.settings.fps) == (832, 480, 81, 8.0, 6.0, 16)
     fast = presets["fastwan21-t2v-1.3b"]
-    assert (fast.width, fast.height, fast.frames, fast.steps, fast.guidance) == (480, 480, 25, 3, 1.0)
+    assert (fast.settings.width, fast.settings.height, fast.settings.frames, fast.settings.steps, fast.settings.guidance) == (480, 480, 25, 3, 1.0)
     i2v = presets["wan21-i2v-14b"]
-    assert (i2v.mode, i2v.width, i2v.height, i2v.frames, i2v.steps, i2v.guidance) == ("i2v", 480, 480, 33, 20, 5.0)
-    assert presets["wan22-ti2v-5b"].fps == 24 and presets["wan22-ti2v-5b"].size_multiple == 32
-    assert presets["selftest-t2v"].selftest and presets["selftest-i2v"].mode == "i2v"
+    assert tuple(getattr(i2v.settings, f) for f in ("mode", "width", "height", "frames", "steps", "guidance")) == ("i2v", 480, 480, 33, 20, 5.0)
+    assert presets["wan22-ti2v-5b"].settings.fps == 24 and presets["wan22-ti2v-5b"].settings.size_multiple == 32
+    assert presets["selftest-t2v"].selftest and presets["selftest-i2v"].settings.mode == "i2v"
 
 
 def test_every_builtin_preset_is_a_valid_request_shape(presets):
     for preset in presets.values():
-        assert preset.width % preset.size_multiple == 0 and preset.height % preset.size_multiple == 0
-        assert (preset.frames - 1) % 4 == 0
+        assert preset.settings.width % preset.settings.size_multiple == 0 and preset.settings.height % preset.settings.size_multiple == 0
+        assert (preset.settings.frames - 1) % 4 == 0
 
 
 def _write(folder, name, **changes):
@@ -85,12 +77,12 @@ def test_unknown_preset_lists_the_choices(presets):
 
 def test_presets_are_frozen(presets):
     with pytest.raises(AttributeError):
-        presets["selftest-t2v"].width = 128
+        presets["selftest-t2v"].settings.width = 128
 
 
 def test_load_presets_from_a_user_folder(tmp_path):
     _write(tmp_path, "mine", width=128)
-    assert load_presets(tmp_path)["mine"].width == 128
+    assert load_presets(tmp_path)["mine"].settings.width == 128
 
 
 # ----- the user's own presets -------------------------------------------------
@@ -117,7 +109,7 @@ def test_user_presets_load_beside_the_builtins_and_bad_files_are_skipped(tmp_pat
     _write(tmp_path, "with.dot")                         # not a valid user preset name
     store = _store(tmp_path, presets)
     problems = store.load()
-    assert store.presets["mine"].width == 128 and store.is_user("mine")
+    assert store.presets["mine"].settings.width == 128 and store.is_user("mine")
     assert store.presets["selftest-t2v"] == presets["selftest-t2v"] and not store.is_user("selftest-t2v")
     assert list(store.presets)[:len(presets)] == list(presets)   # built-ins first, in their order
     assert store.names() == ["mine"]
@@ -146,7 +138,7 @@ def test_save_writes_the_user_folder_and_never_the_builtin_one(tmp_path, presets
     assert load_preset_file(folder / "my-clip_2.json") == preset      # reads back the same
     assert json.loads((folder / "my-clip_2.json").read_text())["sigmas"] == [1.0, 0.7, 0.5, 0.2]
     again, replaced = store.save(_data("my-clip_2", width=128))
-    assert replaced and store.presets["my-clip_2"].width == 128 and load_preset_file(folder / "my-clip_2.json") == again
+    assert replaced and store.presets["my-clip_2"].settings.width == 128 and load_preset_file(folder / "my-clip_2.json") == again
     assert _builtin_files() == before
     # A fresh start finds it.
     fresh = _store(folder, presets)

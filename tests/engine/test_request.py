@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from engine.settings.request import GenerationRequest, InputError, check_inputs
+from engine.settings.request import GenerationRequest, check_request
+from engine.settings.values import InputError
 from tests.conftest import said, tiny_request
 
 
@@ -16,8 +17,8 @@ def good(presets, outputs, image_file):
 
 
 def test_good_request_passes_and_is_normalised(good):
-    checked = check_inputs(replace(good, width=64.0, steps="4", prompt="  a cat  "))
-    assert (checked.width, checked.steps, checked.prompt) == (64, 4, "a cat")
+    checked = check_request(good.with_values(width=64.0, steps="4", prompt="  a cat  "))
+    assert (checked.settings.width, checked.settings.steps, checked.prompt) == (64, 4, "a cat")
 
 
 @pytest.mark.parametrize("change, expected", [
@@ -44,13 +45,13 @@ def test_good_request_passes_and_is_normalised(good):
 ])
 def test_bad_values_are_refused_with_what_to_change(good, change, expected):
     with pytest.raises(InputError) as info:
-        check_inputs(replace(good, **change))
+        check_request(good.with_values(**change))
     assert said(expected) in str(info.value)
 
 
 def test_every_problem_is_listed_at_once(good):
     with pytest.raises(InputError) as info:
-        check_inputs(replace(good, width=70, frames=10, prompt=""))
+        check_request(good.with_values(width=70, frames=10, prompt=""))
     problems = info.value.problems
     assert len(problems) == 3 and all(p[0].isupper() and p.endswith(".") for p in problems), problems
     assert problems[0].startswith("The prompt is empty: describe")
@@ -66,12 +67,12 @@ def test_unreadable_and_empty_images_are_refused(good, tmp_path):
     for path, expected in ((text, "is not a readable image"), (empty, "is empty (0 bytes)"),
                            (tmp_path / "missing.png", "does not exist")):
         with pytest.raises(InputError) as info:
-            check_inputs(replace(good, mode="i2v", image=str(path)))
+            check_request(good.with_values(mode="i2v", image=str(path)))
         assert expected in str(info.value)
 
 
 def test_i2v_with_a_real_image_passes(good, image_file):
-    assert check_inputs(replace(good, mode="i2v", image=str(image_file))).image == str(image_file)
+    assert check_request(good.with_values(mode="i2v", image=str(image_file))).image == str(image_file)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can write to read-only folders")
@@ -81,7 +82,7 @@ def test_unwritable_outputs_folder_is_refused(good, tmp_path):
     folder.chmod(0o500)
     try:
         with pytest.raises(InputError, match="not writable"):
-            check_inputs(replace(good, outputs_dir=str(folder)))
+            check_request(good.with_values(outputs_dir=str(folder)))
     finally:
         folder.chmod(0o700)
 
@@ -90,12 +91,12 @@ def test_outputs_path_that_is_a_file_is_refused(good, tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("x")
     with pytest.raises(InputError, match="outputs folder .* is not writable"):
-        check_inputs(replace(good, outputs_dir=str(blocker / "sub")))
+        check_request(good.with_values(outputs_dir=str(blocker / "sub")))
 
 
 def test_from_preset_drops_a_fixed_schedule_when_steps_change(presets):
     fast = presets["fastwan21-t2v-1.3b"]
     kept = GenerationRequest.from_preset(fast, "a cat")
     changed = GenerationRequest.from_preset(fast, "a cat", steps=8)
-    assert kept.sigmas == (1.0, 0.757, 0.522) and kept.scheduler == "flow_euler"
-    assert changed.sigmas is None and changed.scheduler == "unipc"
+    assert kept.settings.sigmas == (1.0, 0.757, 0.522) and kept.settings.scheduler == "flow_euler"
+    assert changed.settings.sigmas is None and changed.settings.scheduler == "unipc"

@@ -84,12 +84,12 @@ def test_a_saved_preset_runs_as_the_form_would(ctx):
     saved = save_user_preset(ctx, "fast-square", "t2v", "fastwan21-t2v-1.3b", "", "", 256, 256, 9, 3, 1.0, 8.0)
     preset = saved.preset
     # What the form does not show comes from the preset it was filled from (its fixed 3-step schedule).
-    assert (preset.model, preset.width, preset.frames, preset.scheduler, preset.sigmas) == (
+    assert (preset.settings.model, preset.settings.width, preset.settings.frames, preset.settings.scheduler, preset.settings.sigmas) == (
         "FastVideo/FastWan2.1-T2V-1.3B-Diffusers", 256, 9, "flow_euler", (1.0, 0.757, 0.522))
     assert preset.title == "fast-square" and "starting from FastWan2.1" in preset.description
     assert "Saved your preset **fast-square**" in saved.message
     other = save_user_preset(ctx, "fast-square", "t2v", "fastwan21-t2v-1.3b", "", "", 256, 256, 9, 4, 1.0, 8.0)
-    assert other.replaced and other.preset.sigmas is None and other.preset.scheduler == "unipc"
+    assert other.replaced and other.preset.settings.sigmas is None and other.preset.settings.scheduler == "unipc"
     entry = next(e for e in preset_entries(ctx, CPU) if e["name"] == "fast-square")
     assert entry["user"] and "· *your preset*" in card_markdown(entry)
 
@@ -161,7 +161,7 @@ def test_a_saved_preset_is_written_listed_and_usable_by_name_at_once(client, ser
                            "My fox", "", api_name="/save_preset")
     assert saved["name"] == "my-fox" and not saved["replaced"] and "Saved your preset" in saved["message"]
     on_disk = load_preset_file(server["user"] / "my-fox.json")
-    assert on_disk.fps == 8 and on_disk.negative_prompt == "blurry" and on_disk.title == "My fox"
+    assert on_disk.settings.fps == 8 and on_disk.negative_prompt == "blurry" and on_disk.title == "My fox"
     assert json.loads((server["user"] / "my-fox.json").read_text()) == saved["preset"]
     # Another session, no restart: listed with its plan, and a run takes it by name.
     other = Client(server["url"], verbose=False)
@@ -174,7 +174,7 @@ def test_a_saved_preset_is_written_listed_and_usable_by_name_at_once(client, ser
     assert any(s["preset"] == "my-fox" for s in sidecars)
     again = client.predict("my-fox", "t2v", "slow-fox", "blurry", "selftest-t2v", 96, 64, 5, 2, 4.0, 3.0,
                            api_name="/save_preset")
-    assert again["replaced"] and load_preset_file(server["user"] / "my-fox.json").width == 96
+    assert again["replaced"] and load_preset_file(server["user"] / "my-fox.json").settings.width == 96
 
 
 def test_builtin_and_bad_names_are_refused(client, server):

@@ -122,7 +122,7 @@ def test_the_context_checks_against_its_models_folder(models_here, presets):
     ctx = AppContext(WorkerClient(models_here), presets, "outputs", "/opt/wan")
     assert ctx.model_ref("my-wan") == str((models_here / "my-wan").absolute())
     assert ctx.model_ref("/opt/wan") == "/opt/wan"                     # the --model it was started with
-    assert ctx.model_ref(presets["wan21-t2v-1.3b"].model) == presets["wan21-t2v-1.3b"].model
+    assert ctx.model_ref(presets["wan21-t2v-1.3b"].settings.model) == presets["wan21-t2v-1.3b"].settings.model
     with pytest.raises(ModelError):
         ctx.model_ref("/opt/other")
     assert AppContext(WorkerClient(models_here), presets, "outputs", allow_model_paths=True).model_ref("/x") == "/x"

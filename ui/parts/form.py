@@ -8,7 +8,7 @@ import gradio as gr
 from engine.models.limits import Limits
 from engine.planning.ahead import limits_for
 from engine.settings.presets import Preset
-from engine.settings.request import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE
+from engine.settings.values import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
 from ui.context import AppContext
 from ui.views.plan_panel import AUTO, STRATEGY_CHOICES, TEXT_ENCODER_CHOICES, VAE_TILING_CHOICES, form_plan_markdown
 
@@ -16,6 +16,8 @@ CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strate
             "VAE tiling still lowers the decode's memory.")
 # Width, height, frames and steps share one row of a half-width column (gradio's default minimum is 160 px).
 NUMBER_MIN_WIDTH = 100
+# The settings the form shows, by their Settings names (the memory choices are the plan panel's).
+FORM_SETTINGS = ("model", "width", "height", "frames", "steps", "guidance", "shift")
 
 
 @dataclass
@@ -41,13 +43,17 @@ class Form:
                 self.frames, self.steps, self.guidance, self.shift, self.seed]
 
     def preset_fields(self) -> list:
-        return [self.model, self.negative_prompt, self.width, self.height, self.frames,
-                self.steps, self.guidance, self.shift]
+        """What choosing a preset fills: the settings boxes, then the negative prompt (preset_values' order)."""
+        return [*(getattr(self, name) for name in FORM_SETTINGS), self.negative_prompt]
+
+    def settings_updates(self, settings: Settings, keep=()) -> dict:
+        """{box: value} putting ``settings`` into the form; the names in ``keep`` are left as they are."""
+        return {getattr(self, name): getattr(settings, name) for name in FORM_SETTINGS if name not in keep}
 
 
-def preset_values(preset: Preset, model_override: str | None = None) -> list:
-    return [model_override or preset.model, preset.negative_prompt, preset.width, preset.height,
-            preset.frames, preset.steps, preset.guidance, preset.shift]
+def preset_values(preset: Preset) -> list:
+    """A preset's values for Form.preset_fields()."""
+    return [*(getattr(preset.settings, name) for name in FORM_SETTINGS), preset.negative_prompt]
 
 
 @dataclass
@@ -75,7 +81,7 @@ def frames_label(hint: str) -> str:
 def form_limits(ctx: AppContext, mode: str, preset: str | None, model: str | None) -> Limits | None:
     """What the model in the form can make (its frame and size limits), or None when it is not known yet."""
     try:
-        ref = ctx.model_ref(model or ctx.preset_or_default(preset, mode).model)
+        ref = ctx.model_ref(model or ctx.preset_or_default(preset, mode).settings.model)
     except ValueError:   # a refused model: the run (and the plan) say why
         return None
     return limits_for(ref, ctx.client.models_dir)
@@ -106,19 +112,19 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
         negative = gr.Textbox(value=preset.negative_prompt, label="Negative prompt", lines=2,
                               elem_id=f"{prefix}-negative")
         with gr.Row():
-            width = gr.Number(value=preset.width, label="Width", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
+            width = gr.Number(value=preset.settings.width, label="Width", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
                               step=16, elem_id=f"{prefix}-width", min_width=NUMBER_MIN_WIDTH)
-            height = gr.Number(value=preset.height, label="Height", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
+            height = gr.Number(value=preset.settings.height, label="Height", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
                                step=16, elem_id=f"{prefix}-height", min_width=NUMBER_MIN_WIDTH)
-            frames = gr.Number(value=preset.frames, label=frames_label(f"4k+1, at most {MAX_FRAMES}"), precision=0,
+            frames = gr.Number(value=preset.settings.frames, label=frames_label(f"4k+1, at most {MAX_FRAMES}"), precision=0,
                                minimum=1, maximum=MAX_FRAMES, step=4, elem_id=f"{prefix}-frames",
                                min_width=NUMBER_MIN_WIDTH, scale=2)
         with gr.Row():
-            steps = gr.Number(value=preset.steps, label="Steps", precision=0, minimum=1, maximum=MAX_STEPS,
+            steps = gr.Number(value=preset.settings.steps, label="Steps", precision=0, minimum=1, maximum=MAX_STEPS,
                               elem_id=f"{prefix}-steps", min_width=NUMBER_MIN_WIDTH)
-            guidance = gr.Number(value=preset.guidance, label="Guidance", step=0.5, elem_id=f"{prefix}-guidance",
+            guidance = gr.Number(value=preset.settings.guidance, label="Guidance", step=0.5, elem_id=f"{prefix}-guidance",
                                  min_width=NUMBER_MIN_WIDTH)
-            shift = gr.Number(value=preset.shift, label="Shift", step=0.5, elem_id=f"{prefix}-shift",
+            shift = gr.Number(value=preset.settings.shift, label="Shift", step=0.5, elem_id=f"{prefix}-shift",
                               min_width=NUMBER_MIN_WIDTH)
             seed = gr.Number(value=-1, label="Seed (-1 = random)", precision=0, elem_id=f"{prefix}-seed",
                              min_width=NUMBER_MIN_WIDTH, scale=2)

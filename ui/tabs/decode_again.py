@@ -7,7 +7,7 @@ import gradio as gr
 
 from engine.events import JobFinished
 from engine.outputs.latents import SUFFIX, stem_of
-from engine.settings.request import InputError
+from engine.settings.values import InputError
 from ui.context import AppContext
 from ui.generate import gpu_event, run_job
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import gradio as gr
 
 from engine.settings.images import describe_image, fit_image, size_for_aspect, upright_rgb
-from engine.settings.request import MAX_SIDE, MIN_SIDE, InputError
+from engine.settings.values import MAX_SIDE, MIN_SIDE, InputError
 from ui.context import AppContext
 from ui.generate import build_request, engine_job, run_job, start_job, upload_path, wire_cancel
 from ui.parts.form import Form, build_form, build_plan_panel

@@ -126,7 +126,7 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
             preset = ctx.presets.get(name)
             if preset is None:
                 raise gr.Error(f"The preset {html.escape(name)} was deleted; reload the page.", print_exception=False)
-            return [gr.Tabs(selected=TAB_IDS["i2v" if preset.mode == "i2v" else "t2v"]), name, *preset_values(preset)]
+            return [gr.Tabs(selected=TAB_IDS["i2v" if preset.settings.mode == "i2v" else "t2v"]), name, *preset_values(preset)]
 
         use.click(apply, None, [tabs, form.preset, *form.preset_fields()], api_visibility="private")
         if delete is not None:

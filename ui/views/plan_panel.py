@@ -8,9 +8,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.device.hardware import HardwareProfile
-from engine.planning.ahead import limits_for, plan_request
+from engine.planning.ahead import limits_for, plan_settings
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
-from engine.settings.request import GenerationRequest, check_shape
+from engine.settings.values import Settings, check_settings
 from engine.words import plural
 from ui.context import AppContext
 from ui.views.job_view import PHASE_LABELS
@@ -26,7 +26,7 @@ PLACES = ("device", "streamed", "cpu", "absent")
 
 def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO,
                     vae_tiling: str | None = AUTO) -> dict:
-    """The plan dropdowns as GenerationRequest fields; Auto (or nothing) leaves each choice to the planner."""
+    """The plan dropdowns as Settings fields; Auto (or nothing) leaves each choice to the planner."""
     def chosen(value):
         return None if value in (None, "", AUTO) else value
 
@@ -88,25 +88,24 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, pr
                        text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO) -> str:
     """The plan for a generation tab's current values, or one line saying why there is none."""
     try:
-        request = _plan_request(ctx, mode, preset, model, width, height, frames,
-                                override_fields(strategy, text_encoder, vae_tiling))
-        plan = plan_request(request, hardware, Path(ctx.client.models_dir))
+        settings = _form_settings(ctx, mode, preset, model, width, height, frames,
+                                  override_fields(strategy, text_encoder, vae_tiling))
+        plan = plan_settings(settings, hardware, Path(ctx.client.models_dir))
     except ValueError as exc:   # InputError, ModelError and a bad override are all ValueErrors
         problems = getattr(exc, "problems", ())
         if len(problems) > 1:
             return "**No plan yet:**\n" + "\n".join(f"- {plain(problem)}" for problem in problems)
         return f"**No plan yet:** {plain(exc)}"
     kind = "image to video" if mode == "i2v" else "video"
-    subject = (f"_For {code(request.model)}, {kind} {request.width}x{request.height}, {plural(request.frames, 'frame')}, "
-               f"on {hardware.summary()}._")
+    subject = (f"_For {code(settings.model)}, {kind} {settings.width}x{settings.height}, "
+               f"{plural(settings.frames, 'frame')}, on {hardware.summary()}._")
     return subject + "\n\n" + plan_markdown(plan)
 
 
-def _plan_request(ctx: AppContext, mode: str, preset_name: str | None, model: str | None, width, height,
-                  frames, overrides: dict) -> GenerationRequest:
-    """A request holding what the plan depends on, with its sizes checked as a run checks them."""
+def _form_settings(ctx: AppContext, mode: str, preset_name: str | None, model: str | None, width, height,
+                   frames, overrides: dict) -> Settings:
+    """The preset's settings with the form's model, size and memory choices, checked as a run checks them."""
     preset = ctx.preset_or_default(preset_name, mode)
-    request = GenerationRequest.from_preset(
-        preset, "", mode=mode, model=ctx.model_ref(model or preset.model), width=width, height=height, frames=frames,
-        outputs_dir=ctx.outputs_dir, **overrides)
-    return check_shape(request, limits_for(request.model, ctx.client.models_dir))
+    settings = preset.settings.changed(mode=mode, model=ctx.model_ref(model or preset.settings.model), width=width,
+                                       height=height, frames=frames, **overrides)
+    return check_settings(settings, limits_for(settings.model, ctx.client.models_dir))

@@ -9,10 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.device.hardware import HardwareProfile
-from engine.planning.ahead import plan_request
+from engine.planning.ahead import plan_settings
 from engine.planning.planner import Plan, strategy_words
 from engine.settings.presets import Preset
-from engine.settings.request import GenerationRequest
 from engine.words import plural
 from ui.context import AppContext
 from ui.views.text import plain
@@ -43,9 +42,9 @@ def preset_entry(preset: Preset, user: bool = False) -> dict:
     """The preset's settings as the card shows them (without the plan)."""
     return {
         "name": preset.name, "title": preset.title, "description": preset.description, "user": user,
-        "model": preset.model, "mode": preset.mode, "width": preset.width, "height": preset.height,
-        "frames": preset.frames, "fps": preset.fps, "seconds": round((preset.frames - 1) / preset.fps, 2),
-        "steps": preset.steps, "guidance": preset.guidance, "shift": preset.shift,
+        "model": preset.settings.model, "mode": preset.settings.mode, "width": preset.settings.width, "height": preset.settings.height,
+        "frames": preset.settings.frames, "fps": preset.settings.fps, "seconds": round((preset.settings.frames - 1) / preset.settings.fps, 2),
+        "steps": preset.settings.steps, "guidance": preset.settings.guidance, "shift": preset.settings.shift,
         "plan": None, "plan_problem": None,
     }
 
@@ -53,8 +52,7 @@ def preset_entry(preset: Preset, user: bool = False) -> dict:
 def expected_plan(preset: Preset, hardware: HardwareProfile, models_dir: Path) -> dict:
     """{"plan": what the engine would pick for the preset as it is, "plan_problem": None}, or why there is none."""
     try:
-        request = GenerationRequest.from_preset(preset, "")
-        plan = plan_request(request, hardware, models_dir)
+        plan = plan_settings(preset.settings, hardware, models_dir)
     except (ValueError, OSError) as exc:   # a model whose size is unknown (ModelError), an unreadable folder
         return {"plan": None, "plan_problem": str(exc)}
     return {"plan": plan_summary(plan, hardware), "plan_problem": None}

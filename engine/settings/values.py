@@ -1,0 +1,244 @@
+"""Settings: what a job is made with, apart from its prompts, its images and its seed.
+
+One frozen value that presets, requests and history entries embed, so the same settings are never copied
+field by field between shapes. ``check_settings`` is the one check of them (the plan panel, preset saving,
+``app.py plan`` and every run use it); ``request.check_request`` adds what only a run has (prompts, images,
+seed, the outputs folder).
+
+A new setting (a LoRA list, a single transformer file) is one field here, its check in ``check_settings``
+and its control on the page: presets, requests, sidecars and history carry it from then on.
+"""
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import asdict, dataclass, fields, replace
+from typing import TYPE_CHECKING
+
+from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Override, PlanRequest
+from engine.words import sentence
+
+if TYPE_CHECKING:
+    from engine.models.limits import Limits
+
+MODES = ("t2v", "i2v", "t2i")
+MODE_NAMES = {"t2v": "text to video", "i2v": "image to video", "t2i": "text to image"}
+# A preset belongs to a generation tab: text to video (text to image is its 1-frame mode) or image to video.
+PRESET_MODES = ("t2v", "i2v")
+SCHEDULERS = ("unipc", "flow_euler")
+MIN_SIDE, MAX_SIDE = 32, 2048
+MAX_FRAMES = 257
+MAX_STEPS = 200
+MAX_GUIDANCE = 30.0
+MAX_SHIFT = 50.0
+MAX_FPS = 120
+
+
+class InputError(ValueError):
+    """The request cannot run; each problem says what is wrong and what to change.
+
+    Built from one problem or a list of them (short clauses such as "width 70 is not a multiple of 16:
+    try 64 or 80"); ``problems`` holds them as sentences, and ``str()`` is those sentences in a row.
+    """
+
+    def __init__(self, problems: str | list[str] | tuple[str, ...]):
+        listed = [problems] if isinstance(problems, str) else list(problems)
+        self.problems = tuple(sentence(p) for p in listed if p.strip())
+        super().__init__(" ".join(self.problems))
+
+
+@dataclass(frozen=True)
+class Settings:
+    model: str
+    mode: str                          # one of MODES
+    width: int
+    height: int
+    frames: int
+    steps: int
+    guidance: float
+    shift: float
+    fps: int = 16
+    size_multiple: int = 16
+    scheduler: str = "unipc"           # one of SCHEDULERS
+    sigmas: tuple[float, ...] | None = None   # a fixed schedule (distilled models): as many as steps
+    # Memory-plan overrides; None leaves each choice to the planner.
+    strategy: str | None = None
+    text_encoder: str | None = None
+    vae_tiling: bool | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def changed(self, **changes) -> "Settings":
+        """These settings with ``changes`` (values that are None are left out); a fixed sigma schedule
+        that no longer matches the step count is dropped for the default scheduler."""
+        settings = replace(self, **{k: v for k, v in changes.items() if v is not None})
+        if settings.sigmas is not None and settings.steps != len(settings.sigmas):
+            settings = replace(settings, scheduler="unipc", sigmas=None)
+        return settings
+
+    def plan_request(self) -> PlanRequest:
+        """What the memory planner needs of these settings."""
+        return PlanRequest(self.width, self.height, self.frames, self.mode == "i2v")
+
+    def override(self) -> Override:
+        """The memory choices these settings force on the planner."""
+        return Override(self.strategy, self.text_encoder, self.vae_tiling)
+
+
+SETTING_NAMES = tuple(f.name for f in fields(Settings))
+
+
+def split_values(values: dict) -> tuple[dict, dict]:
+    """(the setting fields of ``values``, the rest)."""
+    return ({k: v for k, v in values.items() if k in SETTING_NAMES},
+            {k: v for k, v in values.items() if k not in SETTING_NAMES})
+
+
+# ----- checks ----------------------------------------------------------------
+def show(number: int) -> str:
+    """A whole number for a message: exact unless absurdly long (1e+30 rather than 31 digits)."""
+    return f"{number:.3g}" if abs(number) >= 10**12 else str(number)
+
+
+def as_int(name: str, value, problems: list[str]) -> int | None:
+    """``value`` as an int: ints, integral floats (64.0) and numeric strings ("64", " 64.0 ") pass.
+
+    None or an empty string is missing; booleans, fractions, NaN and infinities are refused.
+    """
+    if value is None or (isinstance(value, str) and not value.strip()):
+        problems.append(f"{name} is missing: give a whole number")
+        return None
+    if isinstance(value, bool):
+        problems.append(f"{name} must be a whole number, got {value!r}")
+        return None
+    if isinstance(value, numbers.Integral):   # int and numpy integers
+        return int(value)
+    number = value
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            try:
+                number = float(value.strip())
+            except ValueError:
+                problems.append(f"{name} must be a whole number, got {value!r}")
+                return None
+    if isinstance(number, numbers.Real):      # float and numpy floats
+        number = float(number)
+        if not math.isfinite(number) or number != int(number):
+            problems.append(f"{name} must be a whole number, got {value!r}")
+            return None
+        return int(number)
+    problems.append(f"{name} must be a whole number, got {type(value).__name__}")
+    return None
+
+
+def as_float(name: str, value, problems: list[str]) -> float | None:
+    """``value`` as a finite float (numbers and numeric strings; -0.0 becomes 0.0)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        problems.append(f"{name} is missing: give a number")
+        return None
+    try:
+        number = float(value.strip() if isinstance(value, str) else value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError, OverflowError):
+        number = None
+    if number is None or not math.isfinite(number):
+        problems.append(f"{name} must be a number, got {value!r}")
+        return None
+    return number + 0.0   # turns -0.0 into 0.0
+
+
+def check_side(name: str, value: int, multiple: int, problems: list[str], limits: Limits | None = None) -> None:
+    """Width or height: in range, within what the model can take (``limits``, when known), a multiple."""
+    which = f", which {limits.name} needs" if limits else ""
+    if value < MIN_SIDE or value > MAX_SIDE:
+        problems.append(f"{name} {show(value)} is out of range: use {MIN_SIDE} to {MAX_SIDE} pixels")
+    elif limits and value > limits.max_side:
+        problems.append(f"{name} {value} is more than {limits.name} can take (its position table has "
+                        f"{limits.position_rows} rows across): use at most {limits.max_side}")
+    elif value % multiple:
+        lower = max(multiple, value // multiple * multiple)
+        problems.append(f"{name} {value} is not a multiple of {multiple}{which}: try {lower} or {lower + multiple}")
+
+
+def check_frames(frames: int, mode: str, problems: list[str], limits: Limits | None = None) -> None:
+    """The frame count: 1 for a still; else 4k+1, in range and within what the model can make."""
+    if mode == "t2i":
+        if frames != 1:
+            problems.append(f"text-to-image makes 1 frame, got frames={show(frames)}")
+        return
+    most = limits.max_frames if limits else MAX_FRAMES
+    if frames < 1 or frames > MAX_FRAMES:
+        problems.append(f"frames {show(frames)} is out of range: use 1 to {most}")
+    elif limits and frames > limits.max_frames:
+        problems.append(f"frames {frames} is more than {limits.name} can make (its position table has "
+                        f"{limits.position_rows} rows for the frames): use at most {limits.max_frames}")
+    elif (frames - 1) % 4:
+        lower = (frames - 1) // 4 * 4 + 1
+        problems.append(f"frames must be 4k+1 (1, 5, 9, ... up to {most}): {frames} is not; "
+                        f"try {lower} or {lower + 4}")
+
+
+def _shape(settings: Settings, problems: list[str], limits: Limits | None) -> dict:
+    """Width, height and frames as whole numbers, each checked (against the model's ``limits`` when known)."""
+    multiple = limits.size_multiple if limits else (as_int("size_multiple", settings.size_multiple, problems) or 16)
+    shape = {"size_multiple": multiple}
+    for name in ("width", "height"):
+        shape[name] = as_int(name, getattr(settings, name), problems)
+        if shape[name] is not None:
+            check_side(name, shape[name], multiple, problems, limits)
+    shape["frames"] = as_int("frames", settings.frames, problems)
+    if shape["frames"] is not None:
+        check_frames(shape["frames"], settings.mode, problems, limits)
+    return shape
+
+
+def _numbers(settings: Settings, problems: list[str]) -> dict:
+    """Steps, fps, guidance and shift as numbers, each in its range."""
+    steps = as_int("steps", settings.steps, problems)
+    fps = as_int("fps", settings.fps, problems)
+    guidance = as_float("guidance", settings.guidance, problems)
+    shift = as_float("shift", settings.shift, problems)
+    if steps is not None and not 1 <= steps <= MAX_STEPS:
+        problems.append(f"steps {show(steps)} is out of range: use 1 to {MAX_STEPS}")
+    if guidance is not None and not 0 <= guidance <= MAX_GUIDANCE:
+        problems.append(f"guidance {guidance} is out of range: use 0 to {MAX_GUIDANCE} (1 or less turns guidance off)")
+    if shift is not None and not 0 < shift <= MAX_SHIFT:
+        problems.append(f"shift {shift} is out of range: use a value above 0 and at most {MAX_SHIFT}")
+    if fps is not None and not 1 <= fps <= MAX_FPS:
+        problems.append(f"fps {show(fps)} is out of range: use 1 to {MAX_FPS}")
+    return {"steps": steps, "fps": fps, "guidance": guidance, "shift": shift}
+
+
+def _memory_choices(settings: Settings, problems: list[str]) -> None:
+    if settings.strategy not in (None, *LADDER):
+        problems.append(f"strategy {settings.strategy!r} is unknown: use auto or one of {', '.join(LADDER)}")
+    if settings.text_encoder not in (None, *TEXT_ENCODER_PLACES):
+        problems.append(f"text encoder place {settings.text_encoder!r} is unknown: use {', '.join(TEXT_ENCODER_PLACES)}")
+    if settings.vae_tiling is not None and not isinstance(settings.vae_tiling, bool):
+        problems.append(f"VAE tiling must be on, off or auto, got {settings.vae_tiling!r}")
+
+
+def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple[Settings | None, list[str]]:
+    """(``settings`` with their numbers normalised, or None; every problem found, each saying what to change).
+    ``limits``: what the settings' model can make (engine/models/limits.py), when it is known."""
+    if settings.mode not in MODES:
+        return None, [f"mode must be one of {', '.join(MODES)}, got {settings.mode!r}"]
+    problems: list[str] = []
+    if not isinstance(settings.model, str) or not settings.model.strip():
+        problems.append("no model chosen: pick a preset or give a model (repo id, folder or selftest-t2v)")
+    shape = _shape(settings, problems, limits)
+    numbers_ = _numbers(settings, problems)
+    _memory_choices(settings, problems)
+    if problems:
+        return None, problems
+    return replace(settings, **shape, **numbers_), []
+
+
+def check_settings(settings: Settings, limits: Limits | None = None) -> Settings:
+    """``settings`` with their numbers normalised (64.0 -> 64, "4" -> 4), or InputError listing every problem."""
+    checked, problems = settings_problems(settings, limits)
+    if problems:
+        raise InputError(problems)
+    return checked
