@@ -256,19 +256,21 @@ def plan(args) -> int:
 
     from engine.device.hardware import HardwareError, HardwareProfile
     from engine.models.refs import ModelError
-    from engine.planning.ahead import limits_for, plan_settings, plan_table
+    from engine.models.catalog import ModelCatalog
+    from engine.planning.ahead import plan_settings, plan_table
     from engine.settings.presets import PresetError
     from engine.settings.values import check_settings
 
     try:
         settings = _settings(args)[1]
-        settings = check_settings(settings, limits_for(settings.model, args.models_dir))
+        catalog = ModelCatalog()
+        settings = check_settings(settings, catalog.limits(settings.model))
         if args.hardware:
             hardware = HardwareProfile.from_file(args.hardware)
         else:
             from engine.device.hardware import detect_hardware
             hardware = detect_hardware()
-        chosen = plan_settings(settings, hardware, Path(args.models_dir))
+        chosen = plan_settings(settings, hardware, catalog)
     except (PresetError, HardwareError, ModelError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -31,6 +31,7 @@ from bench import realsize  # noqa: E402
 from engine.device.hardware import GIB, HardwareProfile  # noqa: E402
 from engine.events import JobFinished, PlanReady  # noqa: E402
 from engine.models.refs import ResolvedModel  # noqa: E402
+from engine.models.spec import spec_for  # noqa: E402
 from engine.run.apply_plan import loaded_into_ram  # noqa: E402
 from engine.run.engine import Engine  # noqa: E402
 from engine.settings.presets import load_presets  # noqa: E402
@@ -76,7 +77,8 @@ class BenchEngine(Engine):
     def _resolve(self, ref, job):
         pipeline = MODELS[self.key][2]
         parts = ("transformer", "vae", "text_encoder") + (("image_encoder",) if "Image" in pipeline else ())
-        return ResolvedModel(ref, self.folder, "bench", "random-weights", pipeline, parts)
+        return ResolvedModel(ref, self.folder, "bench", "random-weights", pipeline, parts,
+                             spec=spec_for(ref, self.folder))
 
     def _from_pretrained(self, resolved, plan):
         from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline

@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from engine.models.selftest import SELFTEST_REFS
-from engine.planning.ahead import limits_for
 from engine.settings.presets import Preset, PresetError, check_user_preset_name, preset_json
 from engine.settings.values import PRESET_MODES, InputError, check_settings
 from engine.settings.request import check_prompt, clean_prompt
@@ -45,7 +44,7 @@ def preset_data(ctx: AppContext, name: str, mode: str, preset: str | None, negat
     # Checked as text-to-video settings (image-to-video checks the same numbers).
     settings = base.settings.changed(mode="t2v", model=checked_model, width=width, height=height, frames=frames,
                                      steps=steps, guidance=guidance, shift=shift)
-    settings = check_settings(settings, limits_for(checked_model, ctx.client.models_dir))
+    settings = check_settings(settings, ctx.client.catalog.limits(checked_model))
     problems: list[str] = []
     negative = check_prompt("negative prompt", base.negative_prompt if negative_prompt is None else negative_prompt,
                             False, problems, [])

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.models.selftest import SELFTEST_REFS, ensure_selftest_model
+from engine.models.spec import ModelSpec, spec_for
 from engine.models.weights import WeightFileError, read_header
 
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
@@ -35,6 +36,10 @@ class ResolvedModel:
     pipeline_class: str
     components: tuple[str, ...]
     expand_timesteps: bool = False   # Wan2.2 TI2V-5B: one model for text and image to video
+    # Read once when the model is resolved (not on every run): its shapes and sizes, and whether it is a
+    # first-and-last-frame model (None: not known).
+    spec: ModelSpec | None = None
+    last_frame: bool | None = None
 
     @property
     def selftest(self) -> bool:
@@ -220,12 +225,6 @@ def classify_ref(ref: str) -> str:
         f"({', '.join(SELFTEST_REFS)})")
 
 
-def precheck_model(ref: str) -> None:
-    """Refuse a bad reference or a broken local folder before anything heavy runs."""
-    if classify_ref(ref) == "local":
-        check_model_folder(Path(ref.strip()).expanduser())
-
-
 def resolve_model(ref: str, models_dir: Path,
                   on_progress: Callable[[float, float | None, str], None] | None = None) -> ResolvedModel:
     """Turn a model reference into a checked local folder (downloading a hub model if needed)."""
@@ -239,7 +238,8 @@ def resolve_model(ref: str, models_dir: Path,
         folder = _download(ref, on_progress)
         revision = folder.name
     pipeline_class, components, expand_timesteps = check_model_folder(folder)
-    return ResolvedModel(ref, folder, source, revision, pipeline_class, components, expand_timesteps)
+    return ResolvedModel(ref, folder, source, revision, pipeline_class, components, expand_timesteps,
+                         spec_for(ref, folder), takes_last_frame(folder))
 
 
 def takes_last_frame(folder: Path) -> bool | None:

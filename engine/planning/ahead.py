@@ -1,50 +1,16 @@
 """Planning settings before anything is loaded: find the model's spec, then ask the planner."""
 from __future__ import annotations
 
-from pathlib import Path
-
 from engine.device.hardware import HardwareProfile
-from engine.models.limits import Limits, check_model_limits, limits_of
-from engine.models.refs import ModelError, classify_ref, hub_cache_dir
-from engine.models.spec import ModelSpec, spec_for
+from engine.models.catalog import ModelCatalog
+from engine.models.limits import check_model_limits
 from engine.planning.planner import Plan, plan_memory, strategy_words
 from engine.settings.values import Settings
 
 
-def cached_snapshot(repo_id: str) -> Path | None:
-    """The newest downloaded snapshot of ``repo_id`` in the hub cache, without any network access."""
-    snapshots = hub_cache_dir() / ("models--" + repo_id.replace("/", "--")) / "snapshots"
-    if not snapshots.is_dir():
-        return None
-    candidates = [p for p in snapshots.iterdir() if (p / "model_index.json").is_file()]
-    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
-
-
-def find_spec(ref: str, models_dir: Path) -> ModelSpec:
-    """The model's spec: from its files when they are here, else from the table of known models."""
-    kind = classify_ref(ref)
-    # A self-test model is never built here (the engine process does that): its spec is known.
-    folder = {"selftest": lambda: None, "local": lambda: Path(ref).expanduser(),
-              "hub": lambda: cached_snapshot(ref)}[kind]()
-    spec = spec_for(ref, folder)
-    if spec is None:
-        raise ModelError(f"{ref} is not downloaded and not one of the known Wan models, so its size is unknown; "
-                         "download it first or give a local folder")
-    return spec
-
-
-def limits_for(ref, models_dir: str | Path) -> Limits | None:
-    """What the model ``ref`` can make, from its files (or the known models' table before a download); None
-    when that is not known here (a model not downloaded yet, or a reference that cannot be used)."""
-    try:
-        return limits_of(find_spec(ref, Path(models_dir)))
-    except (ModelError, ValueError, OSError, TypeError, KeyError):
-        return None
-
-
-def plan_settings(settings: Settings, hardware: HardwareProfile, models_dir: Path) -> Plan:
+def plan_settings(settings: Settings, hardware: HardwareProfile, catalog: ModelCatalog) -> Plan:
     """The plan for ``settings``; InputError first when the model cannot make their size or frame count."""
-    spec = find_spec(settings.model, models_dir)
+    spec = catalog.spec(settings.model)
     check_model_limits(spec, settings.width, settings.height, settings.frames, settings.mode)
     return plan_memory(spec, settings.plan_request(), hardware, settings.override())
 

@@ -34,9 +34,9 @@ from engine.events import (
     StepFinished,
 )
 from engine.models.limits import check_model_limits
-from engine.models.refs import ResolvedModel, classify_ref, resolve_model, takes_last_frame
+from engine.models.refs import ResolvedModel, classify_ref, resolve_model
 from engine.models.selftest import selftest_built
-from engine.models.spec import ModelSpec, spec_for
+from engine.models.spec import ModelSpec
 from engine.outputs.export import output_stem, write_json
 from engine.outputs.kept_inputs import carry_inputs, keep_inputs
 from engine.outputs.latents import (
@@ -273,7 +273,7 @@ class Engine:
         request = check_request(request)
         reset_peak_vram()
         resolved = self._resolve(request.settings.model, job)
-        spec = spec_for(resolved.ref, resolved.folder)
+        spec = resolved.spec
         self._check_model_fits_request(resolved, spec, request)
         plan = self.plan_for(request, spec)
         if not plan.fits and not request.settings.strategy:
@@ -348,7 +348,7 @@ class Engine:
         if request.settings.mode != "i2v" and model.image_to_video:
             raise InputError(f"{model.ref} is an image-to-video model; use the Image to Video tab with an image")
         if request.settings.mode == "i2v":
-            first_last = takes_last_frame(model.folder)
+            first_last = model.last_frame
             if first_last is False and request.last_image:
                 raise InputError(f"{model.ref} cannot use a last frame (only first-and-last-frame models such as "
                                  "Wan2.1-FLF2V-14B can); remove the last frame")
@@ -525,7 +525,7 @@ class Engine:
         reset_peak_vram()
         resolved = self._resolve(request.settings.model, job)
         vae, video_processor = self._vae_for(resolved, job)
-        plan = self.plan_for(request, spec_for(resolved.ref, resolved.folder))
+        plan = self.plan_for(request, resolved.spec)
         device = "cpu" if on_cpu else plan.device
         tile = (plan.vae_tile or VAE_TILES[2]) if tiled else plan.vae_tile
         job.device = device

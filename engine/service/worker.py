@@ -24,9 +24,9 @@ from typing import Iterator
 from engine.device.hardware import HardwareProfile
 from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
 from engine.events import Event, Info, JobFailed, LatentsSaved, PhaseFinished, PhaseStarted, is_terminal
-from engine.models.refs import ModelError, precheck_model
+from engine.models.catalog import ModelCatalog
+from engine.models.refs import ModelError
 from engine.outputs.latents import DECODE_AGAIN_HINT
-from engine.planning.ahead import limits_for
 from engine.run.failures import failure_event
 from engine.service.watchdog import Watchdog
 from engine.settings.request import GenerationRequest, check_request_with_notes
@@ -64,6 +64,8 @@ def _serve_status(conn, state: _Starting) -> None:
             reply = "pong"
         elif engine is None:
             reply = EngineStarting(round(time.monotonic() - state.since, 1))
+        elif question == ("hardware",):   # probed once before the engine said it was ready
+            reply = engine.hardware.to_dict()
         else:
             from engine.device.usage import engine_memory
 
@@ -114,8 +116,6 @@ def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json
         elif kind == "unload":
             engine.unload()
             conn.send(("unloaded",))
-        elif kind == "hardware":
-            conn.send(("hardware", engine.hardware.to_dict()))
         elif kind == "stop":
             # Nothing here needs tearing down (the OS frees the memory and the device): exiting at once saves
             # the seconds the interpreter spends unloading torch.
@@ -153,6 +153,7 @@ class WorkerClient:
         that makes the engine process die (SIGKILL) when it enters that phase; ``preview_seconds``:
         the least time between live previews (0: every step; negative: none)."""
         self.models_dir = str(models_dir)
+        self.catalog = ModelCatalog()   # the models' specs and checks, read once per version of their files
         self.options = {"crash_in": crash_in}
         if latents_hours is not None:
             self.options["latents_hours"] = latents_hours
@@ -268,8 +269,14 @@ class WorkerClient:
     def unload(self) -> None:
         self._call(("unload",), "unloaded")
 
-    def hardware(self) -> dict:
-        return self._call(("hardware",), "hardware")[1]
+    def hardware(self, timeout: float = 30.0) -> dict:
+        """The engine process's hardware profile, answered on its status channel: never behind a running job
+        (it waits only for a starting engine to load its libraries). OSError when it does not answer."""
+        self._ready_worker()
+        reply = self._ask_status(("hardware",), timeout)
+        if not isinstance(reply, dict):
+            raise OSError(f"the engine process did not say what hardware it runs on within {timeout:.0f} s")
+        return reply
 
     def _ask_status(self, question: tuple, timeout: float):
         """The engine process's answer to ``question`` on its status channel; EngineSilent when it runs but
@@ -312,8 +319,8 @@ class WorkerClient:
     def check(self, request: GenerationRequest) -> tuple[GenerationRequest, list[str]]:
         """``request`` checked as a run checks it before anything heavy (settings, images, the model and what
         it can make), with notes for the user; raises InputError or ModelError saying what to change."""
-        request, notes = check_request_with_notes(request, limits_for(request.settings.model, self.models_dir))
-        precheck_model(request.settings.model)
+        request, notes = check_request_with_notes(request, self.catalog.limits(request.settings.model))
+        self.catalog.check_folder(request.settings.model)
         return request, notes
 
     def run(self, request: GenerationRequest, notes: list[str] | tuple = (),

@@ -12,13 +12,13 @@ import math
 import shutil
 import struct
 import zlib
-from dataclasses import replace
 
 import numpy as np
 import pytest
 from PIL import Image
 
-from engine.models.refs import ModelError, check_model_folder, precheck_model
+from engine.models.catalog import ModelCatalog
+from engine.models.refs import ModelError, check_model_folder
 from engine.models.weights import WeightFileError, read_header
 from engine.settings.images import MAX_IMAGE_PIXELS, ImageError, check_image, describe_image, fit_image
 from engine.settings.presets import PresetError, load_preset_file
@@ -401,7 +401,7 @@ def _damage_refused(folder, target, *expected):
     for text in expected:
         assert text in message
     with pytest.raises(ModelError, match="is damaged"):
-        precheck_model(str(folder))
+        ModelCatalog().check_folder(str(folder))
     return message
 
 

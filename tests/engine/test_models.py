@@ -6,7 +6,8 @@ import shutil
 
 import pytest
 
-from engine.models.refs import ModelError, check_model_folder, classify_ref, precheck_model, resolve_model
+from engine.models.catalog import ModelCatalog
+from engine.models.refs import ModelError, check_model_folder, classify_ref, resolve_model
 from engine.models.spec import spec_from_folder
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"
@@ -23,7 +24,7 @@ def test_local_folder_resolves(model_dirs, tmp_path):
 def test_folder_without_model_index_is_refused(tmp_path):
     (tmp_path / "weights").mkdir()
     with pytest.raises(ModelError, match="has no model_index.json"):
-        precheck_model(str(tmp_path / "weights"))
+        ModelCatalog().check_folder(str(tmp_path / "weights"))
 
 
 def test_folder_with_a_missing_component_names_it(model_dirs, tmp_path):

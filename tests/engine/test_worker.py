@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
+import time
 
 import pytest
 
@@ -117,9 +119,15 @@ def test_memory_is_answered_while_a_job_runs(client, presets, outputs):
     def ask(event):
         if event.step == 2:
             during.append(client.memory(timeout=10))
+            # The hardware too, from another thread (as the page asks): never behind the running job.
+            asker = threading.Thread(target=lambda: during.append(client.hardware()), daemon=True)
+            asker.start()
+            asker.join(timeout=10)
+            during.append(client.busy)
 
     events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=6)), ask)
     assert isinstance(events[-1], JobFinished)
+    assert len(during) == 3 and during[1]["backend"] == "cpu" and during[2] is True, during
     snapshot = during[0]
     assert snapshot is not None and client.busy is False
     assert snapshot.backend == "cpu" and snapshot.vram_total_gb is None
@@ -159,8 +167,6 @@ def test_the_first_job_shows_and_times_the_engine_start_and_the_self_test_build(
 
 
 def test_while_the_engine_loads_its_libraries_it_says_so(tmp_path):
-    import time
-
     from engine.device.usage import EngineMemory, EngineStarting
 
     client = WorkerClient(tmp_path / "models")
@@ -183,8 +189,6 @@ def test_while_the_engine_loads_its_libraries_it_says_so(tmp_path):
 def test_a_stopped_engine_is_declared_hung_replaced_and_the_next_job_runs(client, presets, outputs, cancel):
     """SIGSTOP freezes the engine mid-job: within the documented limit the job fails saying so, the frozen
     process is killed, and the next job runs in a fresh one. A cancel shortens the wait."""
-    import time
-
     from engine.device.usage import EngineSilent
     from engine.service.watchdog import CANCEL_SILENCE_S, QUIET_BEFORE_ASKING_S, SILENCE_LIMIT_S
 

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine.models.limits import Limits
-from engine.planning.ahead import limits_for
 from engine.settings.presets import Preset
 from engine.settings.values import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
 from ui.context import AppContext
@@ -84,7 +83,7 @@ def form_limits(ctx: AppContext, mode: str, preset: str | None, model: str | Non
         ref = ctx.model_ref(model or ctx.preset_or_default(preset, mode).settings.model)
     except ValueError:   # a refused model: the run (and the plan) say why
         return None
-    return limits_for(ref, ctx.client.models_dir)
+    return ctx.client.catalog.limits(ref)
 
 
 def limit_updates(limits: Limits | None) -> tuple:

@@ -5,10 +5,9 @@ engine process reported (``WorkerClient.hardware_profile()``).
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from engine.device.hardware import HardwareProfile
-from engine.planning.ahead import limits_for, plan_settings
+from engine.planning.ahead import plan_settings
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
 from engine.settings.values import Settings, check_settings
 from engine.words import plural
@@ -90,7 +89,7 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, pr
     try:
         settings = _form_settings(ctx, mode, preset, model, width, height, frames,
                                   override_fields(strategy, text_encoder, vae_tiling))
-        plan = plan_settings(settings, hardware, Path(ctx.client.models_dir))
+        plan = plan_settings(settings, hardware, ctx.client.catalog)
     except ValueError as exc:   # InputError, ModelError and a bad override are all ValueErrors
         problems = getattr(exc, "problems", ())
         if len(problems) > 1:
@@ -108,4 +107,4 @@ def _form_settings(ctx: AppContext, mode: str, preset_name: str | None, model: s
     preset = ctx.preset_or_default(preset_name, mode)
     settings = preset.settings.changed(mode=mode, model=ctx.model_ref(model or preset.settings.model), width=width,
                                        height=height, frames=frames, **overrides)
-    return check_settings(settings, limits_for(settings.model, ctx.client.models_dir))
+    return check_settings(settings, ctx.client.catalog.limits(settings.model))

@@ -6,9 +6,9 @@ the page never probes the GPU itself. An entry is plain JSON, the same for the p
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 from engine.device.hardware import HardwareProfile
+from engine.models.catalog import ModelCatalog
 from engine.planning.ahead import plan_settings
 from engine.planning.planner import Plan, strategy_words
 from engine.settings.presets import Preset
@@ -33,7 +33,7 @@ def preset_entries(ctx: AppContext, hardware: HardwareProfile | None, problem: s
         if hardware is None:
             entry["plan_problem"] = problem or "the engine process has not said what hardware it has yet"
         else:
-            entry.update(expected_plan(preset, hardware, Path(ctx.client.models_dir)))
+            entry.update(expected_plan(preset, hardware, ctx.client.catalog))
         entries.append(entry)
     return entries
 
@@ -49,10 +49,10 @@ def preset_entry(preset: Preset, user: bool = False) -> dict:
     }
 
 
-def expected_plan(preset: Preset, hardware: HardwareProfile, models_dir: Path) -> dict:
+def expected_plan(preset: Preset, hardware: HardwareProfile, catalog: ModelCatalog) -> dict:
     """{"plan": what the engine would pick for the preset as it is, "plan_problem": None}, or why there is none."""
     try:
-        plan = plan_settings(preset.settings, hardware, models_dir)
+        plan = plan_settings(preset.settings, hardware, catalog)
     except (ValueError, OSError) as exc:   # a model whose size is unknown (ModelError), an unreadable folder
         return {"plan": None, "plan_problem": str(exc)}
     return {"plan": plan_summary(plan, hardware), "plan_problem": None}
