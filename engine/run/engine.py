@@ -270,7 +270,8 @@ class Engine:
             raise Cancelled()
 
     def _run(self, request: GenerationRequest, job: _Job, ram: RamPeakSampler) -> Event:
-        request = check_request(request)
+        if not request.checked:   # the worker client checked it already: once per job is enough
+            request = check_request(request)
         reset_peak_vram()
         resolved = self._resolve(request.settings.model, job)
         spec = resolved.spec

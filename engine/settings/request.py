@@ -5,7 +5,7 @@ import os
 import re
 import tempfile
 import unicodedata
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -90,10 +90,12 @@ class GenerationRequest:
     preset: str | None = None
     outputs_dir: str = "outputs"
     keep_latents: bool = False        # keep the denoised latents after a successful decode
+    # Set by check_request: the engine process runs a checked request without checking it again.
+    checked: bool = field(default=False, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         """One flat dict, settings first (the form sidecars and saved latents keep)."""
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "settings"}
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("settings", "checked")}
         return {**self.settings.to_dict(), **own}
 
     @classmethod
@@ -106,7 +108,7 @@ class GenerationRequest:
     def with_values(self, **changes) -> "GenerationRequest":
         """This request with ``changes``, settings and its own fields alike (None is a value here)."""
         settings, own = split_values(changes)
-        return replace(self, settings=replace(self.settings, **settings), **own)
+        return replace(self, settings=replace(self.settings, **settings), **own, checked=False)
 
     @classmethod
     def from_preset(cls, preset: Preset, prompt: str, **overrides) -> "GenerationRequest":
@@ -117,7 +119,7 @@ class GenerationRequest:
         return cls(preset.settings.changed(**settings), prompt, **base)
 
 
-_OWN_NAMES = {f.name for f in fields(GenerationRequest)} - {"settings"}
+_OWN_NAMES = {f.name for f in fields(GenerationRequest)} - {"settings", "checked"}
 
 
 def _check_image(name: str, path, problems: list[str], notes: list[str] | None = None,
@@ -209,7 +211,7 @@ def check_request_with_notes(request: GenerationRequest,
             problems.append(outputs_problem)
     if problems:
         raise InputError(problems)
-    return replace(request, settings=settings, prompt=prompt, negative_prompt=negative, seed=seed), notes
+    return replace(request, settings=settings, prompt=prompt, negative_prompt=negative, seed=seed, checked=True), notes
 
 
 def _check_images(request: GenerationRequest, size: tuple, problems: list[str], notes: list[str]) -> None:

@@ -231,3 +231,18 @@ def test_the_old_model_is_gone_before_the_new_one_loads(model_dirs, presets, out
     result, _ = run(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v", image=str(image_file)))
     assert isinstance(result, JobFinished)
     assert seen["old_alive_during_load"] is False
+
+
+def test_a_request_the_worker_client_checked_is_not_checked_again(engine, presets, model_dirs, tmp_path, monkeypatch):
+    """Validation runs once per job: the client checks, the engine process trusts the checked request."""
+    import engine.run.engine as run_module
+    from engine.settings.request import check_request
+
+    checks = []
+    real = run_module.check_request
+    monkeypatch.setattr(run_module, "check_request", lambda request, *rest: checks.append(request) or real(request, *rest))
+    request = tiny_request(presets, str(model_dirs["tiny-t2v"]), tmp_path)
+    assert isinstance(run(engine, check_request(request))[0], JobFinished) and checks == []
+    # A request nobody checked (a direct caller) is checked here, and a changed one counts as unchecked.
+    assert isinstance(run(engine, request)[0], JobFinished) and len(checks) == 1
+    assert not check_request(request).with_values(steps=3).checked

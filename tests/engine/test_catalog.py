@@ -1,0 +1,71 @@
+"""The models' specs and folder checks, read once per version of the model's files."""
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+import engine.models.refs as refs
+import engine.models.weights as weights
+from engine.models.catalog import ModelCatalog, files_stamp
+from engine.models.refs import ModelError
+
+
+@pytest.fixture
+def folder(tmp_path, model_dirs):
+    copy = tmp_path / "my-wan"
+    shutil.copytree(model_dirs["tiny-t2v"], copy)
+    return copy
+
+
+@pytest.fixture
+def header_reads(monkeypatch):
+    """Every safetensors header read, counted (the real reader still does the reading)."""
+    reads = []
+    for module in (weights, refs):
+        real = module.read_header
+        monkeypatch.setattr(module, "read_header", lambda path, real=real: reads.append(path) or real(path))
+    return reads
+
+
+def test_a_model_is_read_once_until_its_files_change(folder, header_reads):
+    catalog = ModelCatalog()
+    spec = catalog.spec(str(folder))
+    first = len(header_reads)
+    assert first > 0
+    for _ in range(5):   # the plan panel asks on every change of the form
+        assert catalog.spec(str(folder)) == spec and catalog.limits(str(folder)).max_frames == 125
+    assert len(header_reads) == first
+    config = folder / "transformer" / "config.json"
+    config.write_text(config.read_text().replace('"num_layers": 2', '"num_layers": 3'))
+    os.utime(config, ns=(1, 1))   # a new version of the file, whatever the clock's resolution
+    changed = catalog.spec(str(folder))
+    assert len(header_reads) > first and changed.transformer.layers == 3 != spec.transformer.layers
+
+
+def test_a_folder_that_passed_is_not_read_again_and_a_damaged_one_is_refused(folder, header_reads):
+    catalog = ModelCatalog()
+    catalog.check_folder(str(folder))
+    first = len(header_reads)
+    catalog.check_folder(str(folder))
+    assert len(header_reads) == first
+    weight = next((folder / "transformer").glob("*.safetensors"))
+    with open(weight, "r+b") as f:
+        f.truncate(weight.stat().st_size // 2)
+    with pytest.raises(ModelError, match="is damaged"):
+        catalog.check_folder(str(folder))
+
+
+def test_the_stamp_follows_every_file(folder):
+    before = files_stamp(folder)
+    (folder / "vae" / "extra.txt").write_text("x")
+    assert files_stamp(folder) != before and len(files_stamp(folder)) == len(before) + 1
+
+
+def test_a_catalog_keeps_only_its_last_models(tmp_path, model_dirs):
+    catalog = ModelCatalog(remembered=2)
+    for name in ("a", "b", "c"):
+        shutil.copytree(model_dirs["tiny-t2v"], tmp_path / name)
+        catalog.spec(str(tmp_path / name))
+    assert len(catalog._specs) == 2
