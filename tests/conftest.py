@@ -209,6 +209,14 @@ def engine_pid(app: dict) -> int:
     raise AssertionError("no engine process found")
 
 
+@pytest.fixture(scope="module")
+def client(server):
+    """An API client of the app that the test module runs as its ``server`` fixture (a dict with its "url")."""
+    from gradio_client import Client
+
+    return Client(server["url"], verbose=False)
+
+
 @contextlib.contextmanager
 def selftest_app(tmp_path_factory, models_dir: Path, name: str, *args: str):
     """The app on the self-test model with fresh outputs and log folders named after ``name``;

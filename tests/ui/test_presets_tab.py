@@ -143,11 +143,6 @@ def server(tmp_path_factory, selftest_models_dir):
     assert _builtin_files() == before, "the built-in presets folder was changed"
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return Client(server["url"], verbose=False)
-
-
 def _by_name(entries) -> dict:
     return {entry["name"]: entry for entry in entries}
 

@@ -23,11 +23,6 @@ def server(tmp_path_factory, selftest_models_dir):
         yield app
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return Client(server["url"], verbose=False)
-
-
 def test_api_names_are_stable(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/text_to_video", "/text_to_image", "/image_to_video", "/cancel", "/plan"} <= set(endpoints)
