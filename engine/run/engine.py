@@ -123,8 +123,8 @@ def reusing_image_embeds(pipe, embeds):
     Why: the image encoder already ran in its own timed phase (image_encode), and Wan's image-to-video
     pipeline refuses ``image`` and ``image_embeds`` together, yet needs the image for its latents; so the
     pipeline is given the image and this encoding is handed to it here. Afterwards ``pipe`` is as it was, also
-    when the call raises (an out-of-memory error steps down and runs again with the same pipeline).
-    ``embeds`` None: nothing is changed.
+    when the call raises (cancelled, out of memory): the loaded pipeline serves later runs, which encode their
+    own images. ``embeds`` None: nothing is changed.
     """
     if embeds is None:
         yield
@@ -197,6 +197,7 @@ class Engine:
 
     @contextmanager
     def _phase(self, job: _Job, name: str):
+        """One phase of ``job``: announced, offered to the fault hook, then timed with the device synchronised."""
         job.phase = name
         job.emit(PhaseStarted(job.id, name))
         self.faults.before_phase(name)
