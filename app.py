@@ -44,7 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The command line's parser and each command's own, by name."""
-    parser = argparse.ArgumentParser(prog="app.py", description="Wan Studio: Wan video generation, locally.")
+    from engine import APP_NAME
+
+    parser = argparse.ArgumentParser(prog="app.py", description=f"{APP_NAME}: Wan video generation, locally.")
     sub = parser.add_subparsers(dest="command")
 
     serve = sub.add_parser("serve", help="start the web page (the default)")
@@ -288,7 +290,7 @@ def doctor(args) -> int:
     import platform
     from importlib import metadata
 
-    from engine import __version__
+    from engine import APP_NAME, __version__
     from engine.device.hardware import detect_hardware
     from engine.settings.request import check_outputs_dir
 
@@ -320,7 +322,7 @@ def doctor(args) -> int:
         print(json.dumps(report, indent=2))
         return 0
     hw = report["hardware"]
-    print(f"Wan Studio {__version__} on Python {report['python']} ({report['platform']})")
+    print(f"{APP_NAME} {__version__} on Python {report['python']} ({report['platform']})")
     print("Hardware:")
     for key, value in hw.items():
         print(f"  {key:<18} {value}")

@@ -29,7 +29,7 @@ from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-GIB = 1024 ** 3
+from engine.device.hardware import GIB  # noqa: E402
 PLACES = ("device", "offload", "streamed", "cpu")
 
 

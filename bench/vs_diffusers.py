@@ -33,10 +33,11 @@ from pathlib import Path
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from engine.device.hardware import GIB  # noqa: E402
+
 PROMPTS = ("a red fox running through fresh snow, cinematic", "a paper boat drifting down a rainy street")
 CASE_MODELS = {"1.3b": ("wan21-t2v-1.3b", "1.3b"), "14b": ("wan21-i2v-14b", "14b")}
 RECIPES = ("to_cuda", "model_cpu_offload", "sequential_cpu_offload")
-GIB = 1024 ** 3
 
 
 def parse_case(case: str) -> tuple[str, float | None]:

@@ -6,6 +6,7 @@ boundary by pickling. Consumers dispatch on the class.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 # Phase names, in the order a run passes through them. "engine_start" is the time a job waited for a new
 # engine process to load its libraries; "build_model" builds a self-test model the first time it is used.
@@ -13,6 +14,34 @@ PHASES = (
     "engine_start", "download", "build_model", "load", "transfer", "text_encode", "image_encode",
     "denoise", "vae_decode", "export",
 )
+
+
+# The kinds of JobFailed that mean the job never started: its settings, its model, or a full queue.
+NOT_STARTED_KINDS = ("input", "model", "queue")
+
+
+class Ending(str, Enum):
+    """How a job ended, as a kind every layer compares; the page and the command line choose the words."""
+    DONE = "done"
+    FAILED = "failed"
+    REFUSED = "refused"        # never started (JobFailed of a kind in NOT_STARTED_KINDS)
+    CANCELLED = "cancelled"
+    WITHDRAWN = "withdrawn"    # taken out of the queue by its owner before it ran
+    STOPPED = "stopped"        # no terminal event came (the page went away, the app's own error)
+
+
+@dataclass(frozen=True)
+class JobEnding:
+    """How one job ended and where it stopped, without any user text: the job queue keeps the last one and
+    every visitor's system panel words it (ui/views/job_view.py), so nothing is parsed back from words."""
+    kind: Ending
+    phase: str | None = None        # the phase it stopped in (or, cancelled between phases, after)
+    step: int = 0                   # denoising steps done when it stopped
+    total: int = 0                  # denoising steps asked for
+    seconds: float | None = None    # a finished job's phases, summed
+    cause: str | None = None        # a failed or refused job's JobFailed.kind
+    device: str | None = None       # the plan's device: "cpu" names some phases differently
+    what: str | None = None         # short engine work done in the queue's turn ("unload"), not a job
 
 
 @dataclass(frozen=True)
@@ -96,6 +125,11 @@ class JobFinished(Event):
     peak_ram_gb: float | None = None
     note: str = ""
 
+    @property
+    def ending(self) -> JobEnding:
+        """Done, in the time its phases took."""
+        return JobEnding(Ending.DONE, seconds=sum(self.timings.values()))
+
 
 @dataclass(frozen=True)
 class JobCancelled(Event):
@@ -104,15 +138,27 @@ class JobCancelled(Event):
     phase: str | None = None     # the phase it stopped in (or after)
     model_loaded: bool = False   # a model is loaded now, so the next run needs no load
 
+    @property
+    def ending(self) -> JobEnding:
+        """Cancelled, in or after its phase, after its denoising steps."""
+        return JobEnding(Ending.CANCELLED, self.phase, self.at_step, self.total)
+
 
 @dataclass(frozen=True)
 class JobFailed(Event):
     message: str            # what went wrong, as sentences
     hint: str               # what to do about it ("" when every problem already says so)
     phase: str | None = None
-    kind: str = "runtime"   # "input" (settings), "model", "runtime" or "crash" (worker died)
+    kind: str = "runtime"   # "input" (settings), "model", "queue" (full), "runtime", "disk", "crash" (worker died)
+                            # or "hung" (worker stopped answering)
     latents: str | None = None   # saved latents to decode again, when the denoising had finished
     problems: tuple[str, ...] = ()   # kind "input": one sentence per problem, each saying what to change
+
+    @property
+    def ending(self) -> JobEnding:
+        """Refused before it started (settings, model, a full queue), or failed in its phase."""
+        kind = Ending.REFUSED if self.kind in NOT_STARTED_KINDS else Ending.FAILED
+        return JobEnding(kind, self.phase, cause=self.kind)
 
     @property
     def text(self) -> str:

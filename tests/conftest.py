@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from engine.device.hardware import HardwareProfile  # noqa: E402
 from engine.models.selftest import (  # noqa: E402
     _TEXT_DIM,
     SELFTEST_I2V,
@@ -29,6 +30,10 @@ from engine.models.selftest import (  # noqa: E402
 )
 from engine.settings.presets import load_presets  # noqa: E402
 from engine.settings.request import GenerationRequest  # noqa: E402
+
+# The hardware of the tests that run the engine in their own process: a CPU-only machine with room for the
+# self-test models (nothing is probed, so every machine plans alike).
+CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
 
 
 @pytest.fixture(scope="session")
@@ -133,6 +138,14 @@ def tiny_request(presets, model: str, outputs: Path, mode: str = "t2v", **overri
     return GenerationRequest.from_preset(preset, prompt, **values)
 
 
+def run_engine(engine, request: GenerationRequest, should_cancel=lambda: False) -> tuple:
+    """(the terminal event, every event in order) of one run on ``engine``; the terminal event is emitted last."""
+    events = []
+    result = engine.run(request, "job", events.append, should_cancel)
+    assert events[-1] is result
+    return result, events
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -194,6 +207,14 @@ def engine_pid(app: dict) -> int:
             return workers[0].pid
         time.sleep(0.1)
     raise AssertionError("no engine process found")
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    """An API client of the app that the test module runs as its ``server`` fixture (a dict with its "url")."""
+    from gradio_client import Client
+
+    return Client(server["url"], verbose=False)
 
 
 @contextlib.contextmanager

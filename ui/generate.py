@@ -12,7 +12,7 @@ from typing import Callable, Iterator
 
 import gradio as gr
 
-from engine.events import Event, JobFailed
+from engine.events import Ending, Event, JobFailed
 from engine.models.refs import ModelError
 from engine.run.failures import failure_event
 from engine.service.jobqueue import QueueFull
@@ -100,7 +100,7 @@ def _fail(view: JobView, failure: JobFailed) -> gr.Error:
     itself, API callers the whole text as their error."""
     view.apply(failure)
     gr.Warning(f"{view.status} See the status under the result.", duration=6, title="Not started"
-               if failure.kind in ("input", "model", "queue") else "Failed")
+               if failure.ending.kind is Ending.REFUSED else "Failed")
     _say(f"{view.status} {failure.text}")
     # Never shown on the page (visible=False), so the API caller gets the text as it is, not HTML-escaped.
     return gr.Error(failure.text, visible=False, print_exception=False)

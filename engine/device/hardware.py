@@ -10,7 +10,7 @@ import platform
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-GIB = 1024 ** 3
+GIB = 1024 ** 3   # bytes in a GiB: the app's one definition (every "GB" it shows is GiB)
 BACKENDS = ("cuda", "rocm", "mps", "cpu")
 OSES = ("windows", "linux", "macos")
 # AMD integrated GPUs (APUs) share system memory with the CPU.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-GIB = 1024 ** 3
+from engine.device.hardware import GIB
 
 
 @dataclass(frozen=True)

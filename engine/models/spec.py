@@ -18,7 +18,7 @@ UMT5_XXL_EMBEDDING_PARAMS = 256_384 * 4096   # its largest tensor: the token emb
 CLIP_VIT_H_PARAMS = 630_766_080     # image encoder of Wan2.1 I2V
 VAE21_PARAMS = 126_892_531
 VAE22_PARAMS = 704_688_668
-TEXT_TOKENS = 512
+TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer needs exactly that
 
 
 @dataclass(frozen=True)

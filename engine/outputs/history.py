@@ -18,10 +18,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from engine import APP_ID
 from engine.outputs.kept_inputs import INPUT_SUFFIXES
 from engine.outputs.latents import SUFFIX as LATENTS_SUFFIX
 
-APP_NAME = "wan-studio"   # sidecar["app"]["name"] of this app's outputs
 MEDIA_KINDS = {".mp4": "video", ".png": "image"}
 # Files that belong to an output besides its media file, by suffix after the stem.
 COMPANION_SUFFIXES = (".json", LATENTS_SUFFIX, *INPUT_SUFFIXES.values())
@@ -128,7 +128,7 @@ def read_entry(sidecar: Path) -> HistoryEntry | None:
         if not (_plain(sidecar) and _plain(sidecar.parent) and sidecar.is_file()):
             return None
         data = json.loads(sidecar.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or not isinstance(data.get("app"), dict) or data["app"].get("name") != APP_NAME:
+        if not isinstance(data, dict) or not isinstance(data.get("app"), dict) or data["app"].get("name") != APP_ID:
             return None
         file = data.get("file")
         stem = sidecar.name[: -len(".json")]

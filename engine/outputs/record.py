@@ -5,7 +5,7 @@ import platform
 import time
 from pathlib import Path
 
-from engine import __version__
+from engine import APP_ID, __version__
 from engine.device.runtime import peak_vram_gb
 from engine.outputs.export import ensure_room, expected_bytes, write_mp4, write_png
 from engine.settings.request import GenerationRequest
@@ -34,7 +34,7 @@ def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: 
                decode_fallback, timings: dict, step_seconds, peak_ram_gb: float, hardware: dict) -> dict:
     """The sidecar of a finished run: everything needed to understand it and to make it again."""
     return {
-        "app": {"name": "wan-studio", "version": __version__},
+        "app": {"name": APP_ID, "version": __version__},
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "file": media.name,
         "mode": request.settings.mode,
@@ -66,7 +66,7 @@ def redecode_record(request: GenerationRequest, media: Path, latents: Path, how:
                     parameters: dict, timings: dict, peak_ram_gb: float, hardware: dict) -> dict:
     """The sidecar of a video decoded again from saved latents."""
     return {
-        "app": {"name": "wan-studio", "version": __version__}, "file": media.name,
+        "app": {"name": APP_ID, "version": __version__}, "file": media.name,
         "decoded_from": str(latents), "decoded": how, "prompt": request.prompt, "seed": request.seed,
         "model": model, "parameters": parameters, "timings": dict(timings),
         "peak_vram_gb": peak_vram_gb(), "peak_ram_gb": peak_ram_gb, "versions": versions(),

@@ -8,9 +8,7 @@ the decode retries the decode alone, tiled, then on the CPU.
 """
 from __future__ import annotations
 
-import os
 import secrets
-import signal
 import traceback
 from collections import OrderedDict
 from contextlib import contextmanager
@@ -36,7 +34,7 @@ from engine.events import (
 from engine.models.limits import check_model_limits
 from engine.models.refs import ResolvedModel, classify_ref, resolve_model
 from engine.models.selftest import selftest_built
-from engine.models.spec import ModelSpec
+from engine.models.spec import TEXT_TOKENS, ModelSpec
 from engine.outputs.export import output_stem, write_json
 from engine.outputs.kept_inputs import carry_inputs, keep_inputs
 from engine.outputs.latents import (
@@ -64,23 +62,19 @@ from engine.run.apply_plan import (
 )
 from engine.run.decoding import decode_attempts, decode_latents
 from engine.run.failures import failure_event, is_out_of_memory
+from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.run.preview import PREVIEW_EVERY_SECONDS, LivePreview, PreviewMap, preview_map_for
 from engine.run.schedulers import make_scheduler
 from engine.settings.request import GenerationRequest, check_request
 from engine.settings.values import MODE_NAMES, InputError
 
 SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
-TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer needs exactly that
 PROMPT_CACHE_SIZE = 4   # encodings are 512 x 4096 x 2 bytes each: 4 MB
 Emit = Callable[[Event], None]
 
 
 class Cancelled(Exception):
     """The user asked to stop; raised at a step or phase boundary."""
-
-
-class InjectedOutOfMemory(RuntimeError):
-    """Raised by the test hook ``Engine(inject_oom=...)``; handled like a real out-of-memory error."""
 
 
 @dataclass
@@ -109,6 +103,44 @@ class LoadedModel:
         return self.image_pipe
 
 
+@dataclass(frozen=True)
+class ImageInputs:
+    """What an image-to-video run gives the pipeline besides the prompt: the first frame and the optional last
+    frame, fitted to the video's size, and their encoding when the model has an image encoder (made in the
+    timed image_encode phase; None otherwise). Empty for the other modes."""
+    image: object = None
+    last_image: object = None
+    embeds: object = None
+
+    def pipe_inputs(self) -> dict:
+        """The pipeline call's image arguments (none without an image)."""
+        return {} if self.image is None else {"image": self.image, "last_image": self.last_image}
+
+
+@contextmanager
+def reusing_image_embeds(pipe, embeds):
+    """While this block runs, ``pipe.encode_image`` returns ``embeds`` instead of running the image encoder.
+
+    Why: the image encoder already ran in its own timed phase (image_encode), and Wan's image-to-video
+    pipeline refuses ``image`` and ``image_embeds`` together, yet needs the image for its latents; so the
+    pipeline is given the image and this encoding is handed to it here. Afterwards ``pipe`` is as it was, also
+    when the call raises (cancelled, out of memory): the loaded pipeline serves later runs, which encode their
+    own images. ``embeds`` None: nothing is changed.
+    """
+    if embeds is None:
+        yield
+        return
+    own = vars(pipe).get("encode_image")   # an instance attribute of its own (normally none: the class method)
+    pipe.encode_image = lambda *args, **kwargs: embeds
+    try:
+        yield
+    finally:
+        if own is None:
+            del pipe.encode_image
+        else:
+            pipe.encode_image = own
+
+
 @dataclass
 class _Job:
     """What one run accumulates: its id, the emitter, timings and step times."""
@@ -128,8 +160,8 @@ class _Job:
 
 class Engine:
     def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
-                 inject_oom: dict[str, int] | None = None, crash_in: str | None = None,
-                 latents_hours: float = DEFAULT_KEEP_HOURS, preview_seconds: float = PREVIEW_EVERY_SECONDS):
+                 latents_hours: float = DEFAULT_KEEP_HOURS, preview_seconds: float = PREVIEW_EVERY_SECONDS,
+                 faults: PhaseHook = NO_FAULTS):
         self.models_dir = Path(models_dir)
         self._hardware = hardware
         self.loaded: LoadedModel | None = None
@@ -137,10 +169,8 @@ class Engine:
         self.latents_hours = latents_hours
         # Live previews while denoising: at most one every this many seconds (0: every step; negative: none).
         self.preview_seconds = preview_seconds
-        # Test hooks: phase name -> how many times to fail it with out-of-memory; a phase in which
-        # the whole process dies (SIGKILL), as a driver fault would kill it.
-        self._inject_oom = dict(inject_oom or {})
-        self._crash_in = crash_in
+        # Called as each phase starts: nothing in the app; the tests' injected faults (engine/run/faults.py).
+        self.faults = faults
         # Recent prompt encodings, kept on the CPU: a new seed with the same prompt skips the text encoder.
         self._prompt_cache: OrderedDict[tuple, tuple] = OrderedDict()
 
@@ -168,13 +198,10 @@ class Engine:
 
     @contextmanager
     def _phase(self, job: _Job, name: str):
+        """One phase of ``job``: announced, offered to the fault hook, then timed with the device synchronised."""
         job.phase = name
         job.emit(PhaseStarted(job.id, name))
-        if self._crash_in == name:
-            os.kill(os.getpid(), signal.SIGKILL)
-        if self._inject_oom.get(name, 0) > 0:
-            self._inject_oom[name] -= 1
-            raise InjectedOutOfMemory(f"out of memory (injected into {name} for a test)")
+        self.faults.before_phase(name)
         synchronize(job.device)
         start = clock()
         yield
@@ -337,9 +364,9 @@ class Engine:
         self._check_cancel(job)
         with torch.inference_mode():
             embeds = self._encode_text(loaded, request, job)
-            image_inputs = self._encode_image(loaded, request, job)
+            image = self._encode_image(loaded, request, job)
             self._check_cancel(job)
-            latents = self._denoise(loaded, request, job, embeds, image_inputs)
+            latents = self._denoise(loaded, request, job, embeds, image)
         return loaded, latents
 
     @staticmethod
@@ -394,42 +421,27 @@ class Engine:
                 job.emit(Info(job.id, f"The {name} is {count} tokens long; only the first {TEXT_TOKENS} are used, "
                                       "so its end has no effect. Shorten it to keep every part."))
 
-    def _encode_image(self, loaded: LoadedModel, request: GenerationRequest, job: _Job) -> dict:
+    def _encode_image(self, loaded: LoadedModel, request: GenerationRequest, job: _Job) -> ImageInputs:
         if request.settings.mode != "i2v":
-            return {}
+            return ImageInputs()
         from engine.settings.images import fit_image
 
         pipe, plan = loaded.for_mode(request.settings.mode), loaded.plan
         image = fit_image(request.image, request.settings.width, request.settings.height)
         last = (fit_image(request.last_image, request.settings.width, request.settings.height, name="last image")
                 if request.last_image else None)
-        inputs = {"image": image, "last_image": last}
-        if getattr(pipe, "image_encoder", None) is not None:
-            with self._phase(job, "image_encode"):
-                with encoder_visiting(pipe, "image_encoder", plan):
-                    embeds = pipe.encode_image(image if last is None else [image, last], plan.device)
-            inputs["cached_image_embeds"] = embeds
-        return inputs
+        if getattr(pipe, "image_encoder", None) is None:   # Wan2.2 TI2V-5B: the image goes into the latents only
+            return ImageInputs(image, last)
+        with self._phase(job, "image_encode"):
+            with encoder_visiting(pipe, "image_encoder", plan):
+                embeds = pipe.encode_image(image if last is None else [image, last], plan.device)
+        return ImageInputs(image, last, embeds)
 
-    def _denoise(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
-        pipe = loaded.for_mode(request.settings.mode)
-        pipe.scheduler = make_scheduler(loaded.scheduler_config, request.settings.shift, request.settings.sigmas)
-        image_inputs = dict(image_inputs)
-        cached = image_inputs.pop("cached_image_embeds", None)
-        if cached is not None:
-            # The pipeline refuses image and image_embeds together, yet needs the image for its
-            # latents: shadow its encode_image for this call so the timed encoding is reused.
-            pipe.encode_image = lambda *args, **kwargs: cached
-        try:
-            return self._denoise_loop(loaded, request, job, embeds, image_inputs)
-        finally:
-            if cached is not None:
-                del pipe.encode_image
-
-    def _denoise_loop(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image_inputs):
+    def _denoise(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image: ImageInputs):
         import torch
 
         pipe = loaded.for_mode(request.settings.mode)
+        pipe.scheduler = make_scheduler(loaded.scheduler_config, request.settings.shift, request.settings.sigmas)
         total = request.settings.steps
         last = [0.0]
         previews = LivePreview(job.id, total, self.preview_seconds, request.settings.fps / pipe.vae_scale_factor_temporal,
@@ -457,14 +469,15 @@ class Engine:
         with self._phase(job, "denoise"):
             last[0] = clock()
             try:
-                output = pipe(
-                    prompt_embeds=positive,
-                    negative_prompt_embeds=negative if request.settings.guidance > 1.0 else None,
-                    height=request.settings.height, width=request.settings.width, num_frames=request.settings.frames,
-                    num_inference_steps=total, guidance_scale=request.settings.guidance,
-                    generator=torch.Generator("cpu").manual_seed(request.seed),
-                    max_sequence_length=TEXT_TOKENS, output_type="latent",
-                    callback_on_step_end=on_step_end, **image_inputs)
+                with reusing_image_embeds(pipe, image.embeds):
+                    output = pipe(
+                        prompt_embeds=positive,
+                        negative_prompt_embeds=negative if request.settings.guidance > 1.0 else None,
+                        height=request.settings.height, width=request.settings.width, num_frames=request.settings.frames,
+                        num_inference_steps=total, guidance_scale=request.settings.guidance,
+                        generator=torch.Generator("cpu").manual_seed(request.seed),
+                        max_sequence_length=TEXT_TOKENS, output_type="latent",
+                        callback_on_step_end=on_step_end, **image.pipe_inputs())
             finally:
                 previews.close()   # the last preview belongs to the denoising, before anything after it
         if len(job.step_seconds) < total or job.should_cancel():

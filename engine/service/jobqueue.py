@@ -14,6 +14,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
+from engine.events import Ending, JobEnding
+
 # How many finished jobs' durations the estimate averages.
 RECENT_JOBS = 5
 # A cancel this soon after the owner's job ended is answered "it had already finished".
@@ -37,9 +39,10 @@ class Ticket:
 
 
 @dataclass(frozen=True)
-class Ending:
-    """How a job that ran ended, in words any visitor may read (no prompt, no message text)."""
-    word: str                # "done in 4.5 s", "cancelled after step 3 of 40", "failed during load"
+class _Ended:
+    """How the last job that ran ended (no prompt, no message text: any visitor may be shown it), whose it
+    was and when."""
+    ending: JobEnding
     owner: str | None
     at: float
 
@@ -52,7 +55,7 @@ class JobQueue:
         self._waiting: list[Ticket] = []
         self._running: Ticket | None = None
         self._durations: deque[float] = deque(maxlen=RECENT_JOBS)
-        self._last: Ending | None = None
+        self._last: _Ended | None = None
 
     # ----- joining, waiting, leaving ---------------------------------------
     def join(self, owner: str | None, what: str) -> Ticket:
@@ -85,15 +88,16 @@ class JobQueue:
                 self._changed.notify_all()
             return True
 
-    def leave(self, ticket: Ticket, ending: str | None = None) -> None:
-        """``ticket`` is done: finished, failed, cancelled or never run; ``ending`` says how one that ran ended."""
+    def leave(self, ticket: Ticket, ending: JobEnding | None = None) -> None:
+        """``ticket`` is done: finished, failed, cancelled or never run; ``ending`` says how one that ran ended
+        (None: it stopped without saying how)."""
         with self._changed:
             if ticket is self._running:
                 now = self._clock()
                 self._running = None
                 if ticket.started is not None:
                     self._durations.append(now - ticket.started)
-                self._last = Ending(ending or "stopped", ticket.owner, now)
+                self._last = _Ended(ending or JobEnding(Ending.STOPPED), ticket.owner, now)
             elif ticket in self._waiting:
                 self._waiting.remove(ticket)
             self._changed.notify_all()
@@ -120,7 +124,7 @@ class JobQueue:
                     raise QueueFull(f"{what} was taken out of the queue")
             yield ticket
         finally:
-            self.leave(ticket, f"{what} done")
+            self.leave(ticket, JobEnding(Ending.DONE, what=what))
 
     # ----- what the running job says -----------------------------------------
     def report(self, ticket: Ticket, doing: str, seconds_left: float | None = None) -> None:
@@ -185,7 +189,7 @@ class JobQueue:
             return owner is not None and last is not None and last.owner == owner and \
                 self._clock() - last.at < within
 
-    def last_ending(self) -> tuple[str, float] | None:
+    def last_ending(self) -> tuple[JobEnding, float] | None:
         """(how the last job that ran ended, seconds since), or None before the first one."""
         with self._changed:
-            return None if self._last is None else (self._last.word, self._clock() - self._last.at)
+            return None if self._last is None else (self._last.ending, self._clock() - self._last.at)

@@ -28,6 +28,7 @@ from engine.models.catalog import ModelCatalog
 from engine.models.refs import ModelError
 from engine.outputs.latents import DECODE_AGAIN_HINT
 from engine.run.failures import failure_event
+from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.service.watchdog import Watchdog
 from engine.settings.request import GenerationRequest, check_request_with_notes
 from engine.settings.values import InputError
@@ -147,14 +148,15 @@ class WorkerClient:
     """Owns the worker process; runs one job at a time; restarts the worker when it dies."""
 
     def __init__(self, models_dir: Path | str = "models", hardware_json: str | None = None,
-                 latents_hours: float | None = None, crash_in: str | None = None,
-                 preview_seconds: float | None = None):
-        """``latents_hours``: how long finished runs' latents are kept; ``crash_in``: a test hook
-        that makes the engine process die (SIGKILL) when it enters that phase; ``preview_seconds``:
-        the least time between live previews (0: every step; negative: none)."""
+                 latents_hours: float | None = None, preview_seconds: float | None = None,
+                 faults: PhaseHook = NO_FAULTS):
+        """``latents_hours``: how long finished runs' latents are kept; ``preview_seconds``: the least time
+        between live previews (0: every step; negative: none); ``faults``: the engine's phase hook in the
+        first engine process (tests inject faults with it, such as a crash in a phase), NO_FAULTS after."""
         self.models_dir = str(models_dir)
         self.catalog = ModelCatalog()   # the models' specs and checks, read once per version of their files
-        self.options = {"crash_in": crash_in}
+        # The Engine's keyword arguments, sent to each new engine process (so they must pickle).
+        self.options = {"faults": faults}
         if latents_hours is not None:
             self.options["latents_hours"] = latents_hours
         if preview_seconds is not None:
@@ -188,8 +190,8 @@ class WorkerClient:
                 child.close()
                 status_child.close()
                 self._worker = _Worker(process, parent, status_parent)
-                # The crash test hook applies to the first engine process only.
-                self.options = {**self.options, "crash_in": None}
+                # Injected faults apply to the first engine process only: the one started after a fault runs clean.
+                self.options = {**self.options, "faults": NO_FAULTS}
             return self._worker
 
     @property

@@ -8,12 +8,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.device.hardware import HardwareProfile
 from engine.models.spec import SELFTEST_SPECS
 from engine.planning.planner import PlanRequest, plan_memory
 from engine.run.apply_plan import encoder_visiting, load_into_ram, loaded_into_ram
-
-CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
+from tests.conftest import CPU
 
 
 def tiny_text_encoder():

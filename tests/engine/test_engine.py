@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import gc
 import json
+import pickle
 import weakref
 from pathlib import Path
 
@@ -10,7 +11,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.device.hardware import HardwareProfile
 from engine.events import (
     Info,
     JobCancelled,
@@ -22,10 +22,11 @@ from engine.events import (
     StepFinished,
 )
 from engine.outputs.export import read_video
-from engine.run.engine import SELFTEST_NOTE, Engine
-from tests.conftest import tiny_request
-
-CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
+from engine.run.engine import SELFTEST_NOTE, Engine, reusing_image_embeds
+from engine.run.faults import NO_FAULTS
+from engine.service.worker import WorkerClient
+from tests.conftest import CPU, run_engine, tiny_request
+from tests.faults import InjectedFaults
 
 
 @pytest.fixture(scope="module")
@@ -35,20 +36,13 @@ def engine(tmp_path_factory):
     engine.unload()
 
 
-def run(engine, request, should_cancel=lambda: False):
-    events = []
-    result = engine.run(request, "job", events.append, should_cancel)
-    assert events[-1] is result
-    return result, events
-
-
 def phases(events):
     return [e.phase for e in events if isinstance(e, PhaseFinished)]
 
 
 def test_text_to_video_writes_the_requested_frames_and_size(engine, model_dirs, presets, outputs):
     request = tiny_request(presets, model_dirs["tiny-t2v"], outputs, width=96, height=64, frames=13, steps=3)
-    result, events = run(engine, request)
+    result, events = run_engine(engine, request)
     assert isinstance(result, JobFinished), result
     frames, fps = read_video(result.paths[0])
     assert frames.shape == (13, 64, 96, 3) and fps == 16
@@ -73,7 +67,7 @@ def test_text_to_video_writes_the_requested_frames_and_size(engine, model_dirs, 
 
 def test_events_arrive_in_pipeline_order(engine, model_dirs, presets, outputs):
     engine.unload()
-    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=4))
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=4))
     assert isinstance(events[0], JobStarted) and isinstance(result, JobFinished)
     order = [(type(e).__name__, getattr(e, "phase", None)) for e in events
              if isinstance(e, (PhaseStarted, PhaseFinished))]
@@ -92,22 +86,22 @@ def test_events_arrive_in_pipeline_order(engine, model_dirs, presets, outputs):
 
 def test_same_seed_gives_the_same_video(engine, model_dirs, presets, outputs):
     request = tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=99)
-    first, _ = run(engine, request)
-    second, events = run(engine, request)
+    first, _ = run_engine(engine, request)
+    second, events = run_engine(engine, request)
     assert "load" not in phases(events)  # the loaded pipeline is reused
     assert first.paths != second.paths
     assert np.array_equal(read_video(first.paths[0])[0], read_video(second.paths[0])[0])
 
 
 def test_random_seed_is_recorded(engine, model_dirs, presets, outputs):
-    result, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=-1))
+    result, _ = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=-1))
     assert 0 <= result.seed < 2**32
     assert json.loads(Path(result.sidecar).read_text())["seed"] == result.seed
 
 
 def test_text_to_image_writes_one_png(engine, model_dirs, presets, outputs):
-    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, mode="t2i", frames=1,
-                                              width=80, height=48))
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, mode="t2i", frames=1,
+                                                     width=80, height=48))
     assert isinstance(result, JobFinished), result
     path = Path(result.paths[0])
     assert path.suffix == ".png"
@@ -120,7 +114,7 @@ def test_image_to_video_crops_the_image_and_times_image_encoding(engine, model_d
                                                                    image_file):
     request = tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v", image=str(image_file),
                            width=64, height=48, frames=9)
-    result, events = run(engine, request)
+    result, events = run_engine(engine, request)
     assert isinstance(result, JobFinished), result
     frames, _ = read_video(result.paths[0])
     assert frames.shape == (9, 48, 64, 3)
@@ -138,22 +132,22 @@ def test_a_last_frame_needs_a_first_and_last_frame_model(engine, model_dirs, pre
     last = tmp_path / "last.png"
     Image.new("RGB", (80, 60), (20, 200, 40)).save(last)
     both = dict(mode="i2v", image=str(image_file), last_image=str(last), width=64, height=48, frames=9)
-    result, _ = run(engine, tiny_request(presets, flf, outputs, **both))
+    result, _ = run_engine(engine, tiny_request(presets, flf, outputs, **both))
     assert isinstance(result, JobFinished), result
     assert read_video(result.paths[0])[0].shape == (9, 48, 64, 3)
-    result, events = run(engine, tiny_request(presets, flf, outputs, **{**both, "last_image": None}))
+    result, events = run_engine(engine, tiny_request(presets, flf, outputs, **{**both, "last_image": None}))
     assert isinstance(result, JobFailed) and result.kind == "input" and "needs a last frame too" in result.message
-    result, _ = run(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, **both))
+    result, _ = run_engine(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, **both))
     assert isinstance(result, JobFailed) and result.kind == "input"
     assert "cannot use a last frame" in result.message and "remove the last frame" in result.message
     assert "load" not in phases(events), "a refused request loaded the model"
 
 
 def test_model_swap_frees_the_first_model(engine, model_dirs, presets, outputs, image_file):
-    run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     old = weakref.ref(engine.loaded.pipe)
-    result, events = run(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v",
-                                              image=str(image_file)))
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v",
+                                                     image=str(image_file)))
     assert isinstance(result, JobFinished)
     gc.collect()
     assert old() is None, "the first pipeline is still referenced after the swap"
@@ -180,12 +174,12 @@ def test_cancel_stops_at_a_step_boundary_and_keeps_the_model(engine, model_dirs,
     assert isinstance(result, JobCancelled) and result.at_step == 2 and result.total == 20
     assert steps_seen == [1, 2]
     assert set(outputs.rglob("*")) == before, "a cancelled job wrote files"
-    again, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=2))
+    again, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=2))
     assert isinstance(again, JobFinished) and "load" not in phases(events)
 
 
 def test_selftest_outputs_are_labelled_as_noise(engine, presets, outputs):
-    result, _ = run(engine, tiny_request(presets, "selftest-t2v", outputs, steps=2))
+    result, _ = run_engine(engine, tiny_request(presets, "selftest-t2v", outputs, steps=2))
     assert result.note == SELFTEST_NOTE
     sidecar = json.loads(Path(result.sidecar).read_text())
     assert sidecar["note"] == SELFTEST_NOTE and sidecar["model"]["revision"] == "builtin"
@@ -198,16 +192,16 @@ def test_selftest_outputs_are_labelled_as_noise(engine, presets, outputs):
 def test_mode_and_model_must_match(engine, model_dirs, presets, outputs, image_file, mode, model, expected):
     request = tiny_request(presets, model_dirs[model], outputs, mode=mode,
                            image=str(image_file) if mode == "i2v" else None)
-    result, _ = run(engine, request)
+    result, _ = run_engine(engine, request)
     assert isinstance(result, JobFailed) and result.kind == "input" and expected in result.message
 
 
 def test_earlier_outputs_are_untouched_by_later_runs_and_failures(engine, model_dirs, presets, outputs):
-    first, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    first, _ = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     snapshot = {p: p.read_bytes() for p in outputs.rglob("*") if p.is_file()}
-    failed, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, width=70))
+    failed, _ = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, width=70))
     assert isinstance(failed, JobFailed) and "multiple of 16" in failed.message
-    later, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    later, _ = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     assert isinstance(later, JobFinished)
     for path, data in snapshot.items():
         assert path.read_bytes() == data
@@ -226,9 +220,10 @@ def test_the_old_model_is_gone_before_the_new_one_loads(model_dirs, presets, out
             return super()._from_pretrained(resolved, plan)
 
     engine = Watching(tmp_path / "m", CPU)
-    run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     seen["old"] = weakref.ref(engine.loaded.pipe)
-    result, _ = run(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v", image=str(image_file)))
+    result, _ = run_engine(engine, tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v",
+                                                image=str(image_file)))
     assert isinstance(result, JobFinished)
     assert seen["old_alive_during_load"] is False
 
@@ -242,7 +237,42 @@ def test_a_request_the_worker_client_checked_is_not_checked_again(engine, preset
     real = run_module.check_request
     monkeypatch.setattr(run_module, "check_request", lambda request, *rest: checks.append(request) or real(request, *rest))
     request = tiny_request(presets, str(model_dirs["tiny-t2v"]), tmp_path)
-    assert isinstance(run(engine, check_request(request))[0], JobFinished) and checks == []
+    assert isinstance(run_engine(engine, check_request(request))[0], JobFinished) and checks == []
     # A request nobody checked (a direct caller) is checked here, and a changed one counts as unchecked.
-    assert isinstance(run(engine, request)[0], JobFinished) and len(checks) == 1
+    assert isinstance(run_engine(engine, request)[0], JobFinished) and len(checks) == 1
     assert not check_request(request).with_values(steps=3).checked
+
+
+class _Pipe:
+    """A stand-in pipeline: its class's encode_image runs the (absent) image encoder."""
+
+    def encode_image(self, image, device):
+        return "encoded by the pipeline"
+
+
+def test_reusing_image_embeds_hands_over_the_encoding_and_puts_the_pipeline_back():
+    pipe = _Pipe()
+    with reusing_image_embeds(pipe, "encoded before"):
+        assert pipe.encode_image("image", "cpu") == "encoded before"
+    assert pipe.encode_image("image", "cpu") == "encoded by the pipeline" and "encode_image" not in vars(pipe)
+    with pytest.raises(RuntimeError, match="out of memory"):   # a failed call puts it back as well
+        with reusing_image_embeds(pipe, "encoded before"):
+            raise RuntimeError("out of memory")
+    assert "encode_image" not in vars(pipe)
+    with reusing_image_embeds(pipe, None):   # nothing encoded (no image encoder): nothing changes
+        assert "encode_image" not in vars(pipe)
+    own = pipe.encode_image = lambda image, device: "an instance's own"
+    with reusing_image_embeds(pipe, "encoded before"):
+        assert pipe.encode_image("image", "cpu") == "encoded before"
+    assert pipe.encode_image is own
+
+
+def test_the_engine_runs_clean_unless_given_faults_which_cross_to_the_engine_process(tmp_path):
+    assert Engine(tmp_path).faults == NO_FAULTS
+    faults = InjectedFaults({"denoise": 1}, crash_in="export")
+    client = WorkerClient(tmp_path, faults=faults)
+    assert client.options["faults"] is faults and pickle.loads(pickle.dumps(faults)) == faults
+    faults.before_phase("load")
+    with pytest.raises(RuntimeError, match="out of memory"):
+        faults.before_phase("denoise")
+    faults.before_phase("denoise")   # once only

@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.device.hardware import HardwareProfile
 from engine.events import JobFinished
 from engine.outputs.export import read_video
 from engine.outputs.history import (
@@ -25,9 +24,9 @@ from engine.outputs.history import (
 from engine.outputs.kept_inputs import keep_inputs
 from engine.run.engine import Engine
 from engine.settings.images import fit_image
-from tests.conftest import tiny_request
+from tests.conftest import CPU, tiny_request
+from tests.faults import InjectedFaults
 
-CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
 SMALL = dict(width=64, height=48, frames=5, steps=2)
 
 
@@ -172,7 +171,7 @@ def test_a_video_decoded_again_keeps_the_input_image_of_its_failed_run(model_dir
     the output's, so Reuse settings can repeat it; a second decode (a new name) gets its own copy."""
     upload = tmp_path / "upload.png"
     shutil.copyfile(image_file, upload)
-    failing = Engine(tmp_path / "m", CPU, inject_oom={"vae_decode": 2})
+    failing = Engine(tmp_path / "m", CPU, faults=InjectedFaults({"vae_decode": 2}))
     request = tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v", prompt="waves at night", seed=21,
                            image=str(upload), **SMALL)
     failed = failing.run(request, "job", lambda event: None)

@@ -5,7 +5,10 @@ import threading
 
 import pytest
 
+from engine.events import Ending, JobEnding
 from engine.service.jobqueue import JobQueue, QueueFull
+
+DONE = JobEnding(Ending.DONE, seconds=1.0)
 
 
 class Clock:
@@ -27,7 +30,7 @@ def test_jobs_run_one_at_a_time_in_the_order_they_came():
         overlap.append(running[0])
         order.append(name)
         running[0] -= 1
-        queue.leave(ticket, "done")
+        queue.leave(ticket, DONE)
 
     tickets = [queue.join(f"user{i}", "text to video") for i in range(6)]
     threads = [threading.Thread(target=job, args=(f"user{i}", t)) for i, t in reversed(list(enumerate(tickets)))]
@@ -51,7 +54,7 @@ def test_a_waiting_job_knows_its_place_and_an_estimate_from_recent_jobs():
     clock.now += 10
     assert queue.estimate(second) == pytest.approx(20.0)   # the running job's own estimate, 10 s later
     assert queue.estimate(third) is None                  # a whole job's length is not known yet
-    queue.leave(first, "done in 10 s")
+    queue.leave(first, JobEnding(Ending.DONE, seconds=10.0))
     clock.now += 1
     assert queue.wait_turn(second, 0) and queue.running is second
     assert queue.place(third) == 1
@@ -59,7 +62,7 @@ def test_a_waiting_job_knows_its_place_and_an_estimate_from_recent_jobs():
     assert queue.estimate(third) == pytest.approx(10.0 - 4.0)   # the last job took 10 s; this one ran for 4
     fourth = queue.join("d", "text to video")
     assert queue.estimate(fourth) == pytest.approx(6.0 + 10.0)  # and one more of 10 s ahead of it
-    assert queue.last_ending() == ("done in 10 s", 5.0)
+    assert queue.last_ending() == (JobEnding(Ending.DONE, seconds=10.0), 5.0)
 
 
 def test_the_owner_takes_waiting_jobs_out_and_the_next_one_moves_up():
@@ -71,7 +74,7 @@ def test_the_owner_takes_waiting_jobs_out_and_the_next_one_moves_up():
     assert not queue.wait_turn(mine, 5)             # at once: it will never run
     assert queue.place(theirs) == 1 and queue.waiting == 1
     assert queue.withdraw("a") == 0 and queue.runs_for("a")   # a running job is not taken out
-    queue.leave(running, "cancelled")
+    queue.leave(running, JobEnding(Ending.CANCELLED, "denoise", 3, 10))
     assert queue.wait_turn(theirs, 0) and queue.runs_for("c")
     assert queue.ended_recently_for("a") and not queue.ended_recently_for("b")
 
@@ -85,6 +88,7 @@ def test_a_full_queue_refuses_with_what_to_do():
     with pytest.raises(QueueFull, match="The queue is full: 2 jobs are waiting.*Try again when one"):
         queue.join("d", "x")
     queue.leave(running)
+    assert queue.last_ending()[0] == JobEnding(Ending.STOPPED)   # it ran, and said nothing of how it ended
     assert queue.wait_turn(next_one, 0)
     queue.join("d", "x")      # a waiting job moved up to run: a place is free
 
@@ -102,7 +106,7 @@ def test_a_short_turn_waits_for_the_running_job():
     thread = threading.Thread(target=unload)
     thread.start()
     assert not entered.wait(0.3)
-    queue.leave(running, "done")
+    queue.leave(running, DONE)
     assert entered.wait(5)
     thread.join(5)
-    assert queue.running is None and queue.last_ending()[0] == "unload done"
+    assert queue.running is None and queue.last_ending()[0] == JobEnding(Ending.DONE, what="unload")

@@ -10,7 +10,6 @@ import pytest
 import torch
 from PIL import Image
 
-from engine.device.hardware import HardwareProfile
 from engine.events import Info, JobFinished, LatentsSaved, PhaseFinished, PhaseStarted, PreviewReady, StepFinished
 from engine.models.selftest import SELFTEST_T2V, _vae, build_selftest_pipeline
 from engine.outputs.latents import load_latents
@@ -29,12 +28,9 @@ from engine.run.preview import (
 )
 from engine.run.schedulers import make_scheduler
 from engine.service.worker import WorkerClient
-from tests.conftest import tiny_request
+from tests.conftest import CPU, run_engine, tiny_request
 
-CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
 FASTWAN_SIGMAS = (1.0, 0.757, 0.522)
-
-
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +42,7 @@ def engine(tmp_path_factory):
 
 def run(engine, request, preview_seconds=0.0):
     engine.preview_seconds = preview_seconds
-    events = []
-    result = engine.run(request, "job", events.append)
+    result, events = run_engine(engine, request)
     assert isinstance(result, JobFinished), result
     return events
 

@@ -12,15 +12,13 @@ import numpy as np
 import psutil
 import pytest
 
-from engine.device.hardware import HardwareProfile
 from engine.events import JobFailed, JobFinished, LatentsSaved
 from engine.outputs.export import read_video
 from engine.outputs.latents import cleanup_latents, read_metadata
 from engine.run.engine import Engine
 from engine.service.worker import WorkerClient
-from tests.conftest import ROOT, app_command, app_env, tiny_request
-
-CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
+from tests.conftest import CPU, ROOT, app_command, app_env, tiny_request
+from tests.faults import InjectedFaults
 
 
 def collect(events):
@@ -31,7 +29,7 @@ def collect(events):
 def test_a_crash_in_any_phase_ends_only_that_job(phase, selftest_models_dir, presets, outputs):
     earlier = outputs / "earlier.txt"
     earlier.write_text("an earlier output")
-    client = WorkerClient(selftest_models_dir, crash_in=phase)
+    client = WorkerClient(selftest_models_dir, faults=InjectedFaults(crash_in=phase))
     try:
         events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
         failure = events[-1]
@@ -73,7 +71,7 @@ def test_decode_again_reproduces_the_original_frames(model_dirs, presets, output
 
 
 def test_a_decode_that_fails_keeps_the_latents_for_later(model_dirs, presets, outputs, tmp_path):
-    engine = Engine(tmp_path / "m", CPU, inject_oom={"vae_decode": 2})
+    engine = Engine(tmp_path / "m", CPU, faults=InjectedFaults({"vae_decode": 2}))
     failed = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5), "a", lambda e: None)
     assert isinstance(failed, JobFailed) and failed.phase == "vae_decode" and failed.latents
     assert "Decode again" in failed.hint
@@ -85,7 +83,7 @@ def test_a_decode_that_fails_keeps_the_latents_for_later(model_dirs, presets, ou
 
 
 def test_cli_decode_again(model_dirs, presets, outputs, tmp_path, selftest_models_dir):
-    engine = Engine(selftest_models_dir, CPU, inject_oom={"vae_decode": 2})
+    engine = Engine(selftest_models_dir, CPU, faults=InjectedFaults({"vae_decode": 2}))
     failed = engine.run(tiny_request(presets, "selftest-t2v", outputs), "a", lambda e: None)
     done = subprocess.run(app_command("decode", failed.latents, "--tiled", "--models-dir", str(selftest_models_dir)),
                           capture_output=True, text=True, timeout=180, env=app_env(), cwd=ROOT)
@@ -100,7 +98,7 @@ def test_latents_of_finished_runs_expire_and_failed_ones_stay(model_dirs, preset
     engine = Engine(tmp_path / "m", CPU)
     done = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs), "a", lambda e: None)
     kept = engine.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs, keep_latents=True), "b", lambda e: None)
-    failing = Engine(tmp_path / "m", CPU, inject_oom={"vae_decode": 2})
+    failing = Engine(tmp_path / "m", CPU, faults=InjectedFaults({"vae_decode": 2}))
     failed = failing.run(tiny_request(presets, model_dirs["tiny-t2v"], outputs), "c", lambda e: None)
     latents = {name: json.loads(Path(r.sidecar).read_text())["latents"] for name, r in (("done", done), ("kept", kept))}
     latents["failed"] = failed.latents

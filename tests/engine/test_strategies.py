@@ -7,20 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.device.hardware import HardwareProfile
 from engine.events import Info, JobFinished, PhaseFinished, PlanReady
 from engine.outputs.export import read_video
 from engine.planning.planner import LADDER
 from engine.run.engine import Engine
-from tests.conftest import tiny_request
-
-CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
-
-
-def run(engine, request):
-    events = []
-    result = engine.run(request, "job", events.append)
-    return result, events
+from tests.conftest import CPU, run_engine, tiny_request
+from tests.faults import InjectedFaults
 
 
 @pytest.fixture(scope="module")
@@ -28,14 +20,15 @@ def reference(model_dirs, presets, tmp_path_factory):
     """The all-on-device video for the same request, to compare every rung against."""
     engine = Engine(tmp_path_factory.mktemp("m"), CPU)
     out = tmp_path_factory.mktemp("ref")
-    result, _ = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], out, seed=5))
+    result, _ = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], out, seed=5))
     return read_video(result.paths[0])[0]
 
 
 @pytest.mark.parametrize("strategy", LADDER)
 def test_each_rung_produces_the_video(strategy, model_dirs, presets, outputs, tmp_path, reference):
     engine = Engine(tmp_path / "m", CPU)
-    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5, strategy=strategy))
+    request = tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5, strategy=strategy)
+    result, events = run_engine(engine, request)
     assert isinstance(result, JobFinished), result
     plan = next(e.plan for e in events if isinstance(e, PlanReady))
     assert plan["strategy"] == strategy
@@ -51,8 +44,8 @@ def test_each_rung_produces_the_video(strategy, model_dirs, presets, outputs, tm
 
 
 def test_out_of_memory_in_denoise_steps_down_one_rung(model_dirs, presets, outputs, tmp_path):
-    engine = Engine(tmp_path / "m", CPU, inject_oom={"denoise": 1})
-    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    engine = Engine(tmp_path / "m", CPU, faults=InjectedFaults({"denoise": 1}))
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     assert isinstance(result, JobFinished), result
     messages = [e.message for e in events if isinstance(e, Info)]
     assert any("Out of memory during denoise with 'all_on_device'" in m and "'text_encoder_offload'" in m
@@ -65,16 +58,16 @@ def test_out_of_memory_in_denoise_steps_down_one_rung(model_dirs, presets, outpu
 
 
 def test_repeated_out_of_memory_walks_further_down(model_dirs, presets, outputs, tmp_path):
-    engine = Engine(tmp_path / "m", CPU, inject_oom={"text_encode": 2})
-    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    engine = Engine(tmp_path / "m", CPU, faults=InjectedFaults({"text_encode": 2}))
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     assert isinstance(result, JobFinished), result
     sidecar = json.loads(Path(result.sidecar).read_text())
     assert [s["to"] for s in sidecar["step_downs"]] == ["text_encoder_offload", "group_offload"]
 
 
 def test_out_of_memory_in_decode_retries_the_decode_only(model_dirs, presets, outputs, tmp_path):
-    engine = Engine(tmp_path / "m", CPU, inject_oom={"vae_decode": 1})
-    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=3))
+    engine = Engine(tmp_path / "m", CPU, faults=InjectedFaults({"vae_decode": 1}))
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, steps=3))
     assert isinstance(result, JobFinished), result
     denoise_runs = [e for e in events if isinstance(e, PhaseFinished) and e.phase == "denoise"]
     assert len(denoise_runs) == 1, "the denoise must not be repeated"
@@ -85,8 +78,8 @@ def test_out_of_memory_in_decode_retries_the_decode_only(model_dirs, presets, ou
 
 
 def test_out_of_memory_everywhere_fails_with_a_clear_message(model_dirs, presets, outputs, tmp_path):
-    engine = Engine(tmp_path / "m", CPU, inject_oom={"denoise": 99})
-    result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    engine = Engine(tmp_path / "m", CPU, faults=InjectedFaults({"denoise": 99}))
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     assert result.kind == "runtime" and result.message.startswith("Out of device memory during denoise")
     assert not list(outputs.rglob("*.mp4"))
 
@@ -100,8 +93,8 @@ def test_a_streamed_text_encoder_encodes_the_same_and_the_loaded_model_follows_a
     engine = Engine(tmp_path / "m", CPU)
 
     def generate(prompt, place):
-        result, events = run(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5,
-                                                  prompt=prompt, text_encoder=place))
+        result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5,
+                                                         prompt=prompt, text_encoder=place))
         assert isinstance(result, JobFinished), result
         phases = [e.phase for e in events if isinstance(e, PhaseFinished)]
         plan = next(e.plan for e in events if isinstance(e, PlanReady))

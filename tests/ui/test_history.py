@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from gradio_client import Client, handle_file
+from gradio_client import handle_file
 
 from tests.conftest import open_page, selftest_app
 
@@ -24,11 +24,6 @@ T2I = ["selftest-t2v", "a still lake", "", "selftest-t2v", 64, 48, 1, 2, 5.0, 3.
 def server(tmp_path_factory, selftest_models_dir):
     with selftest_app(tmp_path_factory, selftest_models_dir, "history") as app:
         yield app
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return Client(server["url"], verbose=False)
 
 
 @pytest.fixture(scope="module")

@@ -8,6 +8,7 @@ import re
 from PIL import Image
 
 from engine.events import (
+    PHASES,
     JobCancelled,
     JobFailed,
     JobFinished,
@@ -18,7 +19,8 @@ from engine.events import (
     StepFinished,
 )
 from tests.conftest import shown
-from ui.views.job_view import JobView
+from ui.views.job_view import PHASE_LABELS, JobView
+from ui.views.timing_chart import PHASE_COLOURS
 
 
 def test_view_tracks_phases_steps_and_result():
@@ -118,3 +120,13 @@ def test_peaks_so_far_are_shown_while_it_runs_and_the_final_ones_at_the_end():
     view.apply(JobFinished("j", ("a.mp4",), "a.json", 5, {"denoise": 2.0}, 3.5, 1.75))
     assert "Peak so far" not in view.markdown()
     assert view.timing_rows()[-1][2] == "peak VRAM 3.50 GB, peak RAM 1.75 GB"
+
+
+def test_every_phase_has_a_label_and_runs_in_the_engine_s_order():
+    """The phases and their order come from engine.events.PHASES alone; the page only names and colours them."""
+    assert set(PHASE_LABELS) == set(PHASES) and set(PHASE_COLOURS) <= set(PHASES)
+    view = JobView()
+    for phase in reversed(PHASES):   # whatever order the events came in, rows and bars follow the run's
+        view.apply(PhaseFinished("j", phase, 1.0))
+    assert [row[0] for row in view.timing_rows()] == [PHASE_LABELS[p] for p in PHASES]
+    assert [phase for phase, _, _ in view.chart_phases()] == list(PHASES)

@@ -109,6 +109,25 @@ def test_saving_refuses_what_a_run_would_refuse(ctx, args, expected):
     assert not (ctx.user_presets.folder).exists()
 
 
+def test_the_dropdowns_follow_the_presets_through_updates_never_by_changing_the_shared_components(ctx):
+    """The Preset dropdowns are built once and serve every session: a session gets the new choices as its own
+    update, and no other session's dropdown (nor the page as built) changes."""
+    import gradio as gr
+
+    from ui.parts.form import build_form
+    from ui.tabs.presets import _Dropdowns
+
+    with gr.Blocks():
+        forms = {mode: build_form(ctx, mode, mode)[0] for mode in ("t2v", "i2v")}
+    built = {mode: list(form.preset.choices) for mode, form in forms.items()}
+    save_user_preset(ctx, "fast-square", "t2v", "selftest-t2v", "", "", 64, 64, 9, 3, 1.0, 8.0)
+    t2v, i2v = _Dropdowns(ctx, forms).updates("selftest-t2v", "selftest-i2v", select=("t2v", "fast-square"))
+    assert ("fast-square", "fast-square") in t2v.choices and t2v.value == "fast-square"
+    assert ("fast-square", "fast-square") not in i2v.choices
+    assert {mode: list(form.preset.choices) for mode, form in forms.items()} == built
+    assert all("fast-square" not in dict(choices).values() for choices in built.values())
+
+
 # ----- one real server ------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, selftest_models_dir):
@@ -122,11 +141,6 @@ def server(tmp_path_factory, selftest_models_dir):
                      str(selftest_models_dir), "--user-presets", str(user)) as (url, proc):
         yield {"url": url, "user": user, "outputs": outputs, "log": log}
     assert _builtin_files() == before, "the built-in presets folder was changed"
-
-
-@pytest.fixture(scope="module")
-def client(server):
-    return Client(server["url"], verbose=False)
 
 
 def _by_name(entries) -> dict:

@@ -23,11 +23,6 @@ def server(tmp_path_factory, selftest_models_dir):
         yield app
 
 
-@pytest.fixture(scope="module")
-def client(server):
-    return Client(server["url"], verbose=False)
-
-
 def test_api_names_are_stable(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/text_to_video", "/text_to_image", "/image_to_video", "/cancel", "/plan"} <= set(endpoints)
@@ -213,12 +208,11 @@ def test_sidecars_sit_beside_outputs(server):
 
 def test_decode_again_tab_lists_failed_runs_and_decodes_them(client, server, selftest_models_dir, presets):
     """Latents left by a failed decode show up on the Decode again tab and become a video."""
-    from engine.device.hardware import HardwareProfile
     from engine.run.engine import Engine
-    from tests.conftest import tiny_request
+    from tests.conftest import CPU, tiny_request
+    from tests.faults import InjectedFaults
 
-    cpu = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
-    failing = Engine(selftest_models_dir, cpu, inject_oom={"vae_decode": 2})
+    failing = Engine(selftest_models_dir, CPU, faults=InjectedFaults({"vae_decode": 2}))
     failed = failing.run(tiny_request(presets, "selftest-t2v", server["outputs"], seed=31), "x", lambda e: None)
     assert failed.latents
     video, status = client.predict(failed.latents, api_name="/decode_again")

@@ -10,13 +10,16 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.device.usage import GIB, EngineMemory, EngineSilent, EngineStarting
+from engine.device.hardware import GIB
+from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
+from engine.events import JobEnding
 from engine.models.refs import is_hub_ref
 from engine.models.selftest import SELFTEST_REFS
 from engine.planning.planner import strategy_words
 from engine.service.watchdog import SILENCE_LIMIT_S
 from ui.context import AppContext
 from ui.parts.chains import when_ended
+from ui.views.job_view import ending_words
 from ui.views.text import code
 
 REFRESH_SECONDS = 2.0
@@ -35,7 +38,7 @@ def _ago(seconds: float) -> str:
 
 
 def system_markdown(memory: EngineMemory | EngineStarting | EngineSilent | None, ram_total: int, ram_available: int,
-                    running: str | None, last: tuple[str, float] | None = None, waiting: int = 0) -> str:
+                    running: str | None, last: tuple[JobEnding, float] | None = None, waiting: int = 0) -> str:
     """Two compact lines: the machine, then the engine (pure, for tests). ``running`` is what the running job
     does; ``last`` how the last job ended and how long ago (shown while idle, so a job shorter than the
     refresh is seen too); ``waiting`` how many jobs wait their turn."""
@@ -64,8 +67,8 @@ def system_markdown(memory: EngineMemory | EngineStarting | EngineSilent | None,
     model = f"{code(model_name(memory.model))} loaded ({strategy})" if memory.model else "no model loaded"
     state = f"running: {running}" if running else "idle"
     if not running and last is not None:
-        said, seconds = last
-        state += f" · last job: {said} (ended {_ago(seconds)})"
+        ending, seconds = last
+        state += f" · last job: {ending_words(ending)} (ended {_ago(seconds)})"
     return (f"**System:** {device} · {vram} · {ram}, engine process {_gb(memory.engine_ram_gb)}  \n"
             f"**Engine:** {state}{queue} · {model}")
 

@@ -36,27 +36,25 @@ def _escaped(exc: Exception) -> str:
 
 
 class _Dropdowns:
-    """The generation tabs' Preset dropdowns, kept in step with the presets that exist."""
+    """The generation tabs' Preset dropdowns, kept in step with the presets that exist.
+
+    Only through updates returned to one session: the components themselves are shared by every session and
+    are never changed. (The generation events and the plan take a preset name as sent, preprocess=False, so
+    an API caller may use a new preset by name without any dropdown listing it.)
+    """
 
     def __init__(self, ctx: AppContext, forms: dict[str, Form]):
         self.ctx = ctx
         self.forms = forms
         self.components = [form.preset for form in forms.values()]
 
-    def sync(self) -> dict[str, list]:
-        """Give the page's own dropdowns every preset now known; {mode: choices}.
-
-        A session whose dropdown was never updated (every API caller) checks a submitted preset
-        name against these choices, so a new preset is usable by name at once.
-        """
-        choices = {mode: preset_choices(self.ctx, mode) for mode in self.forms}
-        for mode, form in self.forms.items():
-            form.preset.choices = choices[mode]
-        return choices
+    def choices(self) -> dict[str, list]:
+        """{mode: (title, name) of every preset now known}."""
+        return {mode: preset_choices(self.ctx, mode) for mode in self.forms}
 
     def updates(self, *current: str | None, select: tuple[str, str] | None = None) -> list:
         """This session's dropdown updates; ``current`` = their values, ``select`` = (mode, name) to pick."""
-        choices = self.sync()
+        choices = self.choices()
         updates = []
         for mode, value in zip(self.forms, current):
             names = [name for _, name in choices[mode]]
@@ -100,7 +98,7 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     message = gr.Markdown(elem_id="preset-message", render=False)
     _build_cards(ctx, tabs, forms, listing, dropdowns, presets, message)
     _build_save(ctx, forms, listing, dropdowns, presets, message)
-    _build_api(ctx, dropdowns)
+    _build_api(ctx)
 
 
 def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing: gr.JSON,
@@ -187,7 +185,7 @@ def _build_save(ctx: AppContext, forms: dict[str, Form], listing: gr.JSON, dropd
                    [message, listing, *dropdowns.components], api_visibility="private")
 
 
-def _build_api(ctx: AppContext, dropdowns: _Dropdowns) -> None:
+def _build_api(ctx: AppContext) -> None:
     """/save_preset and /delete_preset, with values for inputs (the page's buttons are private)."""
     def save_preset(name: str, mode: str = "t2v", preset: str = "", negative_prompt: str | None = None,
                     model: str = "", width: int | None = None, height: int | None = None,
@@ -200,7 +198,6 @@ def _build_api(ctx: AppContext, dropdowns: _Dropdowns) -> None:
                                      steps, guidance, shift, title=title, description=description)
         except ValueError as exc:
             raise gr.Error(_escaped(exc), title="Preset not saved", print_exception=False) from None
-        dropdowns.sync()
         return saved.to_dict()
 
     def delete_preset(name: str) -> str:
@@ -209,7 +206,6 @@ def _build_api(ctx: AppContext, dropdowns: _Dropdowns) -> None:
             text = delete_user_preset(ctx, name)
         except ValueError as exc:
             raise gr.Error(_escaped(exc), title="Preset not deleted", print_exception=False) from None
-        dropdowns.sync()
         return text
 
     gr.api(save_preset, api_name="save_preset")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.events import PHASES
 from engine.outputs.history import HistoryEntry
 from engine.words import plural
 from ui.views.job_view import PHASE_LABELS
@@ -31,7 +32,7 @@ def _size(entry: HistoryEntry) -> str:
 def _timings_table(timings: dict[str, float]) -> list[str]:
     if not timings:
         return ["_No phase timings were recorded._"]
-    ordered = [p for p in PHASE_LABELS if p in timings] + [p for p in timings if p not in PHASE_LABELS]
+    ordered = [p for p in PHASES if p in timings] + [p for p in timings if p not in PHASES]
     lines = ["| Phase | Seconds |", "|---|---:|"]
     lines += [f"| {escape_markdown(PHASE_LABELS.get(p, p))} | {timings[p]:.2f} |" for p in ordered]
     lines.append(f"| **Total** | **{sum(timings.values()):.2f}** |")

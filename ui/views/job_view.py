@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import base64
 import html
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.events import (
+    PHASES,
     DownloadProgress,
+    Ending,
     Event,
     Info,
     JobCancelled,
+    JobEnding,
     JobFailed,
     JobFinished,
     JobStarted,
@@ -28,6 +31,7 @@ from engine.words import plural
 from ui.views.text import plain
 from ui.views.timing_chart import timing_chart_html
 
+# How the page and the command line name each phase of events.PHASES (which gives their order).
 PHASE_LABELS = {
     "engine_start": "Engine start (libraries)", "download": "Download", "build_model": "Build self-test model",
     "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "text_encode": "Text encode",
@@ -44,6 +48,49 @@ def phase_label(phase: str, device: str | None = None) -> str:
     if device == "cpu" and phase in CPU_PHASE_LABELS:
         return CPU_PHASE_LABELS[phase]
     return PHASE_LABELS.get(phase, phase)
+
+
+# The status's headline of a job that never started, by its JobFailed.kind (events.NOT_STARTED_KINDS) ...
+NOT_STARTED_HEADLINES = {"input": "Not started: the settings need a change.",
+                         "model": "Not started: the model cannot be used.", "queue": "Not started: the queue is full."}
+# ... and the few words every visitor's system panel shows for it.
+NOT_STARTED_WORDS = {"input": "not started (settings)", "model": "not started (model)",
+                     "queue": "not started: the queue is full"}
+
+
+def _during(ending: JobEnding) -> str:
+    return f" during {phase_label(ending.phase, ending.device)}" if ending.phase else ""
+
+
+def where_it_stopped(ending: JobEnding) -> str:
+    """Where a cancelled job stopped: in the denoising after a step, after a phase, or before it started."""
+    if ending.step:
+        return f"during the denoising, after step {ending.step} of {ending.total}"
+    if ending.phase:
+        return f"after {phase_label(ending.phase, ending.device)}"
+    return "before it started"
+
+
+def failure_headline(ending: JobEnding) -> str:
+    """The status's first line for a job that was refused or failed (its message and hint follow)."""
+    if ending.kind is Ending.REFUSED:
+        return NOT_STARTED_HEADLINES.get(ending.cause, "Not started.")
+    return f"Failed{_during(ending)}."
+
+
+def ending_words(ending: JobEnding) -> str:
+    """How a job ended, in the few words every visitor's system panel shows: no prompt, no message text."""
+    if ending.kind is Ending.DONE:
+        if ending.seconds is not None:
+            return f"done in {ending.seconds:.1f} s"
+        return f"{ending.what} done" if ending.what else "done"
+    if ending.kind is Ending.CANCELLED:
+        return "cancelled " + where_it_stopped(ending)
+    if ending.kind is Ending.REFUSED:
+        return NOT_STARTED_WORDS.get(ending.cause, "not started")
+    if ending.kind is Ending.WITHDRAWN:
+        return "taken out of the queue"
+    return ("failed" if ending.kind is Ending.FAILED else "stopped") + _during(ending)
 
 
 def _seconds(value: float) -> str:
@@ -115,11 +162,11 @@ class JobView:
         elif isinstance(event, JobCancelled):
             self.cancelled = event
             loaded = " The model stays loaded, so the next run starts without loading it." if event.model_loaded else ""
-            self.status = (f"Cancelled {self._where_it_stopped(event)}: nothing new was saved, and the earlier "
-                           f"result is kept.{loaded}")
+            self.status = (f"Cancelled {where_it_stopped(self._ended(event))}: nothing new was saved, and the "
+                           f"earlier result is kept.{loaded}")
         elif isinstance(event, JobFailed):
             self.failure = event
-            self.status = self._failure_headline(event)
+            self.status = failure_headline(self._ended(event))
         return self
 
     def waiting(self, place: int, estimate: float | None) -> "JobView":
@@ -131,43 +178,32 @@ class JobView:
         self.left_queue = True
         return self
 
+    @property
+    def device(self) -> str | None:
+        """The device of the job's plan, once known ("cpu" names some phases differently)."""
+        return (self.plan or {}).get("device")
+
     def label(self, phase: str) -> str:
-        return phase_label(phase, (self.plan or {}).get("device"))
+        return phase_label(phase, self.device)
 
-    def _where_it_stopped(self, event: JobCancelled) -> str:
-        if event.at_step:
-            return f"during the denoising, after step {event.at_step} of {event.total}"
-        if event.phase:
-            return f"after {self.label(event.phase)}"
-        return "before it started"
-
-    def _failure_headline(self, event: JobFailed) -> str:
-        if event.kind == "input":
-            return "Not started: the settings need a change."
-        if event.kind == "model":
-            return "Not started: the model cannot be used."
-        if event.kind == "queue":
-            return "Not started: the queue is full."
-        where = f" during {self.label(event.phase)}" if event.phase else ""
-        return f"Failed{where}."
+    def _ended(self, event: JobFinished | JobCancelled | JobFailed) -> JobEnding:
+        return replace(event.ending, device=self.device)
 
     @property
     def ended(self) -> bool:
         return self.result is not None or self.cancelled is not None or self.failure is not None or self.left_queue
 
     @property
-    def ending(self) -> str | None:
-        """How the job ended, in words every visitor may see (the system panel): no prompt, no message text."""
-        if self.result is not None:
-            return f"done in {sum(self.result.timings.values()):.1f} s"
-        if self.cancelled is not None:
-            return "cancelled " + self._where_it_stopped(self.cancelled)
-        if self.failure is not None:
-            kind = {"input": "not started (settings)", "model": "not started (model)"}.get(self.failure.kind)
-            headline = self._failure_headline(self.failure).rstrip(".")
-            return kind or headline[:1].lower() + headline[1:]
+    def ending(self) -> JobEnding | None:
+        """How the job ended, as data (the queue keeps it; the system panel words it with ``ending_words``);
+        None while nothing has happened."""
+        terminal = next((e for e in (self.result, self.cancelled, self.failure) if e is not None), None)
+        if terminal is not None:
+            return self._ended(terminal)
+        if self.left_queue:
+            return JobEnding(Ending.WITHDRAWN)
         if self.running_phase:
-            return f"stopped during {self.label(self.running_phase)}"
+            return JobEnding(Ending.STOPPED, self.running_phase, device=self.device)
         return None
 
     @property
@@ -192,7 +228,7 @@ class JobView:
 
     def chart_phases(self) -> list[tuple[str, str, float | None]]:
         """(phase, label, seconds; None while it runs) in run order, for the bar chart."""
-        shown = [(p, self.label(p), self.phase_seconds[p]) for p in PHASE_LABELS if p in self.phase_seconds]
+        shown = [(p, self.label(p), self.phase_seconds[p]) for p in PHASES if p in self.phase_seconds]
         if self.running_phase and self.running_phase not in self.phase_seconds:
             running = sum(self.step_seconds) if self.running_phase == "denoise" else None
             shown.append((self.running_phase, self.label(self.running_phase), running))
@@ -216,7 +252,7 @@ class JobView:
 
     def timing_rows(self) -> list[list]:
         rows = []
-        for phase in PHASE_LABELS:
+        for phase in PHASES:
             label = self.label(phase)
             if phase in self.phase_seconds:
                 detail = ""

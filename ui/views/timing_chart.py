@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import html
 
-# One colour per phase, so a phase keeps its colour from run to run.
+# One colour per phase (of engine.events.PHASES, which gives their order), so a phase keeps its colour from run
+# to run; any other is grey.
 PHASE_COLOURS = {
     "download": "#8e8e8e", "load": "#6c8ebf", "transfer": "#82b366", "text_encode": "#d6b656",
     "image_encode": "#d79b00", "denoise": "#b85450", "vae_decode": "#9673a6", "export": "#10739e",
