@@ -1,1 +1,2 @@
-"""The files of an output: atomic writes, video and sidecar, latents, kept inputs, history."""
+"""The files of an output: the bundle that names them, atomic writes, video and sidecar, latents, kept inputs,
+history."""

@@ -1,19 +1,21 @@
-"""Writing outputs atomically: the mp4 or PNG, and the JSON sidecar beside it.
+"""Writing outputs: the mp4 or PNG, the JSON sidecar beside it, and the room they need on disk.
 
-Every file is written under a temporary name in the same folder and renamed
-into place, so a crash never leaves a half-written output behind.
+Every file is written through ``atomic.write_atomically`` (a temporary name in the same folder,
+renamed into place), so a crash never leaves a half-written output behind.
 """
 from __future__ import annotations
 
 import errno
 import json
-import os
 import re
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
+
+from engine.outputs.atomic import write_atomically
+from engine.outputs.bundle import Bundle
 
 _SLUG = re.compile(r"[^a-z0-9]+")
 
@@ -26,14 +28,10 @@ def output_stem(outputs_dir: Path, mode: str, prompt: str, seed: int, now: float
     words = _SLUG.sub("-", prompt.lower()).strip("-")[:40].strip("-") or "untitled"
     base = f"{time.strftime('%H%M%S', time.localtime(now))}_{mode}_{words}_{seed}"
     stem, n = day / base, 1
-    while any(stem.with_name(stem.name + s).exists() for s in (".mp4", ".png", ".json", ".latents.safetensors")):
+    while Bundle(stem).in_use():
         n += 1
         stem = day / f"{base}_{n}"
     return stem
-
-
-def _tmp_path(final: Path) -> Path:
-    return final.with_name(f".{final.stem}.partial{final.suffix}")
 
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:
@@ -84,13 +82,24 @@ def ensure_room(folder: Path, needed: int, what: str) -> None:
 def write_mp4(frames: np.ndarray, path: Path, fps: int) -> Path:
     """Encode uint8 frames (F, H, W, 3) as H.264 yuv420p: the whole file or nothing (no partial file is left,
     whatever fails, a full disk included)."""
+    path = Path(path)
+    height, width = frames.shape[1:3]
+    try:
+        return write_atomically(path, lambda temporary: _encode_mp4(frames, temporary, fps))
+    except Exception:
+        if free_bytes(path.parent) < expected_bytes(len(frames), width, height):
+            # ffmpeg's own account of a full disk is pages of its log: say what happened instead.
+            raise DiskFull(path.parent, "video") from None
+        raise
+
+
+def _encode_mp4(frames: np.ndarray, path: Path, fps: int) -> None:
+    """ffmpeg writes ``path`` itself; OSError when the file it wrote has not every frame."""
     import imageio_ffmpeg
 
-    path = Path(path)
-    tmp = _tmp_path(path)
     height, width = frames.shape[1:3]
     writer = imageio_ffmpeg.write_frames(
-        str(tmp), (width, height), fps=fps, codec="libx264", pix_fmt_in="rgb24",
+        str(path), (width, height), fps=fps, codec="libx264", pix_fmt_in="rgb24",
         pix_fmt_out="yuv420p", quality=8, macro_block_size=1, ffmpeg_log_level="error",
         output_params=["-movflags", "+faststart"])
     try:
@@ -100,60 +109,27 @@ def write_mp4(frames: np.ndarray, path: Path, fps: int) -> Path:
                 # ffmpeg would silently drop a short frame and leave a truncated video.
                 raise ValueError(f"frame {index} is {frame.shape} {frame.dtype}, expected ({height}, {width}, 3) uint8")
             writer.send(np.ascontiguousarray(frame))
+    finally:
         writer.close()
-        written, _ = imageio_ffmpeg.count_frames_and_secs(str(tmp))
-        if written != len(frames):
-            raise OSError(f"the video encoder wrote {written} of {len(frames)} frames; nothing was saved")
-        os.replace(tmp, path)
-    except BaseException as exc:
-        writer.close()
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, Exception) and free_bytes(path.parent) < expected_bytes(len(frames), width, height):
-            # ffmpeg's own account of a full disk is pages of its log: say what happened instead.
-            raise DiskFull(path.parent, "video") from None
-        raise
-    return path
+    written, _ = imageio_ffmpeg.count_frames_and_secs(str(path))
+    if written != len(frames):
+        raise OSError(f"the video encoder wrote {written} of {len(frames)} frames; nothing was saved")
 
 
 def write_png(frame: np.ndarray, path: Path) -> Path:
     from PIL import Image
 
-    path = Path(path)
-    tmp = _tmp_path(path)
-    try:
-        Image.fromarray(frame).save(tmp, format="PNG")
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    return path
+    return write_atomically(path, lambda temporary: Image.fromarray(frame).save(temporary, format="PNG"))
 
 
 def copy_file(source: Path, path: Path) -> Path:
     """Copy ``source`` to ``path`` the way every output is written: in full or not at all."""
-    import shutil
-
-    path = Path(path)
-    tmp = _tmp_path(path)
-    try:
-        shutil.copyfile(source, tmp)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    return path
+    return write_atomically(path, lambda temporary: shutil.copyfile(source, temporary))
 
 
 def write_json(data: dict, path: Path) -> Path:
-    path = Path(path)
-    tmp = _tmp_path(path)
-    try:
-        tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    return path
+    text = json.dumps(data, indent=2, ensure_ascii=False, default=str)
+    return write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
 
 def read_video(path: Path) -> tuple[np.ndarray, float]:

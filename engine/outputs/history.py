@@ -1,10 +1,10 @@
 """Past outputs, read from the outputs folder: list them, turn one back into form values, delete one.
 
-Every finished run leaves ``<outputs>/<day>/<stem>.mp4`` (or ``.png``) and its sidecar
-``<stem>.json``, perhaps with ``<stem>.latents.safetensors`` and the kept input images
-``<stem>.first.png`` / ``<stem>.last.png``. An entry is read from the sidecar alone, so the
-history needs no database and survives restarts. A sidecar that cannot be read, whose media file
-is gone, or that another program wrote is skipped; nothing here raises for a bad file.
+Every finished run leaves the files of a ``Bundle`` at ``<outputs>/<day>/<stem>``: its media
+file (``.mp4`` or ``.png``) and its sidecar, perhaps with saved latents and the kept input images.
+An entry is read from the sidecar alone (``sidecar.Sidecar``), so the history needs no database
+and survives restarts. A sidecar that cannot be read, whose media file is gone, or that another
+program wrote is skipped; nothing here raises for a bad file.
 
 An output is named by its key, ``<day>/<media file name>`` (``2025-01-31/153000_t2v_a-fox_7.mp4``).
 ``delete_output`` accepts only the key of an output that ``scan_history`` would list: inside the
@@ -12,19 +12,14 @@ outputs folder, one folder deep, no ``..``, no absolute path, no symbolic link.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine import APP_ID
-from engine.outputs.kept_inputs import INPUT_SUFFIXES
-from engine.outputs.latents import SUFFIX as LATENTS_SUFFIX
+from engine.outputs.bundle import SIDECAR_SUFFIX, Bundle, RemovalError, media_kind
+from engine.outputs.sidecar import Sidecar, read_sidecar
 
-MEDIA_KINDS = {".mp4": "video", ".png": "image"}
-# Files that belong to an output besides its media file, by suffix after the stem.
-COMPANION_SUFFIXES = (".json", LATENTS_SUFFIX, *INPUT_SUFFIXES.values())
 DEFAULT_LIMIT = 100
 KEY_EXAMPLE = "2025-01-31/153000_t2v_a-red-fox_7.mp4"
 
@@ -107,18 +102,12 @@ def _plain(path: Path) -> bool:
     return not path.name.startswith(".") and not path.is_symlink()
 
 
-def _kept_input(sidecar: Path, stem: str, name, suffix: str) -> str | None:
+def _kept_input(bundle: Bundle, field: str, inputs: dict | None) -> str | None:
     """The kept input image the sidecar names, if it is the expected file beside it."""
-    if name != stem + suffix:
+    path = bundle.input(field)
+    if (inputs or {}).get(field) != path.name:
         return None
-    path = sidecar.with_name(name)
     return str(path) if path.is_file() and not path.is_symlink() else None
-
-
-def _number(value, kind):
-    if isinstance(value, bool) or value is None:
-        raise ValueError("not a number")
-    return kind(value)
 
 
 def read_entry(sidecar: Path) -> HistoryEntry | None:
@@ -127,62 +116,30 @@ def read_entry(sidecar: Path) -> HistoryEntry | None:
     try:
         if not (_plain(sidecar) and _plain(sidecar.parent) and sidecar.is_file()):
             return None
-        data = json.loads(sidecar.read_text(encoding="utf-8"))
-        if not isinstance(data, dict) or not isinstance(data.get("app"), dict) or data["app"].get("name") != APP_ID:
+        bundle = Bundle.from_sidecar(sidecar)
+        record = read_sidecar(sidecar)
+        media = bundle.media_named(record.file)
+        if media is None or not media.is_file() or media.is_symlink():
             return None
-        file = data.get("file")
-        stem = sidecar.name[: -len(".json")]
-        if not isinstance(file, str) or Path(file).suffix not in MEDIA_KINDS or file != stem + Path(file).suffix:
-            return None
-        media = sidecar.with_name(file)
-        if not media.is_file() or media.is_symlink():
-            return None
-        params = data.get("parameters") if isinstance(data.get("parameters"), dict) else {}
-        model = data.get("model")
-        model_ref = model.get("ref") if isinstance(model, dict) else None
-        output = data.get("output") if isinstance(data.get("output"), dict) else {}
-        plan = data.get("plan") if isinstance(data.get("plan"), dict) else {}
-        inputs = data.get("inputs") if isinstance(data.get("inputs"), dict) else {}
-        timings = data.get("timings") if isinstance(data.get("timings"), dict) else {}
-        created = data.get("created")
-        if not isinstance(created, str) or not created:
-            created = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(media.stat().st_mtime))
-        note = data.get("note") or ""
-        if data.get("decoded"):
-            note = f"Decoded again ({data['decoded']}) from saved latents. {note}".strip()
-        mode = data.get("mode") or params.get("mode")
-        prompt = data["prompt"] if "prompt" in data else params.get("prompt")
-        negative = data["negative_prompt"] if "negative_prompt" in data else params.get("negative_prompt")
-        if mode not in ("t2v", "i2v", "t2i") or not isinstance(prompt, str):
-            return None
-        fps = output.get("fps", params.get("fps"))
-        return HistoryEntry(
-            key=f"{sidecar.parent.name}/{file}", kind=MEDIA_KINDS[media.suffix], media=str(media),
-            sidecar=str(sidecar), created=created, mode=mode, prompt=prompt,
-            negative_prompt=negative if isinstance(negative, str) else "",
-            model=str(model_ref or params.get("model") or ""),
-            preset=data.get("preset", params.get("preset")) or None,
-            width=_number(params["width"], int), height=_number(params["height"], int),
-            frames=_number(output.get("frames", params["frames"]), int), steps=_number(params["steps"], int),
-            guidance=_number(params["guidance"], float), shift=_number(params["shift"], float),
-            seed=_number(data.get("seed", params.get("seed")), int),
-            fps=None if fps is None else _number(fps, int),
-            strategy=plan.get("strategy"),
-            timings={str(k): float(v) for k, v in timings.items() if isinstance(v, (int, float))},
-            peak_vram_gb=_optional_float(data.get("peak_vram_gb")),
-            peak_ram_gb=_optional_float(data.get("peak_ram_gb")),
-            first_image=_kept_input(sidecar, stem, inputs.get("image"), INPUT_SUFFIXES["image"]),
-            last_image=_kept_input(sidecar, stem, inputs.get("last_image"), INPUT_SUFFIXES["last_image"]),
-            note=str(note))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return _entry(sidecar, bundle, media, record)
+    except (OSError, ValueError):   # SidecarError is a ValueError
         return None
 
 
-def _optional_float(value) -> float | None:
-    try:
-        return None if value is None or isinstance(value, bool) else float(value)
-    except (TypeError, ValueError):
-        return None
+def _entry(sidecar: Path, bundle: Bundle, media: Path, record: Sidecar) -> HistoryEntry:
+    """The entry of an output whose sidecar and media file were found and read."""
+    created = record.created or time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(media.stat().st_mtime))
+    note = record.note
+    if record.decoded is not None:
+        note = f"Decoded again ({record.decoded.how}) from saved latents. {note}".strip()
+    return HistoryEntry(
+        key=f"{sidecar.parent.name}/{media.name}", kind=media_kind(media), media=str(media), sidecar=str(sidecar),
+        created=created, mode=record.mode, prompt=record.prompt, negative_prompt=record.negative_prompt,
+        model=record.model, preset=record.preset or None, width=record.width, height=record.height,
+        frames=record.frames, steps=record.steps, guidance=record.guidance, shift=record.shift, seed=record.seed,
+        fps=record.fps, strategy=record.strategy, timings=dict(record.timings), peak_vram_gb=record.peak_vram_gb,
+        peak_ram_gb=record.peak_ram_gb, first_image=_kept_input(bundle, "image", record.inputs),
+        last_image=_kept_input(bundle, "last_image", record.inputs), note=note)
 
 
 def _sidecars(outputs_dir: Path) -> list[Path]:
@@ -196,7 +153,8 @@ def _sidecars(outputs_dir: Path) -> list[Path]:
         try:
             with os.scandir(day) as listing:
                 for item in listing:
-                    if item.name.endswith(".json") and not item.name.startswith(".") and item.is_file(follow_symlinks=False):
+                    if (item.name.endswith(SIDECAR_SUFFIX) and not item.name.startswith(".")
+                            and item.is_file(follow_symlinks=False)):
                         found.append((item.stat(follow_symlinks=False).st_mtime, item.path))
         except OSError:
             continue
@@ -223,7 +181,7 @@ def _media_path(outputs_dir: Path, key) -> Path:
     parts = key.split("/")
     bad = (len(parts) != 2 or os.path.isabs(key)
            or any(not p or p.startswith(".") or any(c in p for c in "\\:\0") for p in parts)
-           or Path(parts[1]).suffix not in MEDIA_KINDS)
+           or media_kind(parts[1]) is None)
     if bad:
         raise HistoryError(f"{key!r} is not an output key: a key is '<day>/<file>.mp4' or '.png', "
                            f"such as {KEY_EXAMPLE!r}, as /history lists them")
@@ -238,7 +196,7 @@ def find_entry(outputs_dir: Path | str, key) -> HistoryEntry:
     """The output with this key, or HistoryError saying why there is none."""
     outputs_dir = Path(outputs_dir)
     media = _media_path(outputs_dir, key)
-    sidecar = media.with_suffix(".json")
+    sidecar = Bundle.from_media(media).sidecar
     if not media.exists() and not sidecar.exists():
         raise HistoryError(f"there is no output {key!r}: it was deleted already, or the key is wrong "
                            "(/history lists the outputs)")
@@ -251,10 +209,7 @@ def find_entry(outputs_dir: Path | str, key) -> HistoryEntry:
 
 def output_files(entry: HistoryEntry) -> list[Path]:
     """The files that exist for an output: the media file, then the sidecar and the companions."""
-    media = Path(entry.media)
-    stem = media.name[: -len(media.suffix)]
-    candidates = [media, *(media.with_name(stem + suffix) for suffix in COMPANION_SUFFIXES)]
-    return [path for path in candidates if path.exists() or path.is_symlink()]
+    return Bundle.from_media(entry.media).existing()
 
 
 def delete_output(outputs_dir: Path | str, key) -> list[str]:
@@ -264,14 +219,8 @@ def delete_output(outputs_dir: Path | str, key) -> list[str]:
     outputs are never touched. A link among the companions is removed, never what it points to.
     """
     entry = find_entry(outputs_dir, key)
-    removed = []
-    for path in output_files(entry):
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            done = f"; removed so far: {', '.join(removed)}" if removed else ""
-            raise HistoryError(f"could not delete {path.name} ({exc.strerror or exc}){done}") from None
-        removed.append(path.name)
-    return removed
+    try:
+        return Bundle.from_media(entry.media).remove()
+    except RemovalError as exc:
+        done = f"; removed so far: {', '.join(exc.removed)}" if exc.removed else ""
+        raise HistoryError(f"could not delete {exc.path.name} ({exc.error.strerror or exc.error}){done}") from None

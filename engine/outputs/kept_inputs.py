@@ -9,19 +9,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.outputs.bundle import INPUT_SUFFIXES, Bundle
 from engine.outputs.export import copy_file, write_png
 from engine.settings.images import upright_rgb
 from engine.settings.values import InputError
 
-# The request field each kept image came from -> the suffix of its file beside the output.
-INPUT_SUFFIXES = {"image": ".first.png", "last_image": ".last.png"}
+# The request fields whose images are kept (bundle.INPUT_SUFFIXES names their files), as the user reads them.
 INPUT_NAMES = {"image": "image", "last_image": "last image"}
-
-
-def input_path(stem: Path, field: str) -> Path:
-    """Where the input image of ``field`` ("image" or "last_image") is kept for the output ``stem``."""
-    stem = Path(stem)
-    return stem.with_name(stem.name + INPUT_SUFFIXES[field])
 
 
 def keep_inputs(request, stem: Path) -> tuple[dict[str, str | None], list[str]]:
@@ -32,6 +26,7 @@ def keep_inputs(request, stem: Path) -> tuple[dict[str, str | None], list[str]]:
     """
     import numpy as np
 
+    bundle = Bundle(Path(stem))
     kept: dict[str, str | None] = {}
     problems: list[str] = []
     for field in INPUT_SUFFIXES:
@@ -40,7 +35,7 @@ def keep_inputs(request, stem: Path) -> tuple[dict[str, str | None], list[str]]:
         if not source:
             continue
         try:
-            path = write_png(np.asarray(upright_rgb(source, INPUT_NAMES[field])), input_path(stem, field))
+            path = write_png(np.asarray(upright_rgb(source, INPUT_NAMES[field])), bundle.input(field))
         except (OSError, InputError) as exc:
             problems.append(f"The {INPUT_NAMES[field]} could not be kept beside the output ({exc}); "
                             "Reuse settings in the History tab will leave its slot empty.")
@@ -53,6 +48,7 @@ def carry_inputs(kept: dict, folder: Path, stem: Path) -> dict[str, str | None]:
     """The input images a run kept in ``folder`` (``kept``: {field: file name or None}), for an output
     made later from its latents at ``stem``: the same files when the stem is the run's own, else copies.
     A file that has gone since (or cannot be copied) is left out."""
+    bundle = Bundle(Path(stem))
     carried: dict[str, str | None] = {}
     for field in INPUT_SUFFIXES:
         carried[field] = None
@@ -60,7 +56,7 @@ def carry_inputs(kept: dict, folder: Path, stem: Path) -> dict[str, str | None]:
         source = Path(folder) / name if isinstance(name, str) and Path(name).name == name else None
         if source is None or not source.is_file():
             continue
-        target = input_path(stem, field)
+        target = bundle.input(field)
         try:
             if target != source:
                 copy_file(source, target)

@@ -7,39 +7,29 @@ finished runs are removed after a configurable time unless the request asked to 
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
-SUFFIX = ".latents.safetensors"
+from engine.outputs.atomic import write_atomically
+from engine.outputs.bundle import LATENTS_SUFFIX, Bundle
+
 DEFAULT_KEEP_HOURS = 24.0
 DECODE_AGAIN_HINT = ("The denoised latents were saved: use Decode again (tiled, or on the CPU) "
                      "to get the video without denoising again.")
 
 
-def latents_path(stem: Path) -> Path:
-    return stem.with_name(stem.name + SUFFIX)
-
-
-def stem_of(path: Path) -> Path:
-    """The output stem a latents file belongs to (the same name without the suffix)."""
-    path = Path(path)
-    return path.with_name(path.name[: -len(SUFFIX)]) if path.name.endswith(SUFFIX) else path.with_suffix("")
-
-
 def save_latents(latents, path: Path, metadata: dict) -> Path:
+    """Write ``latents`` (a tensor) with ``metadata`` in the header, whole or not at all."""
     from safetensors.torch import save_file
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.partial")
-    try:
-        save_file({"latents": latents.detach().to("cpu").contiguous()}, str(tmp),
-                  metadata={"wan_studio": json.dumps(metadata, default=str)})
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
-    return path
+    tensors = {"latents": latents.detach().to("cpu").contiguous()}
+    header = {"wan_studio": json.dumps(metadata, default=str)}
+    return write_atomically(path, lambda temporary: save_file(tensors, str(temporary), metadata=header))
+
+
+def saved_latents(outputs_dir: Path | str) -> list[Bundle]:
+    """The outputs in ``outputs_dir`` (``<day>/<stem>``) that have saved latents, finished or not."""
+    return [Bundle.from_latents(path) for path in Path(outputs_dir).glob(f"*/*{LATENTS_SUFFIX}")]
 
 
 def read_metadata(path: Path) -> dict:
@@ -53,8 +43,8 @@ def load_latents(path: Path):
     from safetensors.torch import load_file
 
     path = Path(path)
-    if not path.is_file() or not path.name.endswith(SUFFIX):
-        raise FileNotFoundError(f"{path} is not a saved latents file (*{SUFFIX})")
+    if not path.is_file() or not path.name.endswith(LATENTS_SUFFIX):
+        raise FileNotFoundError(f"{path} is not a saved latents file (*{LATENTS_SUFFIX})")
     return load_file(str(path))["latents"], read_metadata(path)
 
 
@@ -62,10 +52,9 @@ def cleanup_latents(outputs_dir: Path, keep_hours: float, now: float | None = No
     """Remove latents of finished runs older than ``keep_hours``; keep failed runs' and kept ones."""
     now = time.time() if now is None else now
     removed = []
-    for path in Path(outputs_dir).glob(f"*/*{SUFFIX}"):
-        stem = stem_of(path)
-        finished = stem.with_suffix(".mp4").exists() or stem.with_suffix(".png").exists()
-        if not finished or now - path.stat().st_mtime < keep_hours * 3600:
+    for bundle in saved_latents(outputs_dir):
+        path = bundle.latents
+        if not bundle.has_media() or now - path.stat().st_mtime < keep_hours * 3600:
             continue
         try:
             if read_metadata(path).get("keep"):

@@ -35,18 +35,12 @@ from engine.models.limits import check_model_limits
 from engine.models.refs import ResolvedModel, classify_ref, resolve_model
 from engine.models.selftest import selftest_built
 from engine.models.spec import TEXT_TOKENS, ModelSpec
-from engine.outputs.export import output_stem, write_json
+from engine.outputs.bundle import Bundle
+from engine.outputs.export import output_stem
 from engine.outputs.kept_inputs import carry_inputs, keep_inputs
-from engine.outputs.latents import (
-    DECODE_AGAIN_HINT,
-    DEFAULT_KEEP_HOURS,
-    cleanup_latents,
-    latents_path,
-    load_latents,
-    save_latents,
-    stem_of,
-)
+from engine.outputs.latents import DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, load_latents, save_latents
 from engine.outputs.record import redecode_record, run_record, write_media
+from engine.outputs.sidecar import write_sidecar
 from engine.planning.memory import VAE_TILES
 from engine.planning.planner import LADDER, Plan, plan_memory
 from engine.run.apply_plan import (
@@ -328,25 +322,25 @@ class Engine:
             job.emit(Info(job.id, f"'{plan.strategy}' worked after stepping down from "
                                   f"'{job.step_downs[0]['from']}'."))
         cleanup_latents(Path(request.outputs_dir), self.latents_hours)
-        stem = output_stem(Path(request.outputs_dir), request.settings.mode, request.prompt, request.seed)
+        bundle = Bundle(output_stem(Path(request.outputs_dir), request.settings.mode, request.prompt, request.seed))
         job.phase = "saving latents"
         if request.settings.mode == "i2v":
             # The upload is a temporary file: keep a copy (before the decode, which may fail) so the run
             # can be repeated from the History tab, also after Decode again.
-            job.inputs, problems = keep_inputs(request, stem)
+            job.inputs, problems = keep_inputs(request, bundle.stem)
             for problem in problems:
                 job.emit(Info(job.id, problem))
-        job.latents = str(save_latents(latents, latents_path(stem), {
+        job.latents = str(save_latents(latents, bundle.latents, {
             "request": request.to_dict(), "model": {"ref": loaded.model.ref, "revision": loaded.model.revision},
             "strategy": loaded.plan.strategy, "keep": request.keep_latents, "inputs": job.inputs}))
         job.emit(LatentsSaved(job.id, job.latents))
         frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
         with self._phase(job, "export"):
-            media = write_media(request, frames, stem)
+            media = write_media(request, frames, bundle)
         if self.latents_hours <= 0 and not request.keep_latents:
             Path(job.latents).unlink(missing_ok=True)
             job.latents = None
-        sidecar = self._write_sidecar(loaded, request, job, media, frames, ram)
+        sidecar = self._write_sidecar(loaded, request, job, bundle, media, frames, ram)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
 
@@ -547,17 +541,16 @@ class Engine:
         frames = self._decode_once(vae, video_processor, latents, job, tile, device)
         if device != plan.device and self.loaded is not None and vae is self.loaded.pipe.vae:
             vae.to(plan.device)
-        stem = stem_of(path)   # the failed run's own name, unless a decode already filled it
-        if any(stem.with_suffix(s).exists() for s in (".mp4", ".png", ".json")):
-            stem = output_stem(path.parent.parent, request.settings.mode, request.prompt, request.seed)
+        bundle = Bundle.from_latents(path)   # the failed run's own name, unless a decode already filled it
+        if bundle.has_output():
+            bundle = Bundle(output_stem(path.parent.parent, request.settings.mode, request.prompt, request.seed))
         with self._phase(job, "export"):
-            media = write_media(request, frames, stem)
+            media = write_media(request, frames, bundle)
         how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
+        inputs = carry_inputs(meta["inputs"], path.parent, bundle.stem) if meta.get("inputs") else None
         record = redecode_record(request, media, path, how, meta.get("model"), fields, job.timings,
-                                 ram.peak_gb, self.hardware.to_dict())
-        if meta.get("inputs"):
-            record["inputs"] = carry_inputs(meta["inputs"], path.parent, media.with_suffix(""))
-        sidecar = write_json(record, media.with_suffix(".json"))
+                                 ram.peak_gb, self.hardware.to_dict(), inputs=inputs)
+        sidecar = write_sidecar(record, bundle.sidecar)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            ram.peak_gb, f"Decoded again ({how}) from saved latents.")
 
@@ -574,14 +567,11 @@ class Engine:
         return vae, VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
 
     # ----- export -------------------------------------------------------------
-    def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, media: Path,
-                       frames, ram: RamPeakSampler) -> Path:
+    def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, bundle: Bundle,
+                       media: Path, frames, ram: RamPeakSampler) -> Path:
         sidecar = run_record(request, media, frames, model=loaded.model, plan=loaded.plan.to_dict(),
                              step_downs=job.step_downs, latents=job.latents, decode_fallback=job.decode_fallback,
                              timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=ram.peak_gb,
-                             hardware=self.hardware.to_dict())
-        if job.inputs is not None:
-            sidecar["inputs"] = job.inputs
-        if loaded.model.selftest:
-            sidecar["note"] = SELFTEST_NOTE
-        return write_json(sidecar, media.with_suffix(".json"))
+                             hardware=self.hardware.to_dict(), inputs=job.inputs,
+                             note=SELFTEST_NOTE if loaded.model.selftest else "")
+        return write_sidecar(sidecar, bundle.sidecar)

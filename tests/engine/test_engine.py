@@ -63,6 +63,7 @@ def test_text_to_video_writes_the_requested_frames_and_size(engine, model_dirs, 
     assert sidecar["peak_ram_gb"] > 0 and len(sidecar["step_seconds"]) == 3
     assert {"app", "torch", "diffusers", "transformers"} <= set(sidecar["versions"])
     assert sidecar["hardware"]["backend"] == "cpu" and sidecar["preset"] == "selftest-t2v"
+    assert list(sidecar)[:2] == ["schema", "app"] and sidecar["schema"] == 1   # the layout's version, first
 
 
 def test_events_arrive_in_pipeline_order(engine, model_dirs, presets, outputs):

@@ -180,6 +180,32 @@ def test_a_video_the_disk_cannot_hold_leaves_no_partial_file_and_one_sentence(sm
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
+def test_every_writer_on_a_full_disk_leaves_no_partial_file(small_disk):
+    """A full disk fails the write as before (an ENOSPC error, one the failure messages know as a full disk);
+    the temporary file goes with it, whatever writes it."""
+    import torch
+
+    from engine.outputs.atomic import write_atomically
+    from engine.outputs.export import copy_file, write_json, write_png
+    from engine.outputs.latents import save_latents
+    from engine.run.failures import is_disk_full
+
+    source = small_disk / "source.bin"
+    source.write_bytes(os.urandom(96 * 1024))
+    _fill(small_disk, 32 * 1024)
+    noise = (np.random.default_rng(0).random((256, 256, 3)) * 255).astype(np.uint8)   # about 200 kB of PNG
+    writes = {"bytes": lambda: write_atomically(small_disk / "a.bin", lambda tmp: tmp.write_bytes(os.urandom(1 << 20))),
+              "png": lambda: write_png(noise, small_disk / "a.png"),
+              "copy": lambda: copy_file(source, small_disk / "copy.bin"),
+              "json": lambda: write_json({"x": "y" * (1 << 20)}, small_disk / "a.json"),
+              "latents": lambda: save_latents(torch.zeros(256, 1024), small_disk / "a.latents.safetensors", {})}
+    for name, write in writes.items():
+        with pytest.raises(Exception) as info:   # safetensors raises its own error class
+            write()
+        assert is_disk_full(info.value), (name, info.value)
+        assert sorted(p.name for p in small_disk.iterdir()) == ["filler", "source.bin"], name
+
+
 def test_memory_does_not_grow_over_runs_and_model_swaps(selftest_models_dir, presets, outputs, image_file):
     client = WorkerClient(selftest_models_dir, latents_hours=0)
     t2v = tiny_request(presets, "selftest-t2v", outputs, steps=2)

@@ -1,12 +1,10 @@
 """Decode again: saved latents of runs whose decode failed become a video without denoising again."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import gradio as gr
 
 from engine.events import JobFinished
-from engine.outputs.latents import SUFFIX, stem_of
+from engine.outputs.latents import saved_latents
 from engine.settings.values import InputError
 from ui.context import AppContext
 from ui.generate import gpu_event, run_job
@@ -18,10 +16,10 @@ NONE_SAVED = ("No saved latents: a run keeps its latents here when its VAE decod
 def pending_latents(outputs_dir: str) -> list[tuple[str, str]]:
     """(label, path) of saved latents whose run has no video or image yet, newest first."""
     found = []
-    for path in Path(outputs_dir).glob(f"*/*{SUFFIX}"):
-        stem = stem_of(path)
-        if not (stem.with_suffix(".mp4").exists() or stem.with_suffix(".png").exists()):
-            found.append((path.stat().st_mtime, f"{path.parent.name} / {stem.name}", str(path)))
+    for bundle in saved_latents(outputs_dir):
+        if not bundle.has_media():
+            path = bundle.latents
+            found.append((path.stat().st_mtime, f"{path.parent.name} / {bundle.stem.name}", str(path)))
     return [(label, path) for _, label, path in sorted(found, reverse=True)]
 
 

@@ -1,0 +1,264 @@
+"""The sidecar: the JSON file beside every output that says what it is and how it was made.
+
+One schema for both sides: ``record`` builds a ``Sidecar`` and writes it, the history reads one
+back. The file is meant for people and other programs too, so its keys stay where they have
+always been; ``"schema"`` says which version of this layout a file follows:
+
+- no ``"schema"`` key (version 0): written before the number existed;
+- ``"schema": 1``: the same keys, with the number first.
+
+A newer number is read as far as its keys are understood.
+
+A sidecar has one of two shapes. A generation run's holds the request's values at the top level
+(mode, prompt, negative prompt, seed, preset) and in ``"parameters"`` (the rest of the request),
+what was written in ``"output"``, the memory plan and how the run went. A decode again from saved
+latents holds the prompt and seed at the top level, the whole request in ``"parameters"``, and
+``"decoded"`` / ``"decoded_from"`` instead of the plan.
+
+Reading is defensive, because a sidecar is a file anyone may edit: a value is looked for at the
+top level and then in ``"parameters"``; a part that is missing or of the wrong type counts as
+absent where the output can be understood without it, and makes the file unreadable
+(SidecarError) where it cannot (no media file name, mode, prompt, seed, size, frame count, steps,
+guidance or shift).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine import APP_ID
+from engine.outputs.export import write_json
+
+SCHEMA = 1
+MODES = ("t2v", "i2v", "t2i")
+# The numbers every readable sidecar has besides its seed (Sidecar reads them from "parameters" and "output").
+NUMBERS = ("width", "height", "frames", "steps", "guidance", "shift", "fps")
+
+
+class SidecarError(ValueError):
+    """A file that is not a readable sidecar of this app; the message says why."""
+
+
+class _Parameter:
+    """A number of the request, read from a sidecar's ``parameters`` (ValueError, KeyError or TypeError when
+    it is missing or not a number): the value is kept in one place only, where the file keeps it."""
+
+    def __init__(self, kind: type):
+        self.kind = kind
+
+    def __set_name__(self, owner, name: str):
+        self.name = name
+
+    def __get__(self, sidecar, owner=None):
+        return self if sidecar is None else _number(sidecar.parameters[self.name], self.kind)
+
+
+@dataclass(frozen=True)
+class RunDetails:
+    """What only a generation run records: how the run went (as recorded: an old file may lack a part, None)."""
+    step_downs: list            # each {"phase", "from", "to"}: a step down the memory plan after out-of-memory
+    latents: str | None         # the saved latents, while they are kept
+    decode_fallback: str | None  # how the decode finally worked, when not as planned
+    model_reused: bool          # the model was loaded already
+    step_seconds: list          # seconds of each denoising step
+
+
+@dataclass(frozen=True)
+class DecodeDetails:
+    """What a decode again from saved latents records instead."""
+    how: str                    # "tiled", "untiled" or "on the CPU"
+    latents: str | None         # the latents file it decoded
+
+
+@dataclass(frozen=True)
+class Sidecar:
+    """One output's sidecar, as written and as read back.
+
+    ``mode`` to ``preset`` are the request's values wherever the file holds them (the top level,
+    else ``parameters``); the size, steps, guidance and shift are read from ``parameters``, the
+    frame count and rate from ``output`` first. Free-form parts (``parameters``, ``plan``,
+    ``hardware``...) hold what the JSON holds (lists, not tuples), so a sidecar read back equals the
+    one written. Exactly one of ``run`` and ``decoded`` is set.
+    """
+    file: str                   # the media file's name, beside the sidecar
+    mode: str                   # "t2v", "i2v" or "t2i"
+    prompt: str
+    negative_prompt: str
+    seed: int
+    model: str                  # the model reference
+    preset: str | None          # as recorded
+    parameters: dict            # the request's values (a run's: without the prompts and the outputs folder)
+    output: dict | None = None  # a run's {"frames", "height", "width", "fps"} of the file written
+    run: RunDetails | None = None
+    decoded: DecodeDetails | None = None
+    model_details: dict | None = None   # "model": a run's {"ref", "source", "revision", "pipeline"}
+    created: str | None = None          # local time, ISO 8601 (a decode again records none)
+    plan: dict | None = None            # the memory plan of a run
+    timings: dict[str, float] = field(default_factory=dict)   # phase -> seconds, in run order
+    peak_vram_gb: float | None = None
+    peak_ram_gb: float | None = None
+    versions: dict | None = None
+    hardware: dict | None = None
+    inputs: dict | None = None          # kept input images: {"image": name or None, "last_image": ...}
+    note: str = ""
+    app_version: str | None = None
+    schema: int = SCHEMA
+
+    width = _Parameter(int)
+    height = _Parameter(int)
+    steps = _Parameter(int)
+    guidance = _Parameter(float)
+    shift = _Parameter(float)
+
+    def __post_init__(self):
+        if (self.run is None) == (self.decoded is None):
+            raise ValueError("a sidecar is a run's (run=RunDetails) or a decode again's (decoded=DecodeDetails)")
+
+    @property
+    def frames(self) -> int:
+        """The frame count of the file written (a run's ``output``), else the request's."""
+        return _number((self.output or {}).get("frames", self.parameters["frames"]), int)
+
+    @property
+    def fps(self) -> int | None:
+        """Frames a second (None for a still that a run wrote)."""
+        fps = (self.output or {}).get("fps", self.parameters.get("fps"))
+        return None if fps is None else _number(fps, int)
+
+    @property
+    def strategy(self):
+        """The memory plan's strategy, as recorded (None without a plan)."""
+        return self.plan.get("strategy") if self.plan else None
+
+    # ----- writing ----------------------------------------------------------------
+    def to_json(self) -> dict:
+        """The JSON object of this sidecar, its keys in the order of the layout."""
+        head = {"schema": self.schema, "app": {"name": APP_ID, "version": self.app_version}}
+        body = self._run_json() if self.run is not None else self._decoded_json()
+        tail = {"peak_vram_gb": self.peak_vram_gb, "peak_ram_gb": self.peak_ram_gb, "versions": self.versions,
+                "hardware": self.hardware}
+        if self.inputs is not None:
+            tail["inputs"] = self.inputs
+        if self.note:
+            tail["note"] = self.note
+        return head | body | tail
+
+    def _run_json(self) -> dict:
+        run = self.run
+        return {
+            "created": self.created, "file": self.file, "mode": self.mode, "prompt": self.prompt,
+            "negative_prompt": self.negative_prompt, "seed": self.seed, "model": self.model_details,
+            "preset": self.preset, "parameters": self.parameters, "output": self.output, "plan": self.plan,
+            "step_downs": run.step_downs, "latents": run.latents, "decode_fallback": run.decode_fallback,
+            "model_reused": run.model_reused, "timings": self.timings, "step_seconds": run.step_seconds,
+        }
+
+    def _decoded_json(self) -> dict:
+        return {"file": self.file, "decoded_from": self.decoded.latents, "decoded": self.decoded.how,
+                "prompt": self.prompt, "seed": self.seed, "model": self.model_details,
+                "parameters": self.parameters, "timings": self.timings}
+
+    # ----- reading ----------------------------------------------------------------
+    @classmethod
+    def from_json(cls, data) -> "Sidecar":
+        """The sidecar a parsed JSON value describes (any version), or SidecarError saying why it is none."""
+        if not isinstance(data, dict) or not isinstance(data.get("app"), dict) or data["app"].get("name") != APP_ID:
+            raise SidecarError("not a sidecar of this app (no \"app\": {\"name\": \"wan-studio\"})")
+        try:
+            decoded = data.get("decoded")
+            sidecar = cls(
+                **_request_values(data), model_details=_dict_or_none(data.get("model")),
+                created=_created(data.get("created")), plan=_dict_or_none(data.get("plan")),
+                timings=_timings(data.get("timings")),
+                peak_vram_gb=_optional_float(data.get("peak_vram_gb")),
+                peak_ram_gb=_optional_float(data.get("peak_ram_gb")),
+                versions=data.get("versions"), hardware=data.get("hardware"),
+                inputs=_dict_or_none(data.get("inputs")), note=str(data.get("note") or ""),
+                run=None if decoded else _run_details(data),
+                decoded=DecodeDetails(str(decoded), data.get("decoded_from")) if decoded else None,
+                app_version=data["app"].get("version"), schema=_schema(data.get("schema", 0)))
+            for name in NUMBERS:   # each must read now: a sidecar without them is no output's
+                getattr(sidecar, name)
+            return sidecar
+        except SidecarError:
+            raise
+        except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:   # Overflow: an infinite number
+            raise SidecarError(f"not a readable sidecar: {exc.__class__.__name__} {exc}") from None
+
+
+def model_name(details, parameters: dict) -> str:
+    """The model reference a sidecar names: its ``"model"`` object's ref, else the request's model."""
+    ref = details.get("ref") if isinstance(details, dict) else None
+    return str(ref or parameters.get("model") or "")
+
+
+def _request_values(data: dict) -> dict:
+    """``Sidecar``'s request values from a parsed sidecar: the top level first, then ``"parameters"``."""
+    params = data["parameters"] if isinstance(data.get("parameters"), dict) else {}
+    file = data.get("file")
+    mode = data.get("mode") or params.get("mode")
+    prompt = data["prompt"] if "prompt" in data else params.get("prompt")
+    negative = data["negative_prompt"] if "negative_prompt" in data else params.get("negative_prompt")
+    if not isinstance(file, str) or mode not in MODES or not isinstance(prompt, str):
+        raise SidecarError("a sidecar needs the file name, the mode and the prompt")
+    return dict(
+        file=file, mode=mode, prompt=prompt, negative_prompt=negative if isinstance(negative, str) else "",
+        seed=_number(data.get("seed", params.get("seed")), int), model=model_name(data.get("model"), params),
+        preset=data["preset"] if "preset" in data else params.get("preset"), parameters=params,
+        output=_dict_or_none(data.get("output")))
+
+
+def _run_details(data: dict) -> RunDetails:
+    return RunDetails(
+        step_downs=data.get("step_downs"), latents=data.get("latents"), decode_fallback=data.get("decode_fallback"),
+        model_reused=data.get("model_reused"), step_seconds=data.get("step_seconds"))
+
+
+def _number(value, kind):
+    if isinstance(value, bool) or value is None:
+        raise ValueError("not a number")
+    return kind(value)
+
+
+def _optional_float(value) -> float | None:
+    try:
+        return None if value is None or isinstance(value, bool) else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _dict_or_none(value) -> dict | None:
+    return value if isinstance(value, dict) else None
+
+
+def _created(value) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _timings(value) -> dict[str, float]:
+    """Phase -> seconds; anything that is not a number is left out."""
+    items = value.items() if isinstance(value, dict) else ()
+    return {str(k): float(v) for k, v in items if isinstance(v, (int, float))}
+
+
+def _schema(value) -> int:
+    """The layout version a sidecar says it follows (0: before the number existed)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SidecarError(f"the sidecar's schema {value!r} is not a version number")
+    return value
+
+
+# ----- the file -------------------------------------------------------------------
+def read_sidecar(path: Path | str) -> Sidecar:
+    """The sidecar in the file ``path``; OSError when it cannot be read, SidecarError when it is not one."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except ValueError as exc:   # not JSON, or not text
+        raise SidecarError(f"{Path(path).name} is not JSON text ({exc})") from None
+    return Sidecar.from_json(data)
+
+
+def write_sidecar(sidecar: Sidecar, path: Path | str) -> Path:
+    """Write ``sidecar`` to ``path``, whole or not at all."""
+    return write_json(sidecar.to_json(), Path(path))
