@@ -16,9 +16,10 @@ from engine.outputs.sidecar import SCHEMA, Sidecar, SidecarError, read_sidecar, 
 from engine.settings.request import GenerationRequest
 
 STEM = "120000_i2v_a-fox_7"
-REQUEST = GenerationRequest(mode="i2v", prompt="a fox", model="org/fox", width=64, height=48, frames=5, steps=2,
-                            guidance=5, shift=3.0, seed=7, negative_prompt="blurry", preset="fox-preset",
-                            sigmas=(0.5, 0.25), image="/uploads/fox.png", outputs_dir="/outputs")
+REQUEST = GenerationRequest.from_dict(dict(
+    mode="i2v", prompt="a fox", model="org/fox", width=64, height=48, frames=5, steps=2, guidance=5, shift=3.0,
+    seed=7, negative_prompt="blurry", preset="fox-preset", sigmas=(0.5, 0.25), image="/uploads/fox.png",
+    outputs_dir="/outputs"))
 MODEL = SimpleNamespace(ref="org/fox", source="hub", revision="abc123", pipeline_class="WanImageToVideoPipeline")
 INPUTS = {"image": f"{STEM}.first.png", "last_image": None}
 
@@ -74,7 +75,7 @@ def test_a_run_writes_every_key_it_always_wrote_and_the_schema_first():
     assert list(data) == ["schema", *OLD_RUN] and data["schema"] == SCHEMA == 1
     assert data["app"]["name"] == "wan-studio" and data["file"] == f"{STEM}.mp4"
     assert data["output"] == {"frames": 5, "height": 48, "width": 64, "fps": 16}
-    assert list(data["parameters"].items()) == list(OLD_RUN["parameters"].items())   # no prompts, no folder
+    assert data["parameters"] == OLD_RUN["parameters"]   # every value, no prompts, no folder (the order is free)
     assert data["model_reused"] is False and data["latents"] == "/l.latents.safetensors"
     plain = _run_sidecar().to_json()
     assert "inputs" not in plain and "note" not in plain   # only when there are some
@@ -89,7 +90,7 @@ def test_a_decode_again_writes_its_own_keys():
 
 def test_a_still_records_no_frame_rate():
     frames = np.zeros((1, 48, 64, 3), np.float32)
-    still = run_record(replace(REQUEST, mode="t2i", image=None), Path(f"{STEM}.png"), frames, model=MODEL, plan={},
+    still = run_record(REQUEST.with_values(mode="t2i", image=None), Path(f"{STEM}.png"), frames, model=MODEL, plan={},
                        step_downs=[], latents=None, decode_fallback=None, timings={}, step_seconds=[], peak_ram_gb=1.0,
                        hardware={})
     assert still.fps is None and still.to_json()["output"] == {"frames": 1, "height": 48, "width": 64, "fps": None}
