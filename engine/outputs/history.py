@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from engine.outputs.bundle import SIDECAR_SUFFIX, Bundle, RemovalError, media_kind
 from engine.outputs.sidecar import Sidecar, read_sidecar
+from engine.settings.values import Settings
 
 DEFAULT_LIMIT = 100
 KEY_EXAMPLE = "2025-01-31/153000_t2v_a-red-fox_7.mp4"
@@ -36,20 +37,13 @@ class HistoryEntry:
     media: str
     sidecar: str
     created: str                # local time, ISO 8601
-    mode: str                   # "t2v", "i2v" or "t2i"
+    settings: Settings          # what it was made with
     prompt: str
     negative_prompt: str
-    model: str
     preset: str | None
-    width: int
-    height: int
-    frames: int
-    steps: int
-    guidance: float
-    shift: float
     seed: int
-    fps: int | None = None
-    strategy: str | None = None               # the memory plan's strategy
+    fps: int | None = None                    # of the file written (None for a still)
+    strategy: str | None = None               # the memory plan's strategy, as it ran
     timings: dict[str, float] = field(default_factory=dict)   # phase -> seconds, in run order
     peak_vram_gb: float | None = None
     peak_ram_gb: float | None = None
@@ -58,7 +52,9 @@ class HistoryEntry:
     note: str = ""
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """What the history API returns: the entry's own fields and the settings the page shows."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "settings"}
+        return {**{name: getattr(self.settings, name) for name in SHOWN_SETTINGS}, **own}
 
     def label(self, words: int = 8) -> str:
         """A short caption: the prompt's first words and the date and time."""
@@ -67,33 +63,34 @@ class HistoryEntry:
         return f"{text or '(no prompt)'} · {self.created[:16].replace('T', ' ')}"
 
 
+# The settings an entry shows (the API's keys): the rest stay in the entry's Settings.
+SHOWN_SETTINGS = ("mode", "model", "width", "height", "frames", "steps", "guidance", "shift")
+
+
 @dataclass(frozen=True)
 class ReuseValues:
     """What to put back in a generation form to run an output again."""
     tab: str                    # "t2v" (text-to-video and text-to-image) or "i2v"
-    mode: str
+    settings: Settings
     preset: str | None
     prompt: str
     negative_prompt: str
-    model: str
-    width: int
-    height: int
-    frames: int | None          # None for an image: leave the form's frame count alone
-    steps: int
-    guidance: float
-    shift: float
     seed: int                   # the seed actually used, so the same output comes again
     image: str | None = None
     last_image: str | None = None
+
+    @property
+    def keep(self) -> tuple[str, ...]:
+        """Settings the form keeps as they are: an image's frame count (1) is not the video form's."""
+        return ("frames",) if self.settings.mode == "t2i" else ()
 
 
 def reuse_values(entry: HistoryEntry) -> ReuseValues:
     """The form values that make ``entry`` again (its seed included)."""
     return ReuseValues(
-        tab="i2v" if entry.mode == "i2v" else "t2v", mode=entry.mode, preset=entry.preset, prompt=entry.prompt,
-        negative_prompt=entry.negative_prompt, model=entry.model, width=entry.width, height=entry.height,
-        frames=None if entry.mode == "t2i" else entry.frames, steps=entry.steps, guidance=entry.guidance,
-        shift=entry.shift, seed=entry.seed, image=entry.first_image, last_image=entry.last_image)
+        tab="i2v" if entry.settings.mode == "i2v" else "t2v", settings=entry.settings, preset=entry.preset,
+        prompt=entry.prompt, negative_prompt=entry.negative_prompt, seed=entry.seed, image=entry.first_image,
+        last_image=entry.last_image)
 
 
 # ----- reading ----------------------------------------------------------------
@@ -134,10 +131,8 @@ def _entry(sidecar: Path, bundle: Bundle, media: Path, record: Sidecar) -> Histo
         note = f"Decoded again ({record.decoded.how}) from saved latents. {note}".strip()
     return HistoryEntry(
         key=f"{sidecar.parent.name}/{media.name}", kind=media_kind(media), media=str(media), sidecar=str(sidecar),
-        created=created, mode=record.mode, prompt=record.prompt, negative_prompt=record.negative_prompt,
-        model=record.model, preset=record.preset or None, width=record.width, height=record.height,
-        frames=record.frames, steps=record.steps, guidance=record.guidance, shift=record.shift, seed=record.seed,
-        fps=record.fps, strategy=record.strategy, timings=dict(record.timings), peak_vram_gb=record.peak_vram_gb,
+        created=created, settings=record.settings(), prompt=record.prompt, negative_prompt=record.negative_prompt,
+        preset=record.preset or None, seed=record.seed, fps=record.fps, strategy=record.strategy, timings=dict(record.timings), peak_vram_gb=record.peak_vram_gb,
         peak_ram_gb=record.peak_ram_gb, first_image=_kept_input(bundle, "image", record.inputs),
         last_image=_kept_input(bundle, "last_image", record.inputs), note=note)
 

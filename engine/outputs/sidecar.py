@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine import APP_ID
+from engine.settings.values import SETTING_NAMES, Settings
 from engine.outputs.export import write_json
 
 SCHEMA = 1
@@ -130,6 +131,16 @@ class Sidecar:
     def strategy(self):
         """The memory plan's strategy, as recorded (None without a plan)."""
         return self.plan.get("strategy") if self.plan else None
+
+    def settings(self) -> Settings:
+        """The settings the output was made with: the numbers as read above, the rest from ``parameters``
+        (what an older sidecar lacks takes Settings' defaults)."""
+        recorded = {k: v for k, v in self.parameters.items() if k in SETTING_NAMES}
+        if recorded.get("sigmas") is not None:
+            recorded["sigmas"] = tuple(recorded["sigmas"])
+        numbers = {name: getattr(self, name) for name in ("width", "height", "frames", "steps", "guidance", "shift")}
+        return Settings(**{**recorded, **numbers, "model": self.model, "mode": self.mode,
+                           "fps": self.fps or recorded.get("fps") or Settings.fps})
 
     # ----- writing ----------------------------------------------------------------
     def to_json(self) -> dict:

@@ -12,7 +12,8 @@ import threading
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from engine.settings.values import PRESET_MODES, SCHEDULERS, Settings, split_values
+from engine.settings.values import (MEMORY_CHOICES, PRESET_MODES, REQUIRED_SETTINGS, SCHEDULERS, SETTING_TYPES,
+                                    InputError, Settings, check_settings, split_values)
 
 BUILTIN_PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 # A user preset's name is also its file name and its id on the page and in the API.
@@ -43,15 +44,8 @@ class Preset:
     selftest: bool = False
 
 
-_REQUIRED = ["name", "title", "description", "model", "mode", "width", "height",
-             "frames", "steps", "guidance", "shift", "fps"]
-_TYPES = {
-    "name": str, "title": str, "description": str, "model": str, "mode": str,
-    "width": int, "height": int, "frames": int, "steps": int,
-    "guidance": (int, float), "shift": (int, float), "fps": int,
-    "negative_prompt": str, "size_multiple": int, "scheduler": str,
-    "sigmas": (list, type(None)), "selftest": bool,
-}
+_REQUIRED = ["name", "title", "description", *REQUIRED_SETTINGS]
+_TYPES = {"name": str, "title": str, "description": str, **SETTING_TYPES, "negative_prompt": str, "selftest": bool}
 
 
 def _type_name(expected) -> str:
@@ -73,7 +67,7 @@ def parse_preset(data: object, source: str) -> Preset:
     for key, value in data.items():
         expected = _TYPES[key]
         # bool is an int subclass: refuse it where a number is expected.
-        if isinstance(value, bool) and expected is not bool:
+        if isinstance(value, bool) and bool not in (expected if isinstance(expected, tuple) else (expected,)):
             raise PresetError(f"{source}: field '{key}' must be {_type_name(expected)}, got true/false")
         if not isinstance(value, expected):
             raise PresetError(f"{source}: field '{key}' must be {_type_name(expected)}, got {type(value).__name__}")
@@ -95,7 +89,11 @@ def parse_preset(data: object, source: str) -> Preset:
     values["guidance"] = float(values["guidance"])
     values["shift"] = float(values["shift"])
     settings, own = split_values(values)
-    return Preset(settings=Settings(**settings), **own)
+    try:
+        checked = check_settings(Settings(**settings))
+    except InputError as exc:
+        raise PresetError(f"{source}: {exc}") from None
+    return Preset(settings=checked, **own)
 
 
 def load_preset_file(path: Path) -> Preset:
@@ -161,7 +159,7 @@ def preset_json(preset: Preset) -> dict:
     data = {**own, **preset.settings.to_dict()}
     if data["sigmas"] is not None:
         data["sigmas"] = list(data["sigmas"])
-    return {key: data[key] for key in _TYPES}
+    return {key: data[key] for key in _TYPES if not (key in MEMORY_CHOICES and data[key] is None)}
 
 
 @dataclass

@@ -87,6 +87,17 @@ class Settings:
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
+# How a preset file (JSON) holds each setting: a new setting adds its line here (a test checks that every
+# setting has one). The memory choices are optional in a file and absent from the built-in presets.
+SETTING_TYPES = {
+    "model": str, "mode": str, "width": int, "height": int, "frames": int, "steps": int,
+    "guidance": (int, float), "shift": (int, float), "fps": int, "size_multiple": int, "scheduler": str,
+    "sigmas": (list, type(None)), "strategy": (str, type(None)), "text_encoder": (str, type(None)),
+    "vae_tiling": (bool, type(None)),
+}
+MEMORY_CHOICES = ("strategy", "text_encoder", "vae_tiling")
+# What every preset file must give; the other settings take Settings' defaults.
+REQUIRED_SETTINGS = ("model", "mode", "width", "height", "frames", "steps", "guidance", "shift", "fps")
 
 
 def split_values(values: dict) -> tuple[dict, dict]:

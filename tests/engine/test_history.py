@@ -12,6 +12,7 @@ from PIL import Image
 
 from engine.events import JobFinished
 from engine.outputs.export import read_video
+from engine.settings.request import GenerationRequest
 from engine.outputs.history import (
     HistoryError,
     delete_output,
@@ -94,25 +95,25 @@ def test_scan_lists_every_output_newest_first_with_its_settings(made):
     entries = scan_history(made["outputs"])
     results = made["results"]
     assert [e.key for e in entries] == [_key(results[n]) for n in ("i2v", "t2i", "t2v")]
-    by_mode = {e.mode: e for e in entries}
+    by_mode = {e.settings.mode: e for e in entries}
     for mode, request in made["requests"].items():
         entry = by_mode[mode]
         assert entry.media == results[mode].paths[0] and entry.sidecar == results[mode].sidecar
-        assert (entry.prompt, entry.negative_prompt, entry.model, entry.preset) == (
+        assert (entry.prompt, entry.negative_prompt, entry.settings.model, entry.preset) == (
             request.prompt, request.negative_prompt, request.settings.model, request.preset)
-        assert (entry.width, entry.height, entry.steps, entry.seed) == (64, 48, 2, request.seed)
-        assert (entry.guidance, entry.shift) == (request.settings.guidance, request.settings.shift)
+        assert (entry.settings.width, entry.settings.height, entry.settings.steps, entry.seed) == (64, 48, 2, request.seed)
+        assert (entry.settings.guidance, entry.settings.shift) == (request.settings.guidance, request.settings.shift)
         assert entry.strategy == "all_on_device" and entry.peak_ram_gb > 0
         assert {"text_encode", "denoise", "vae_decode", "export"} <= set(entry.timings)
-    assert (by_mode["t2v"].kind, by_mode["t2v"].frames, by_mode["t2v"].fps) == ("video", 5, 16)
-    assert (by_mode["t2i"].kind, by_mode["t2i"].frames, by_mode["t2i"].fps) == ("image", 1, None)
+    assert (by_mode["t2v"].kind, by_mode["t2v"].settings.frames, by_mode["t2v"].fps) == ("video", 5, 16)
+    assert (by_mode["t2i"].kind, by_mode["t2i"].settings.frames, by_mode["t2i"].fps) == ("image", 1, None)
     assert "image_encode" in by_mode["i2v"].timings
     assert entries[0].label().startswith("waves on a shore · ")
     assert json.loads(json.dumps([e.to_dict() for e in entries]))[0]["key"] == entries[0].key
 
 
 def test_scan_limit_and_a_missing_folder(made, tmp_path):
-    assert [e.mode for e in scan_history(made["outputs"], limit=2)] == ["i2v", "t2i"]
+    assert [e.settings.mode for e in scan_history(made["outputs"], limit=2)] == ["i2v", "t2i"]
     assert len(scan_history(made["outputs"], limit=None)) == 3
     assert scan_history(tmp_path / "never-made") == []
 
@@ -160,7 +161,7 @@ def test_a_decoded_again_output_is_listed_too(outputs, made, engine):
     assert isinstance(result, JobFinished), result
     entry = scan_history(outputs)[0]
     assert entry.media == result.paths[0] and entry.key != key
-    assert (entry.mode, entry.prompt, entry.seed, entry.frames, entry.steps) == ("t2v", "a red fox in the snow", 11, 5, 2)
+    assert (entry.settings.mode, entry.prompt, entry.seed, entry.settings.frames, entry.settings.steps) == ("t2v", "a red fox in the snow", 11, 5, 2)
     assert entry.strategy is None and entry.note.startswith("Decoded again (tiled)") and "vae_decode" in entry.timings
     assert reuse_values(entry).preset == "selftest-t2v"
 
@@ -197,15 +198,15 @@ def test_a_video_decoded_again_keeps_the_input_image_of_its_failed_run(model_dir
 
 # ----- reuse --------------------------------------------------------------------
 def test_reuse_values_refill_the_matching_form(made):
-    entries = {e.mode: e for e in scan_history(made["outputs"])}
+    entries = {e.settings.mode: e for e in scan_history(made["outputs"])}
     t2v = reuse_values(entries["t2v"])
     request = made["requests"]["t2v"]
-    assert (t2v.tab, t2v.mode, t2v.preset, t2v.prompt, t2v.model) == ("t2v", "t2v", "selftest-t2v", request.prompt,
-                                                                     request.settings.model)
-    assert (t2v.width, t2v.height, t2v.frames, t2v.steps, t2v.seed) == (64, 48, 5, 2, 11)
+    assert (t2v.tab, t2v.preset, t2v.prompt, t2v.seed) == ("t2v", "selftest-t2v", request.prompt, 11)
+    assert t2v.settings == request.settings and t2v.keep == ()   # every setting as it ran, none copied by hand
     assert (t2v.image, t2v.last_image) == (None, None)
     t2i = reuse_values(entries["t2i"])
-    assert (t2i.tab, t2i.mode, t2i.frames) == ("t2v", "t2i", None)   # the image button makes one frame
+    assert (t2i.tab, t2i.settings.mode, t2i.settings.frames) == ("t2v", "t2i", 1)
+    assert t2i.keep == ("frames",)   # the image button makes one frame: the form's frame count stays
     i2v = reuse_values(entries["i2v"])
     assert (i2v.tab, i2v.negative_prompt, i2v.seed) == ("i2v", "blurry", 13)
     assert i2v.image.endswith(".first.png") and i2v.last_image is None
@@ -215,10 +216,8 @@ def test_reused_settings_make_the_same_video_again(made, engine, tmp_path):
     """Running the i2v output's reuse values (kept images, recorded seed) repeats it exactly."""
     entry = find_entry(made["outputs"], _key(made["results"]["i2v"]))
     values = reuse_values(entry)
-    again = made["requests"]["i2v"].with_values(prompt=values.prompt, negative_prompt=values.negative_prompt,
-                    width=values.width, height=values.height, frames=values.frames, steps=values.steps,
-                    guidance=values.guidance, shift=values.shift, seed=values.seed, image=values.image,
-                    last_image=values.last_image, outputs_dir=str(tmp_path))
+    again = GenerationRequest(values.settings, values.prompt, values.negative_prompt, values.seed, values.image,
+                              values.last_image, values.preset, outputs_dir=str(tmp_path))
     result = _run(engine, again)
     assert np.array_equal(read_video(result.paths[0])[0], read_video(entry.media)[0])
 

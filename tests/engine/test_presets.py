@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from engine.settings.presets import BUILTIN_PRESETS_DIR, PresetError, UserPresets, check_user_preset_name, get_preset, load_preset_file, load_presets
+from engine.settings.presets import (BUILTIN_PRESETS_DIR, PresetError, UserPresets, check_user_preset_name, get_preset,
+                                     load_preset_file, load_presets, preset_json)
 
 
 def test_builtin_presets_hold_the_articles_settings(presets):
@@ -208,3 +209,20 @@ def test_delete_removes_only_user_presets(tmp_path, presets):
     with pytest.raises(PresetError, match="there is no preset of yours named 'mine'"):
         store.delete("mine")
     assert "selftest-t2v" in store.presets and _builtin_files() == before
+
+
+def test_every_setting_has_its_place_in_a_preset_file():
+    """A new setting is one field of Settings plus its line in SETTING_TYPES: presets read and write it."""
+    from engine.settings.values import SETTING_NAMES, SETTING_TYPES
+
+    assert set(SETTING_TYPES) == set(SETTING_NAMES)
+
+
+def test_a_preset_may_force_a_memory_choice_and_a_bad_one_is_refused(tmp_path):
+    _write(tmp_path, "tiled", vae_tiling=True, strategy="group_offload")
+    settings = load_presets(tmp_path)["tiled"].settings
+    assert (settings.vae_tiling, settings.strategy, settings.text_encoder) == (True, "group_offload", None)
+    assert preset_json(load_presets(tmp_path)["tiled"])["vae_tiling"] is True
+    _write(tmp_path, "turbo", strategy="turbo")
+    with pytest.raises(PresetError, match="turbo.json: Strategy 'turbo' is unknown"):
+        load_presets(tmp_path)

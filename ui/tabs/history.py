@@ -41,11 +41,8 @@ def _shown(entry: HistoryEntry | None) -> tuple:
 def form_updates(ctx: AppContext, forms: dict[str, Form], values: ReuseValues) -> tuple[dict, list[str]]:
     """{component: value} that put ``values`` into the matching form, and warnings for what cannot be refilled."""
     form = forms[values.tab]
-    updates = {form.prompt: values.prompt, form.negative_prompt: values.negative_prompt, form.model: values.model,
-               form.width: values.width, form.height: values.height, form.steps: values.steps,
-               form.guidance: values.guidance, form.shift: values.shift, form.seed: values.seed}
-    if values.frames is not None:
-        updates[form.frames] = values.frames
+    updates = {**form.settings_updates(values.settings, keep=values.keep), form.prompt: values.prompt,
+               form.negative_prompt: values.negative_prompt, form.seed: values.seed}
     warnings = []
     choices = preset_choices(ctx, values.tab)
     if values.preset in {name for _, name in choices}:

@@ -24,9 +24,9 @@ def _gb(value: float | None) -> str:
 
 def _size(entry: HistoryEntry) -> str:
     if entry.kind == "image":
-        return f"{entry.width}x{entry.height}, image"
-    fps = f" at {entry.fps} fps ({(entry.frames - 1) / entry.fps:.1f} s)" if entry.fps else ""
-    return f"{entry.width}x{entry.height}, {plural(entry.frames, 'frame')}{fps}"
+        return f"{entry.settings.width}x{entry.settings.height}, image"
+    fps = f" at {entry.fps} fps ({(entry.settings.frames - 1) / entry.fps:.1f} s)" if entry.fps else ""
+    return f"{entry.settings.width}x{entry.settings.height}, {plural(entry.settings.frames, 'frame')}{fps}"
 
 
 def _timings_table(timings: dict[str, float]) -> list[str]:
@@ -42,18 +42,18 @@ def _timings_table(timings: dict[str, float]) -> list[str]:
 def entry_markdown(entry: HistoryEntry) -> str:
     """Settings, timings and peaks of one output: enough to understand it and to run it again."""
     images = ""
-    if entry.mode == "i2v":
+    if entry.settings.mode == "i2v":
         kept = [name for name, path in (("first frame", entry.first_image), ("last frame", entry.last_image)) if path]
         images = ", ".join(kept) + " kept" if kept else "not kept (an older output): drop the image again to reuse it"
     rows = [
         ("Created", escape_markdown(entry.created.replace("T", " "))),
-        ("Mode", MODE_NAMES.get(entry.mode, entry.mode)),
-        ("Model", escape_markdown(entry.model)),
+        ("Mode", MODE_NAMES.get(entry.settings.mode, entry.settings.mode)),
+        ("Model", escape_markdown(entry.settings.model)),
         ("Preset", escape_markdown(entry.preset or "none")),
         ("Size", _size(entry)),
-        ("Steps", str(entry.steps)),
-        ("Guidance", f"{entry.guidance:g}"),
-        ("Shift", f"{entry.shift:g}"),
+        ("Steps", str(entry.settings.steps)),
+        ("Guidance", f"{entry.settings.guidance:g}"),
+        ("Shift", f"{entry.settings.shift:g}"),
         ("Seed", str(entry.seed)),
         ("Plan strategy", escape_markdown(entry.strategy or "n/a")),
         ("Peak VRAM / RAM", f"{_gb(entry.peak_vram_gb)} / {_gb(entry.peak_ram_gb)}"),
