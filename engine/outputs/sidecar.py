@@ -28,11 +28,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine import APP_ID
-from engine.settings.values import SETTING_NAMES, Settings
+from engine.settings.values import MODES, SETTING_NAMES, Settings
 from engine.outputs.export import write_json
 
 SCHEMA = 1
-MODES = ("t2v", "i2v", "t2i")
 # The numbers every readable sidecar has besides its seed (Sidecar reads them from "parameters" and "output").
 NUMBERS = ("width", "height", "frames", "steps", "guidance", "shift", "fps")
 

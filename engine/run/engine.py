@@ -150,6 +150,7 @@ class _Job:
     latents: str | None = None
     inputs: dict | None = None          # input images kept beside the output: {field: file name or None}
     ram: RamPeakSampler | None = None   # the run's RAM peak so far, reported with every step
+    steps: int = 0                      # denoising steps the job asks for (0: a decode again)
 
 
 class Engine:
@@ -268,39 +269,59 @@ class Engine:
 
         ``timings``: phases the job went through before it reached the engine (its wait for the engine
         process to start), counted in its total and its sidecar."""
-        job = _Job(job_id, emit, should_cancel, timings=dict(timings or {}))
-        emit(JobStarted(job_id, f"{MODE_NAMES.get(request.settings.mode, request.settings.mode)} with {request.settings.model}"))
-        ram = job.ram = RamPeakSampler()
+        mode = request.settings.mode
+        job = _Job(job_id, emit, should_cancel, timings=dict(timings or {}), steps=request.settings.steps)
+        return self._envelope(job, f"{MODE_NAMES.get(mode, mode)} with {request.settings.model}",
+                              lambda: self._generate(request, job))
+
+    def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False,
+                     timings: dict | None = None) -> Event:
+        """Decode saved latents into a new video (no denoising); the terminal event is also emitted."""
+        job = _Job(job_id, emit, lambda: False, timings=dict(timings or {}), latents=str(path))
+        return self._envelope(job, f"decode again from {Path(path).name}",
+                              lambda: self._decode_saved(Path(path), job, tiled, on_cpu))
+
+    def _envelope(self, job: _Job, title: str, work: Callable[[], Event]) -> Event:
+        """One job from its start to exactly one terminal event, emitted and returned: ``work``'s result, or
+        the cancel or failure that ended it; the RAM peak is sampled all along."""
+        job.emit(JobStarted(job.id, title))
+        job.ram = RamPeakSampler()
         try:
-            with ram.running():
-                result = self._run(request, job, ram)
+            with job.ram.running():
+                result = work()
         except Cancelled:
-            result = JobCancelled(job_id, len(job.step_seconds), request.settings.steps, job.phase, self.loaded is not None)
+            result = JobCancelled(job.id, len(job.step_seconds), job.steps, job.phase, self.loaded is not None)
         except Exception as exc:  # every failure reaches the page as an event
-            result = failure_event(job_id, exc, job.phase)
+            result = failure_event(job.id, exc, job.phase)
             if result.kind == "runtime":   # a fault, not a user's mistake: its traceback goes to the console
                 traceback.print_exc()
-            if job.latents:
-                result = replace(result, latents=job.latents, hint=" ".join(filter(None, (result.hint,
-                                                                                        DECODE_AGAIN_HINT))))
-        emit(result)
+            if job.latents:   # saved before it failed (or decoded from): they can be decoded again
+                hint = result.hint if job.steps == 0 else " ".join(filter(None, (result.hint, DECODE_AGAIN_HINT)))
+                result = replace(result, latents=job.latents, hint=hint)
+        job.emit(result)
         return result
 
     def _check_cancel(self, job: _Job) -> None:
         if job.should_cancel():
             raise Cancelled()
 
-    def _run(self, request: GenerationRequest, job: _Job, ram: RamPeakSampler) -> Event:
+    def _generate(self, request: GenerationRequest, job: _Job) -> JobFinished:
+        """Check, resolve and plan; load and denoise (stepping down on out of memory); then finish."""
         if not request.checked:   # the worker client checked it already: once per job is enough
             request = check_request(request)
         reset_peak_vram()
         resolved = self._resolve(request.settings.model, job)
-        spec = resolved.spec
-        self._check_model_fits_request(resolved, spec, request)
-        plan = self.plan_for(request, spec)
+        self._check_model_fits_request(resolved, resolved.spec, request)
+        plan = self.plan_for(request, resolved.spec)
         if not plan.fits and not request.settings.strategy:
             raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
         request = replace(request, seed=request.seed if request.seed >= 0 else secrets.randbelow(2**32))
+        loaded, latents = self._denoise_stepping_down(resolved, plan, request, job)
+        return self._finish(loaded, request, latents, job)
+
+    def _denoise_stepping_down(self, resolved: ResolvedModel, plan: Plan, request: GenerationRequest, job: _Job):
+        """(the loaded model, the denoised latents): out of memory before the decode frees everything and
+        runs again one rung down the planner's ladder, until a rung works or none is left."""
         while True:
             self._announce(plan, job)
             try:
@@ -309,7 +330,7 @@ class Engine:
             except Exception as exc:
                 if not is_out_of_memory(exc) or job.phase == "vae_decode":
                     raise
-                lower = self._next_rung(request, spec, plan)
+                lower = self._next_rung(request, resolved.spec, plan)
                 if lower is None:
                     raise
                 job.emit(Info(job.id, f"Out of memory during {job.phase.replace('_', ' ')} with '{plan.strategy}': "
@@ -321,6 +342,23 @@ class Engine:
         if job.step_downs:
             job.emit(Info(job.id, f"'{plan.strategy}' worked after stepping down from "
                                   f"'{job.step_downs[0]['from']}'."))
+        return loaded, latents
+
+    def _finish(self, loaded: LoadedModel, request: GenerationRequest, latents, job: _Job) -> JobFinished:
+        """Latents saved (so a failed decode costs no denoising), decoded, exported; the sidecar last."""
+        bundle = self._save_latents(loaded, request, latents, job)
+        frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
+        with self._phase(job, "export"):
+            media = write_media(request, frames, bundle)
+        if self.latents_hours <= 0 and not request.keep_latents:
+            Path(job.latents).unlink(missing_ok=True)
+            job.latents = None
+        sidecar = self._write_sidecar(loaded, request, job, bundle, media, frames)
+        return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
+                           job.ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
+
+    def _save_latents(self, loaded: LoadedModel, request: GenerationRequest, latents, job: _Job) -> Bundle:
+        """The output's bundle, its latents written (and an image-to-video run's inputs kept) before the decode."""
         cleanup_latents(Path(request.outputs_dir), self.latents_hours)
         bundle = Bundle(output_stem(Path(request.outputs_dir), request.settings.mode, request.prompt, request.seed))
         job.phase = "saving latents"
@@ -334,15 +372,7 @@ class Engine:
             "request": request.to_dict(), "model": {"ref": loaded.model.ref, "revision": loaded.model.revision},
             "strategy": loaded.plan.strategy, "keep": request.keep_latents, "inputs": job.inputs}))
         job.emit(LatentsSaved(job.id, job.latents))
-        frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
-        with self._phase(job, "export"):
-            media = write_media(request, frames, bundle)
-        if self.latents_hours <= 0 and not request.keep_latents:
-            Path(job.latents).unlink(missing_ok=True)
-            job.latents = None
-        sidecar = self._write_sidecar(loaded, request, job, bundle, media, frames, ram)
-        return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
-                           ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
+        return bundle
 
     def _announce(self, plan: Plan, job: _Job) -> None:
         job.emit(PlanReady(job.id, plan.to_dict()))
@@ -512,21 +542,7 @@ class Engine:
             return decode_latents(vae, video_processor, latents, tile, device)
 
     # ----- decode again, from saved latents ------------------------------------
-    def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False,
-                     timings: dict | None = None) -> Event:
-        """Decode saved latents into a new video (no denoising); the terminal event is also emitted."""
-        job = _Job(job_id, emit, lambda: False, timings=dict(timings or {}))
-        emit(JobStarted(job_id, f"decode again from {Path(path).name}"))
-        ram = RamPeakSampler()
-        try:
-            with ram.running():
-                result = self._decode_saved(Path(path), job, tiled, on_cpu, ram)
-        except Exception as exc:  # the page shows it like any failure
-            result = replace(failure_event(job_id, exc, job.phase), latents=str(path))
-        emit(result)
-        return result
-
-    def _decode_saved(self, path: Path, job: _Job, tiled: bool, on_cpu: bool, ram: RamPeakSampler) -> Event:
+    def _decode_saved(self, path: Path, job: _Job, tiled: bool, on_cpu: bool) -> Event:
         latents, meta = load_latents(path)
         fields = dict(meta["request"])
         request = GenerationRequest.from_dict(fields)
@@ -549,10 +565,10 @@ class Engine:
         how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
         inputs = carry_inputs(meta["inputs"], path.parent, bundle.stem) if meta.get("inputs") else None
         record = redecode_record(request, media, path, how, meta.get("model"), fields, job.timings,
-                                 ram.peak_gb, self.hardware.to_dict(), inputs=inputs)
+                                 job.ram.peak_gb, self.hardware.to_dict(), inputs=inputs)
         sidecar = write_sidecar(record, bundle.sidecar)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
-                           ram.peak_gb, f"Decoded again ({how}) from saved latents.")
+                           job.ram.peak_gb, f"Decoded again ({how}) from saved latents.")
 
     def _vae_for(self, resolved: ResolvedModel, job: _Job):
         """The loaded model's VAE, or the VAE alone from the model's files (nothing else is loaded)."""
@@ -568,10 +584,10 @@ class Engine:
 
     # ----- export -------------------------------------------------------------
     def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, bundle: Bundle,
-                       media: Path, frames, ram: RamPeakSampler) -> Path:
+                       media: Path, frames) -> Path:
         sidecar = run_record(request, media, frames, model=loaded.model, plan=loaded.plan.to_dict(),
                              step_downs=job.step_downs, latents=job.latents, decode_fallback=job.decode_fallback,
-                             timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=ram.peak_gb,
+                             timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=job.ram.peak_gb,
                              hardware=self.hardware.to_dict(), inputs=job.inputs,
                              note=SELFTEST_NOTE if loaded.model.selftest else "")
         return write_sidecar(sidecar, bundle.sidecar)
