@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
     """The command line's parser and each command's own, by name."""
+    # Long, but only a declaration: every option of every command in one place, in the order --help shows.
     from engine import APP_NAME
 
     parser = argparse.ArgumentParser(prog="app.py", description=f"{APP_NAME}: Wan video generation, locally.")

@@ -189,6 +189,8 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _R
 
 
 def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> tuple[PhasePlan, ...]:
+    # Longer than most functions here, on purpose: one run's memory, phase by phase, reads top to bottom
+    # with every term beside the phase that pays it (split, the terms would be passed around by name).
     if hw.device == "cpu":
         return _cpu_phases(spec, req, hw, rung)
     dtype, nbytes = _dtypes(hw)

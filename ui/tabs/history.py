@@ -7,6 +7,7 @@ first) and ``/delete_output`` (by key).
 from __future__ import annotations
 
 import html
+from dataclasses import dataclass
 
 import gradio as gr
 
@@ -59,9 +60,34 @@ def form_updates(ctx: AppContext, forms: dict[str, Form], values: ReuseValues) -
     return updates, warnings
 
 
-def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
-    keys = gr.State([])        # the keys of the gallery's items, in gallery order (per browser tab)
-    chosen = gr.State(None)    # the key of the output shown on the right
+@dataclass
+class _Parts:
+    """The tab's components (one set for the page; their values are per browser tab)."""
+    keys: gr.State          # the keys of the gallery's items, in gallery order
+    chosen: gr.State        # the key of the output shown on the right
+    summary: gr.Markdown
+    refresh: gr.Button
+    gallery: gr.Gallery
+    video: gr.Video
+    image: gr.Image
+    reuse: gr.Button
+    delete: gr.Button
+    confirm_box: gr.Group
+    confirm_text: gr.Markdown
+    yes: gr.Button
+    keep: gr.Button
+    details: gr.Markdown
+
+    def shown(self) -> list:
+        """What choosing an output updates (``show``'s outputs, in order)."""
+        return [self.chosen, self.details, self.video, self.image, self.reuse, self.delete, self.confirm_box]
+
+    def listing(self) -> list:
+        return [self.gallery, self.keys, self.summary]
+
+
+def _layout() -> _Parts:
+    keys, chosen = gr.State([]), gr.State(None)
     with gr.Row():
         summary = gr.Markdown("Open this tab or press Refresh to list past outputs.", elem_id="history-summary")
         refresh = gr.Button("Refresh", size="sm", scale=0, min_width=120, elem_id="history-refresh")
@@ -83,76 +109,83 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
                     yes_btn = gr.Button("Yes, delete", variant="stop", elem_id="history-confirm-delete")
                     keep_btn = gr.Button("Keep", elem_id="history-keep")
             details = gr.Markdown(NOTHING_CHOSEN, elem_id="history-details")
+    return _Parts(keys, chosen, summary, refresh, gallery, video, image, reuse_btn, delete_btn, confirm_box,
+                  confirm_text, yes_btn, keep_btn, details)
 
-    def entry_for(key) -> HistoryEntry:
-        try:
-            return find_entry(ctx.outputs_dir, key)
-        except HistoryError as exc:
-            raise _error(exc) from None
 
-    # ----- listing --------------------------------------------------------------
+def _entry_for(ctx: AppContext, key) -> HistoryEntry:
+    try:
+        return find_entry(ctx.outputs_dir, key)
+    except HistoryError as exc:
+        raise _error(exc) from None
+
+
+def _delete_everywhere(ctx: AppContext, key) -> list[str]:
+    """The output's files, and the copies of them the page was served from."""
+    try:
+        removed = delete_output(ctx.outputs_dir, key)
+    except HistoryError as exc:
+        raise _error(exc) from None
+    forget_served_copies(ctx.served_dir, removed)
+    return removed
+
+
+def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
+    parts = _layout()
+
     def list_outputs():
         entries = scan_history(ctx.outputs_dir, limit=DEFAULT_LIMIT)
         items = [(entry.media, entry.label()) for entry in entries]
         return (gr.Gallery(value=items, selected_index=None), [entry.key for entry in entries],
                 summary_markdown(len(entries), DEFAULT_LIMIT))
 
-    listing = [gallery, keys, summary]
     history_tab = tab_by_id(tabs, "history")
-    triggers = [refresh.click] + ([history_tab.select] if history_tab is not None else [])
-    gr.on(triggers, list_outputs, None, listing, api_visibility="private", show_progress="minimal")
+    triggers = [parts.refresh.click] + ([history_tab.select] if history_tab is not None else [])
+    gr.on(triggers, list_outputs, None, parts.listing(), api_visibility="private", show_progress="minimal")
+    _wire_one_output(ctx, parts, tabs, forms, list_outputs)
+    _public_api(ctx)
 
-    # ----- one output: its settings, reuse, delete --------------------------------
+
+def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[str, Form], list_outputs) -> None:
+    """Choosing an output shows its settings; Reuse fills the matching form; Delete asks, then deletes."""
     def show(keys, evt: gr.SelectData):
         index = evt.index if isinstance(evt.index, int) else -1
         if not 0 <= index < len(keys):
             raise gr.Error("That output is no longer listed; press Refresh.", title="History", print_exception=False)
-        entry = entry_for(keys[index])
+        entry = _entry_for(ctx, keys[index])
         return (entry.key, entry_markdown(entry), *_shown(entry), gr.Button(interactive=True),
                 gr.Button(interactive=True), gr.Group(visible=False))
 
-    shown = [chosen, details, video, image, reuse_btn, delete_btn, confirm_box]
-    gallery.select(show, keys, shown, api_visibility="private", show_progress="hidden")
-
+    parts.gallery.select(show, parts.keys, parts.shown(), api_visibility="private", show_progress="hidden")
     t2v, i2v = forms["t2v"], forms["i2v"]
     reuse_targets = [tabs, *t2v.settings(), *i2v.settings()]
     reuse_targets += [c for c in (i2v.image, i2v.last_image) if c is not None]
 
     def reuse(key):
         """Fill the matching tab's form with the output's settings (its seed included) and switch to it."""
-        values = reuse_values(entry_for(key))
+        values = reuse_values(_entry_for(ctx, key))
         updates, warnings = form_updates(ctx, forms, values)
         for warning in warnings:
             gr.Warning(warning)
         return {tabs: gr.Tabs(selected=TAB_IDS[values.tab]), **updates}
 
-    reuse_btn.click(reuse, chosen, reuse_targets, api_visibility="private", show_progress="hidden")
-
-    def ask(key):
-        return gr.Group(visible=True), confirm_markdown(entry_for(key))
-
-    delete_btn.click(ask, chosen, [confirm_box, confirm_text], api_visibility="private", show_progress="hidden")
-    keep_btn.click(lambda: gr.Group(visible=False), None, confirm_box, api_visibility="private",
-                   show_progress="hidden")
-
-    def delete_everywhere(key) -> list[str]:
-        """The output's files, and the copies of them the page was served from."""
-        try:
-            removed = delete_output(ctx.outputs_dir, key)
-        except HistoryError as exc:
-            raise _error(exc) from None
-        forget_served_copies(ctx.served_dir, removed)
-        return removed
+    parts.reuse.click(reuse, parts.chosen, reuse_targets, api_visibility="private", show_progress="hidden")
+    parts.delete.click(lambda key: (gr.Group(visible=True), confirm_markdown(_entry_for(ctx, key))), parts.chosen,
+                       [parts.confirm_box, parts.confirm_text], api_visibility="private", show_progress="hidden")
+    parts.keep.click(lambda: gr.Group(visible=False), None, parts.confirm_box, api_visibility="private",
+                     show_progress="hidden")
 
     def confirm_delete(key):
-        removed = delete_everywhere(key)
+        removed = _delete_everywhere(ctx, key)
         gr.Info(f"Deleted {html.escape(removed[0])} and {len(removed) - 1} file(s) that belonged to it.")
         return (None, NOTHING_CHOSEN, *_shown(None), gr.Button(interactive=False), gr.Button(interactive=False),
                 gr.Group(visible=False), *list_outputs())
 
-    yes_btn.click(confirm_delete, chosen, [*shown, *listing], api_visibility="private", show_progress="hidden")
+    parts.yes.click(confirm_delete, parts.chosen, [*parts.shown(), *parts.listing()], api_visibility="private",
+                    show_progress="hidden")
 
-    # ----- public API -----------------------------------------------------------------
+
+def _public_api(ctx: AppContext) -> None:
     def history(limit: int = DEFAULT_LIMIT) -> list[dict]:
         """Past outputs, newest first (at most ``limit``): key, media and sidecar paths, created, mode,
         prompt, negative prompt, model, preset, size, frames, steps, guidance, shift, seed, fps, plan
@@ -162,7 +195,7 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     def delete_output_api(key: str) -> dict:
         """Delete the output with this key (as /history lists it) and its sidecar, latents and kept inputs.
         Returns {"key": key, "removed": [file names]}; an unknown or already deleted key is an error."""
-        return {"key": key, "removed": delete_everywhere(key)}
+        return {"key": key, "removed": _delete_everywhere(ctx, key)}
 
     gr.api(history, api_name="history")
     gr.api(delete_output_api, api_name="delete_output")

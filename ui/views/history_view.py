@@ -5,11 +5,11 @@ from pathlib import Path
 
 from engine.events import PHASES
 from engine.outputs.history import HistoryEntry
+from engine.settings.values import MODE_NAMES
 from engine.words import plural
 from ui.views.job_view import PHASE_LABELS
 from ui.views.text import plain
 
-MODE_NAMES = {"t2v": "Text to video", "i2v": "Image to video", "t2i": "Text to image"}
 NOTHING_CHOSEN = "Pick an output in the gallery to see its settings and timings."
 
 
@@ -47,7 +47,7 @@ def entry_markdown(entry: HistoryEntry) -> str:
         images = ", ".join(kept) + " kept" if kept else "not kept (an older output): drop the image again to reuse it"
     rows = [
         ("Created", escape_markdown(entry.created.replace("T", " "))),
-        ("Mode", MODE_NAMES.get(entry.settings.mode, entry.settings.mode)),
+        ("Mode", MODE_NAMES.get(entry.settings.mode, entry.settings.mode).capitalize()),
         ("Model", escape_markdown(entry.settings.model)),
         ("Preset", escape_markdown(entry.preset or "none")),
         ("Size", _size(entry)),

@@ -1,0 +1,113 @@
+"""The tree keeps the shape docs/architecture.md draws: no import cycles, heavy libraries only where a job
+runs, gradio only in ui/, and the document names every package there is."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from tests.conftest import ROOT
+
+PACKAGES = ("engine", "ui")
+HEAVY = ("torch", "diffusers", "transformers", "safetensors.torch")
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def _imports(path: Path, top_only: bool = False) -> list[tuple[str, int]]:
+    """(module named, line) of every import in ``path``, skipping ``if TYPE_CHECKING:`` blocks; with
+    ``top_only``, only those at module level."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def visit(node, depth: int):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            return
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if not (top_only and depth):
+                found.extend((f"{node.module}.{alias.name}", node.lineno) for alias in node.names)
+                found.append((node.module, node.lineno))
+        elif isinstance(node, ast.Import) and not (top_only and depth):
+            found.extend((alias.name, node.lineno) for alias in node.names)
+        inner = depth + isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for child in ast.iter_child_nodes(node):
+            visit(child, inner)
+
+    visit(tree, 0)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: {imported for imported, _ in _imports(path) if imported in modules and imported != name
+                   and not name.startswith(imported + ".")}
+            for name, path in modules.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every group of modules that import one another (strongly connected, more than one module)."""
+    order, low, stack, on_stack, groups = {}, {}, [], set(), []
+
+    def walk(module):
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for other in graph[module]:
+            if other not in order:
+                walk(other)
+                low[module] = min(low[module], low[other])
+            elif other in on_stack:
+                low[module] = min(low[module], order[other])
+        if low[module] == order[module]:
+            group = []
+            while not group or group[-1] != module:
+                group.append(stack.pop())
+                on_stack.discard(group[-1])
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for module in graph:
+        if module not in order:
+            walk(module)
+    return groups
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    assert _cycles(_graph()) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_engine_never_imports_gradio():
+    offenders = [(name, line) for name, path in _modules().items() if name.startswith("engine")
+                 for imported, line in _imports(path) if imported.split(".")[0] == "gradio"]
+    assert offenders == []
+
+
+def test_torch_and_diffusers_load_only_when_a_job_needs_them():
+    """No module imports them at module level (the page and the CLI start light); planning and settings
+    never import them at all (the planner is pure)."""
+    at_top = [(name, imported) for name, path in _modules().items() for imported, _ in _imports(path, top_only=True)
+              if imported.startswith(HEAVY)]
+    assert at_top == []
+    pure = [(name, imported) for name, path in _modules().items()
+            if name.startswith(("engine.planning", "engine.settings", "ui.views"))
+            for imported, _ in _imports(path) if imported.startswith(HEAVY)]
+    assert pure == []
+
+
+def test_the_architecture_document_names_every_package():
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    packages = sorted(str(p.parent.relative_to(ROOT)) for package in PACKAGES
+                      for p in (ROOT / package).rglob("__init__.py"))
+    named = set(re.findall(r"`((?:engine|ui)(?:/\w+)?)/`", text))
+    assert named == set(packages), (sorted(named), packages)
