@@ -165,6 +165,7 @@ class WorkerClient:
         self._cancel = _SPAWN.Event()
         self._job_lock = threading.Lock()
         self._start_lock = threading.Lock()
+        self._ready_lock = threading.Lock()
         self._status_lock = threading.Lock()
         self._worker: _Worker | None = None
         self._ids = itertools.count(1)
@@ -246,12 +247,16 @@ class WorkerClient:
         return True
 
     def _ready_worker(self) -> _Worker:
-        """The engine process once it has loaded its libraries (a fresh one if it died while starting)."""
-        worker = self._ensure_worker()
-        if not self._wait_ready(worker):
+        """The engine process once it has loaded its libraries (a fresh one if it died while starting).
+
+        Waiting reads the job pipe (its first message says "ready"): one caller at a time does, and a caller
+        that finds the engine ready reads nothing, so a status question never takes a running job's events."""
+        with self._ready_lock:
             worker = self._ensure_worker()
-            self._wait_ready(worker)
-        return worker
+            if not self._wait_ready(worker):
+                worker = self._ensure_worker()
+                self._wait_ready(worker)
+            return worker
 
     def _call(self, message, expect: str, timeout: float = 120.0):
         """Ask the engine for something quick between jobs; an engine that does not answer within ``timeout``

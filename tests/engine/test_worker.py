@@ -166,6 +166,33 @@ def test_the_first_job_shows_and_times_the_engine_start_and_the_self_test_build(
         client.close()
 
 
+def test_the_page_asking_the_hardware_while_the_first_job_starts_the_engine_takes_none_of_its_messages(
+        presets, outputs, selftest_models_dir):
+    """The page loads while the first job waits for the engine to start: both wait for its "ready", and the
+    hardware question must neither take that message nor any of the job's events."""
+    from engine.events import PhaseStarted
+
+    client = WorkerClient(selftest_models_dir)
+    answers = []
+    asker = threading.Thread(target=lambda: answers.append(client.hardware()), daemon=True)
+
+    def on_event(event):
+        if isinstance(event, PhaseStarted) and event.phase == "engine_start":
+            asker.start()
+            time.sleep(0.2)   # the question waits beside the job's own wait for the engine
+
+    try:
+        events = []
+        for event in client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)):
+            events.append(event)
+            on_event(event)
+        asker.join(timeout=60)
+        assert isinstance(events[-1], JobFinished), events[-1]
+        assert answers and answers[0]["backend"] == "cpu", answers
+    finally:
+        client.close()
+
+
 def test_while_the_engine_loads_its_libraries_it_says_so(tmp_path):
     from engine.device.usage import EngineMemory, EngineStarting
 
