@@ -11,16 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from engine.events import (
-    Info,
-    JobCancelled,
-    JobFailed,
-    JobFinished,
-    JobStarted,
-    PhaseFinished,
-    PhaseStarted,
-    StepFinished,
-)
+from engine.events import (Info, JobCancelled, JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted,
+    StepFinished)
 from engine.outputs.export import read_video
 from engine.run.engine import SELFTEST_NOTE, Engine, reusing_image_embeds
 from engine.run.faults import NO_FAULTS

@@ -7,17 +7,8 @@ import re
 
 from PIL import Image
 
-from engine.events import (
-    PHASES,
-    JobCancelled,
-    JobFailed,
-    JobFinished,
-    JobStarted,
-    PhaseFinished,
-    PhaseStarted,
-    PreviewReady,
-    StepFinished,
-)
+from engine.events import (PHASES, JobCancelled, JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted,
+    PreviewReady, StepFinished)
 from tests.conftest import shown
 from ui.views.job_view import PHASE_LABELS, JobView
 from ui.views.timing_chart import PHASE_COLOURS
