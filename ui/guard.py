@@ -7,7 +7,7 @@
 - Sessions: with a password, a page session belongs to the login that opened it; a request naming another
   login's session is refused (403), so a session id someone learns neither shows nor cancels their jobs;
   gradio's own route for cancelling an event asks for a login.
-- Uploads: with a password, an uploaded file belongs to the login that uploaded it; another login can neither
+- Uploads: with a password, an uploaded file belongs to each login that uploaded it; another login can neither
   download it nor give it as an input (403). Gradio names uploads by a keyed hash of their content, so their
   paths are not guessed; this closes the case of a path that was learnt.
 - Files: outputs are served with a content type that a browser will not run as a page (no HTML, no SVG).
@@ -125,55 +125,50 @@ def logged_in(app, scope) -> bool:
 
 
 @dataclass
-class SessionOwners:
-    """With a password, a page session belongs to the login that opened it: a request that names a session
-    another login opened is refused, so a session id someone learns is of no use to them (not to read that
-    session's events, nor to cancel its jobs)."""
+class Owners:
+    """Which logins a key belongs to, for the last ``most`` keys. A page session belongs to the login that
+    opened it (``claim``: the first wins), so a session id someone learns is of no use to them (not to read
+    that session's events, nor to cancel its jobs). An uploaded file belongs to each login that uploaded it
+    (``add``: uploads carry no session id, the login is what the request proves; the same content uploaded
+    twice has one path)."""
     most: int = 50_000
     _owners: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def claim(self, session_hash: str, token: str | None) -> bool:
-        """False when ``session_hash`` belongs to another login; the first login to use it owns it."""
+    def claim(self, key: str, token: str | None) -> bool:
+        """False when ``key`` belongs to another login; the first login to use it owns it."""
         with self._lock:
-            owner = self._owners.setdefault(session_hash, token)
-            while len(self._owners) > self.most:
-                self._owners.pop(next(iter(self._owners)))
-            return owner == token
+            owners = self._owners.setdefault(key, {token})
+            self._forget_oldest()
+            return token in owners
 
-
-@dataclass
-class UploadOwners:
-    """With a password, each uploaded file belongs to the login that uploaded it (uploads carry no session id:
-    the login is what the request proves)."""
-    most: int = 50_000
-    _owners: dict = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def record(self, paths, token: str | None) -> None:
+    def add(self, keys, token: str | None) -> None:
         with self._lock:
-            for path in paths:
-                if isinstance(path, str):
-                    self._owners[path] = token
-            while len(self._owners) > self.most:
-                self._owners.pop(next(iter(self._owners)))
+            for key in keys:
+                if isinstance(key, str):
+                    self._owners.setdefault(key, set()).add(token)
+            self._forget_oldest()
 
-    def others(self, paths, token: str | None) -> bool:
-        """Whether any of ``paths`` is a file another login uploaded."""
+    def others(self, keys, token: str | None) -> bool:
+        """Whether any of ``keys`` belongs to other logins only."""
         with self._lock:
-            return any(self._owners.get(path, token) != token for path in paths)
+            return any(key in self._owners and token not in self._owners[key] for key in keys)
+
+    def _forget_oldest(self) -> None:
+        while len(self._owners) > self.most:
+            self._owners.pop(next(iter(self._owners)))
 
 
 class Guard:
     """The ASGI middleware: see the module's docstring."""
 
-    def __init__(self, app, hosts: HostAllowList, throttle: LoginThrottle, sessions: SessionOwners | None = None,
-                 uploads: UploadOwners | None = None):
+    def __init__(self, app, hosts: HostAllowList, throttle: LoginThrottle, sessions: Owners | None = None,
+                 uploads: Owners | None = None):
         self.app = app
         self.hosts = hosts
         self.throttle = throttle
-        self.sessions = sessions or SessionOwners()
-        self.uploads = uploads or UploadOwners()
+        self.sessions = sessions or Owners()
+        self.uploads = uploads or Owners()
 
     async def __call__(self, scope, receive, send):
         if scope["type"] not in ("http", "websocket"):
@@ -196,7 +191,7 @@ class Guard:
                 if self.uploads.others([path.split("/file=", 1)[1]], token):
                     return await _answer(send, 403, "This file was uploaded by another login.")
             elif method == "POST" and path.endswith("/gradio_api/upload"):
-                return await self.app(scope, receive, _keeping_answer(send, lambda paths: self.uploads.record(
+                return await self.app(scope, receive, _keeping_answer(send, lambda paths: self.uploads.add(
                     paths if isinstance(paths, list) else (), token)))
             else:
                 receive, session_hash, body = await _session_of(scope, receive)

@@ -1,7 +1,7 @@
 """The rules every request passes first (ui/guard.py): host names, wrong passwords, sessions of a login."""
 from __future__ import annotations
 
-from ui.guard import FREE_LOGIN_TRIES, HostAllowList, LoginThrottle, SessionOwners, host_of
+from ui.guard import FREE_LOGIN_TRIES, HostAllowList, LoginThrottle, Owners, host_of
 
 
 class Clock:
@@ -54,9 +54,17 @@ def test_wrong_passwords_wait_longer_and_longer_and_a_right_one_clears_them():
 
 
 def test_a_session_belongs_to_the_login_that_used_it_first():
-    owners = SessionOwners(most=3)
+    owners = Owners(most=3)
     assert owners.claim("s1", "alice-token") and owners.claim("s1", "alice-token")
     assert not owners.claim("s1", "someone-else")
     for name in ("s2", "s3", "s4"):
         owners.claim(name, "x")
     assert owners.claim("s1", "someone-else")   # forgotten after `most` newer sessions: a new claim
+
+
+def test_an_upload_belongs_to_every_login_that_uploaded_it():
+    owners = Owners()
+    owners.add(["/up/a.png"], "alice")
+    assert not owners.others(["/up/a.png"], "alice") and owners.others(["/up/a.png"], "bob")
+    owners.add(["/up/a.png"], "bob")      # the same content, uploaded again: the same path
+    assert not owners.others(["/up/a.png", "/up/never-uploaded.png"], "bob")
