@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine import APP_ID
-from engine.settings.values import MODES, SETTING_NAMES, Settings
+from engine.settings.values import MODES, Settings
 from engine.outputs.export import write_json
 
 SCHEMA = 1
@@ -134,12 +134,9 @@ class Sidecar:
     def settings(self) -> Settings:
         """The settings the output was made with: the numbers as read above, the rest from ``parameters``
         (what an older sidecar lacks takes Settings' defaults)."""
-        recorded = {k: v for k, v in self.parameters.items() if k in SETTING_NAMES}
-        if recorded.get("sigmas") is not None:
-            recorded["sigmas"] = tuple(recorded["sigmas"])
         numbers = {name: getattr(self, name) for name in ("width", "height", "frames", "steps", "guidance", "shift")}
-        return Settings(**{**recorded, **numbers, "model": self.model, "mode": self.mode,
-                           "fps": self.fps or recorded.get("fps") or Settings.fps})
+        fps = self.fps or self.parameters.get("fps") or Settings.fps   # a still's file has no frame rate
+        return Settings.from_dict({**self.parameters, **numbers, "model": self.model, "mode": self.mode, "fps": fps})
 
     # ----- writing ----------------------------------------------------------------
     def to_json(self) -> dict:

@@ -150,7 +150,7 @@ class _Job:
     latents: str | None = None
     inputs: dict | None = None          # input images kept beside the output: {field: file name or None}
     ram: RamPeakSampler | None = None   # the run's RAM peak so far, reported with every step
-    steps: int = 0                      # denoising steps the job asks for (0: a decode again)
+    steps: int = 0                      # denoising steps the job asks for (none for a decode again)
 
 
 class Engine:
@@ -277,13 +277,14 @@ class Engine:
     def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False,
                      timings: dict | None = None) -> Event:
         """Decode saved latents into a new video (no denoising); the terminal event is also emitted."""
-        job = _Job(job_id, emit, lambda: False, timings=dict(timings or {}), latents=str(path))
+        job = _Job(job_id, emit, lambda: False, timings=dict(timings or {}))
         return self._envelope(job, f"decode again from {Path(path).name}",
-                              lambda: self._decode_saved(Path(path), job, tiled, on_cpu))
+                              lambda: self._decode_saved(Path(path), job, tiled, on_cpu), decoding=str(path))
 
-    def _envelope(self, job: _Job, title: str, work: Callable[[], Event]) -> Event:
+    def _envelope(self, job: _Job, title: str, work: Callable[[], Event], decoding: str | None = None) -> Event:
         """One job from its start to exactly one terminal event, emitted and returned: ``work``'s result, or
-        the cancel or failure that ended it; the RAM peak is sampled all along."""
+        the cancel or failure that ended it; the RAM peak is sampled all along. ``decoding``: the saved
+        latents a decode-again job decodes (a failure names them, to try again)."""
         job.emit(JobStarted(job.id, title))
         job.ram = RamPeakSampler()
         try:
@@ -295,9 +296,11 @@ class Engine:
             result = failure_event(job.id, exc, job.phase)
             if result.kind == "runtime":   # a fault, not a user's mistake: its traceback goes to the console
                 traceback.print_exc()
-            if job.latents:   # saved before it failed (or decoded from): they can be decoded again
-                hint = result.hint if job.steps == 0 else " ".join(filter(None, (result.hint, DECODE_AGAIN_HINT)))
-                result = replace(result, latents=job.latents, hint=hint)
+            if decoding:
+                result = replace(result, latents=decoding)
+            elif job.latents:   # saved before it failed: they can be decoded again
+                result = replace(result, latents=job.latents,
+                                 hint=" ".join(filter(None, (result.hint, DECODE_AGAIN_HINT))))
         job.emit(result)
         return result
 

@@ -90,7 +90,7 @@ def parse_preset(data: object, source: str) -> Preset:
     values["shift"] = float(values["shift"])
     settings, own = split_values(values)
     try:
-        checked = check_settings(Settings(**settings))
+        checked = check_settings(Settings.from_dict(settings))
     except InputError as exc:
         raise PresetError(f"{source}: {exc}") from None
     return Preset(settings=checked, **own)

@@ -101,9 +101,7 @@ class GenerationRequest:
     @classmethod
     def from_dict(cls, data: dict) -> "GenerationRequest":
         """The request a flat dict (``to_dict``'s form, as sidecars and latents files hold it) describes."""
-        settings, own = split_values(data)
-        settings["sigmas"] = tuple(settings["sigmas"]) if settings.get("sigmas") else None
-        return cls(Settings(**settings), **{k: v for k, v in own.items() if k in _OWN_NAMES})
+        return cls(Settings.from_dict(data), **{k: v for k, v in data.items() if k in _OWN_NAMES})
 
     def with_values(self, **changes) -> "GenerationRequest":
         """This request with ``changes``, settings and its own fields alike (None is a value here)."""

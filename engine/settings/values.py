@@ -69,6 +69,14 @@ class Settings:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_dict(cls, values: dict) -> "Settings":
+        """The settings a flat dict holds (a preset file, a sidecar's parameters, saved latents): its setting
+        keys only, a sigma list as a tuple (an empty one as none); what it lacks takes the defaults."""
+        settings = {k: v for k, v in values.items() if k in _FIELD_NAMES}
+        settings["sigmas"] = tuple(settings["sigmas"]) if settings.get("sigmas") else None
+        return cls(**settings)
+
     def changed(self, **changes) -> "Settings":
         """These settings with ``changes`` (values that are None are left out); a fixed sigma schedule
         that no longer matches the step count is dropped for the default scheduler."""
@@ -87,6 +95,7 @@ class Settings:
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
+_FIELD_NAMES = frozenset(SETTING_NAMES)
 # How a preset file (JSON) holds each setting: a new setting adds its line here (a test checks that every
 # setting has one). The memory choices are optional in a file and absent from the built-in presets.
 SETTING_TYPES = {
