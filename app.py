@@ -36,6 +36,19 @@ def _overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", choices=LADDER, help="force a memory strategy (default: the planner's)")
     parser.add_argument("--text-encoder", choices=TEXT_ENCODER_PLACES, help="force where the text encoder runs")
     parser.add_argument("--vae-tiling", choices=("on", "off"), help="force VAE tiling on or off")
+    _speed_options(parser)
+
+
+def _speed_options(parser: argparse.ArgumentParser) -> None:
+    from engine.planning.speed import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES
+
+    parser.add_argument("--decoder", choices=DECODERS,
+                        help="vae: the model's own (default); fast: the small approximate decoder, if installed")
+    parser.add_argument("--step-cache", choices=STEP_CACHES,
+                        help="reuse transformer work between steps (faster, approximate; default off)")
+    parser.add_argument("--compile", choices=("on", "off"), help="force compiling the transformer on or off")
+    parser.add_argument("--attention", choices=ATTENTION_BACKENDS, help="force an attention backend")
+    parser.add_argument("--vae-precision", choices=VAE_DTYPES, help="force the VAE decode's precision")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,7 +164,9 @@ def _settings(args):
         mode=mode, model=args.model, width=args.width, height=args.height, frames=args.frames, steps=args.steps,
         guidance=getattr(args, "guidance", None), shift=getattr(args, "shift", None), fps=getattr(args, "fps", None),
         strategy=args.strategy, text_encoder=args.text_encoder,
-        vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on")
+        vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on",
+        decoder=args.decoder, step_cache=args.step_cache, attention=args.attention, vae_dtype=args.vae_precision,
+        compile=None if args.compile is None else args.compile == "on")
 
 
 def _build_request(args):

@@ -34,6 +34,8 @@ class HardwareProfile:
     os: str = "linux"
     cpu_count: int = 1
     torch_version: str = ""
+    triton: bool = False       # Triton imports here: the transformer can be compiled
+    attention: str = ""        # the fastest attention backend measured on this machine ("": not measured)
 
     @property
     def device(self) -> str:
@@ -96,6 +98,7 @@ def _os_name() -> str:
 
 def detect_hardware() -> HardwareProfile:
     """Probe the machine (imports torch; initialises the GPU driver if there is one)."""
+    import importlib.util
     import os
 
     import psutil
@@ -106,6 +109,7 @@ def detect_hardware() -> HardwareProfile:
         ram_total_gb=round(mem.total / GIB, 2), ram_available_gb=round(mem.available / GIB, 2),
         os=_os_name(), cpu_count=os.cpu_count() or 1, torch_version=torch.__version__,
     )
+    triton = importlib.util.find_spec("triton") is not None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info(0)
@@ -118,7 +122,7 @@ def detect_hardware() -> HardwareProfile:
         return HardwareProfile(
             backend=backend, device_name=props.name, arch=arch,
             vram_total_gb=round(total / GIB, 2), vram_free_gb=round(free / GIB, 2),
-            unified_memory=unified, **common)
+            unified_memory=unified, triton=triton, **common)
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return HardwareProfile(
             backend="mps", device_name=platform.processor() or "Apple GPU", arch="apple",

@@ -98,3 +98,17 @@ def component_tensors(folder: Path) -> dict[str, dict[str, int]]:
         if part.is_dir() and any(part.glob("*.safetensors")):
             counts[name] = safetensors_tensor_params(part)
     return counts
+
+
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".gguf")
+
+
+def weight_bytes(folder: Path, components: tuple[str, ...] = WEIGHTED_COMPONENTS) -> int:
+    """Bytes of the weight files a load of ``folder`` reads (links followed, as the hub cache uses them)."""
+    total = 0
+    for name in components:
+        part = Path(folder) / name
+        if part.is_dir():
+            total += sum(path.stat().st_size for path in part.iterdir()
+                         if path.suffix in WEIGHT_SUFFIXES and path.is_file())
+    return total

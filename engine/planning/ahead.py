@@ -5,6 +5,7 @@ from engine.device.hardware import HardwareProfile
 from engine.models.catalog import ModelCatalog
 from engine.models.limits import check_model_limits
 from engine.planning.planner import Plan, plan_memory, strategy_words
+from engine.planning.speed import speed_line
 from engine.settings.values import Settings
 
 
@@ -24,6 +25,7 @@ def plan_table(plan: Plan) -> str:
     lines = [f"Strategy: {name} ({what})   "
              f"fits: {'yes' if plan.fits else 'NO'}",
              f"Predicted peak: {ram if cpu else device + ram}",
+             f"Speed: {speed_line(plan)}",
              "", f"{'phase':<12} " + ("" if cpu else f"{'device GB':>10} ") + f"{'RAM GB':>8}  where each component lives"]
     for phase in plan.phases:
         where = ", ".join(f"{k}={v}" for k, v in phase.placement.items())

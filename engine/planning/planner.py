@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from engine.device.hardware import HardwareProfile
 from engine.models.spec import ModelSpec
 from engine.planning import memory as mem
+from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES, SpeedRequest, choose_speed, vae_dtype_for
 from engine.words import plural
 
 # Rungs of the ladder, fastest (and highest quality) first.
@@ -54,6 +55,7 @@ class PlanRequest:
     height: int
     frames: int
     image_to_video: bool = False
+    speed: SpeedRequest = SpeedRequest()    # steps, guidance, step cache: what the speed choices read
 
 
 @dataclass(frozen=True)
@@ -62,12 +64,19 @@ class Override:
     strategy: str | None = None
     text_encoder: str | None = None       # one of TEXT_ENCODER_PLACES
     vae_tiling: bool | None = None
+    vae_dtype: str | None = None          # one of speed.VAE_DTYPES
+    compile: bool | None = None
+    attention: str | None = None          # one of speed.ATTENTION_BACKENDS
 
     def __post_init__(self):
         if self.strategy is not None and self.strategy not in LADDER:
             raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(LADDER)}")
         if self.text_encoder is not None and self.text_encoder not in TEXT_ENCODER_PLACES:
             raise ValueError(f"text encoder place must be one of {', '.join(TEXT_ENCODER_PLACES)}")
+        if self.vae_dtype is not None and self.vae_dtype not in VAE_DTYPES:
+            raise ValueError(f"VAE precision must be one of {', '.join(VAE_DTYPES)}")
+        if self.attention is not None and self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}")
 
 
 @dataclass(frozen=True)
@@ -101,6 +110,9 @@ class Plan:
     decisions: tuple[str, ...] = ()
     suggestions: tuple[str, ...] = ()
     vae_tiled: bool = False    # the decode really runs in tiles (a frame no larger than one tile decodes whole)
+    conv: str = "default"      # the decode's convolution set-up: one of speed.CONV_MODES
+    compile: bool = False      # the transformer's repeated blocks are compiled
+    attention_backend: str = "native"   # diffusers' attention backend for the transformer
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -110,7 +122,7 @@ class Plan:
     @property
     def reload_key(self) -> tuple:
         """What cannot change on a loaded pipeline without loading it again."""
-        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load)
+        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load, self.vae_dtype)
 
 
 def _round(x: float) -> float:
@@ -155,15 +167,16 @@ class _Rung:
     fp8: bool
     vae_tile: int | None
     load: str
+    vae_bytes: int = 4
 
 
 def _weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> dict[str, float]:
-    """GiB of each component's weights under ``rung`` (the VAE always in float32)."""
+    """GiB of each component's weights under ``rung``."""
     _, nbytes = _dtypes(hw)
     return {"transformer": mem.transformer_weights_gb(spec, nbytes, rung.fp8),
             "text_encoder": spec.text_encoder_params * nbytes / mem.GB,
             "image_encoder": spec.image_encoder_params * nbytes / mem.GB if req.image_to_video else 0.0,
-            "vae": spec.vae_params * 4 / mem.GB}
+            "vae": spec.vae_params * rung.vae_bytes / mem.GB}
 
 
 def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> tuple[PhasePlan, ...]:
@@ -182,7 +195,7 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _R
         phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
     phases += [
         ("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) + mem.RUN_OVERHEAD_GB),
-        ("vae_decode", mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile)
+        ("vae_decode", mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
          + mem.RUN_OVERHEAD_GB + frames_ram),
         ("export", frames_ram)]
     return tuple(PhasePlan(name, places, 0.0, _round(weights + extra)) for name, extra in phases)
@@ -212,7 +225,7 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     base_ram = mem.BASE_RAM_GB
     tokens = spec.tokens(req.width, req.height, req.frames)
     act = mem.denoise_activations_gb(spec, tokens, nbytes, _attention(hw) == "math")
-    decode = mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile)
+    decode = mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
     frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
     # A streamed transformer is on the device only while it runs (denoise); a resident one always.
     tr_idle = tr_dev if rung.transformer == "device" else 0.0
@@ -263,9 +276,13 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     return tuple(PhasePlan(p.phase, p.placement, _round(p.peak_vram_gb), _round(p.peak_ram_gb)) for p in phases)
 
 
-def _rung(name: str, text_encoder: str, vae_tile: int | None, load: str) -> _Rung:
+def _rung(name: str, text_encoder: str, vae_tile: int | None, load: str, vae_bytes: int = 4) -> _Rung:
     transformer = {"group_offload": "group", "fp8_group_offload": "group", "leaf_offload": "leaf"}.get(name, "device")
-    return _Rung(name, text_encoder, transformer, name.startswith("fp8"), vae_tile, load)
+    return _Rung(name, text_encoder, transformer, name.startswith("fp8"), vae_tile, load, vae_bytes)
+
+
+def _vae_bytes(hw: HardwareProfile, override: Override) -> int:
+    return 2 if vae_dtype_for(hw.backend, hw.arch, override.vae_dtype) == "bfloat16" else 4
 
 
 def _fits(phases, vram_budget: float, ram_budget: float, hw: HardwareProfile) -> bool:
@@ -312,9 +329,10 @@ def _choose(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Ov
         ladder = (override.strategy,)
     chosen = None
     first = None
+    vae_bytes = _vae_bytes(hw, override)
     for name in ladder:
         for te, tile, load in _candidates(name, override, hw):
-            rung = _rung(name, te, tile, load)
+            rung = _rung(name, te, tile, load, vae_bytes)
             phases = _phases(spec, req, hw, rung)
             first = first or (rung, phases)
             if _fits(phases, vram_budget, ram_budget, hw):
@@ -338,15 +356,18 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
     rung, phases, fits_ = _choose(spec, req, hw, override)
     peak_vram = max(p.peak_vram_gb for p in phases)
     peak_ram = max(p.peak_ram_gb for p in phases)
+    speed = choose_speed(hw, req.speed, rung.transformer, rung.fp8, override.vae_dtype, override.compile,
+                         override.attention)
     plan = Plan(
         strategy=rung.name, fits=fits_, device=hw.device, dtype=dtype,
-        vae_dtype="float32", attention=_attention(hw), text_encoder=rung.text_encoder,
+        vae_dtype=speed.vae_dtype, attention=_attention(hw), text_encoder=rung.text_encoder,
         transformer=rung.transformer, fp8=rung.fp8, vae_tile=rung.vae_tile, load=rung.load,
         pin_memory=_copy_streams(hw), use_stream=_copy_streams(hw),
         budget_vram_gb=_round(vram_budget), budget_ram_gb=_round(ram_budget),
         predicted_peak_vram_gb=_round(peak_vram), predicted_peak_ram_gb=_round(peak_ram), phases=phases,
-        vae_tiled=rung.vae_tile is not None and (rung.vae_tile < req.width or rung.vae_tile < req.height))
-    decisions = _explain(spec, req, hw, plan, override)
+        vae_tiled=rung.vae_tile is not None and (rung.vae_tile < req.width or rung.vae_tile < req.height),
+        conv=speed.conv, compile=speed.compile, attention_backend=speed.attention_backend)
+    decisions = _explain(spec, req, hw, plan, override) + list(speed.decisions)
     suggestions = () if fits_ else _suggest(spec, req, hw, override)
     if not fits_ and not suggestions:
         decisions.append("Neither fewer frames, a smaller size nor a smaller known model makes it fit this "
@@ -361,7 +382,7 @@ def _fallback(spec, req, hw, ladder, override):
     if not options:
         return None
     te, tile, load = options[-1]
-    rung = _rung(name, te, tile, load)
+    rung = _rung(name, te, tile, load, _vae_bytes(hw, override))
     return rung, _phases(spec, req, hw, rung)
 
 

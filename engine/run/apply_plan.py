@@ -149,6 +149,26 @@ def set_vae_tiling(vae, tile: int | None) -> None:
                       tile_sample_stride_height=stride, tile_sample_stride_width=stride)
 
 
+@contextmanager
+def conv_settings(conv: str):
+    """The decode's convolution set-up (speed.CONV_MODES) while the block runs; the process's own after it.
+
+    Scoped to the decode: the transformer's only convolution (its patch embedding) keeps the defaults,
+    so the latents stay exactly those of plain diffusers."""
+    import torch
+
+    cudnn = torch.backends.cudnn
+    saved = (cudnn.benchmark, cudnn.enabled)
+    if conv == "benchmark":
+        cudnn.benchmark = True
+    elif conv == "no_miopen":
+        cudnn.enabled = False
+    try:
+        yield
+    finally:
+        cudnn.benchmark, cudnn.enabled = saved
+
+
 def encoder_device(plan: Plan) -> str:
     """Where the text and image encoders compute."""
     return "cpu" if plan.text_encoder == "cpu" else plan.device

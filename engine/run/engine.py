@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from engine.device.hardware import HardwareProfile, detect_hardware
+from engine.device.hardware import GIB, HardwareProfile, detect_hardware
 from engine.device.runtime import RamPeakSampler, clock, free_device_memory, peak_vram_gb, reset_peak_vram, synchronize
 from engine.events import (
     DownloadProgress,
@@ -35,6 +35,7 @@ from engine.models.limits import check_model_limits
 from engine.models.refs import ResolvedModel, classify_ref, resolve_model
 from engine.models.selftest import selftest_built
 from engine.models.spec import TEXT_TOKENS, ModelSpec
+from engine.models.weights import weight_bytes
 from engine.outputs.bundle import Bundle
 from engine.outputs.export import output_stem
 from engine.outputs.kept_inputs import carry_inputs, keep_inputs
@@ -65,6 +66,14 @@ from engine.settings.values import MODE_NAMES, InputError
 SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
 PROMPT_CACHE_SIZE = 4   # encodings are 512 x 4096 x 2 bytes each: 4 MB
 Emit = Callable[[Event], None]
+
+
+def read_rate(nbytes: int) -> Callable[[float], str]:
+    """The load phase's detail: how much it read, and how fast ("14.3 GB read at 5.2 GB/s")."""
+    def words(seconds: float) -> str:
+        gb = nbytes / GIB
+        return f"{gb:.1f} GB read at {gb / seconds:.1f} GB/s" if nbytes and seconds > 0 else ""
+    return words
 
 
 class Cancelled(Exception):
@@ -136,6 +145,12 @@ def reusing_image_embeds(pipe, embeds):
 
 
 @dataclass
+class _PhaseNote:
+    """What a phase did, for its row on the page: words, or a function of the phase's seconds that gives them."""
+    detail: str | Callable[[float], str] = ""
+
+
+@dataclass
 class _Job:
     """What one run accumulates: its id, the emitter, timings and step times."""
     id: str
@@ -193,17 +208,20 @@ class Engine:
 
     @contextmanager
     def _phase(self, job: _Job, name: str):
-        """One phase of ``job``: announced, offered to the fault hook, then timed with the device synchronised."""
+        """One phase of ``job``: announced, offered to the fault hook, then timed with the device synchronised.
+        The block may say what the phase did by setting the yielded note's ``detail``."""
         job.phase = name
         job.emit(PhaseStarted(job.id, name))
         self.faults.before_phase(name)
         synchronize(job.device)
         start = clock()
-        yield
+        note = _PhaseNote()
+        yield note
         synchronize(job.device)
         seconds = clock() - start
         job.timings[name] = round(job.timings.get(name, 0.0) + seconds, 4)
-        job.emit(PhaseFinished(job.id, name, seconds))
+        detail = note.detail(seconds) if callable(note.detail) else note.detail
+        job.emit(PhaseFinished(job.id, name, seconds, detail))
 
     def _resolve(self, ref: str, job: _Job) -> ResolvedModel:
         if self.loaded is not None and self.loaded.model.ref == ref:
@@ -234,8 +252,9 @@ class Engine:
             why = "a different memory strategy" if old == resolved.ref else resolved.ref
             job.emit(Info(job.id, f"Unloading {old} to make room for {why}."))
             self.unload()
-        with self._phase(job, "load"):
+        with self._phase(job, "load") as phase:
             pipe = self._from_pretrained(resolved, plan)
+            phase.detail = read_rate(weight_bytes(resolved.folder))
         with self._phase(job, "transfer"):
             place_components(pipe, plan)
         self.loaded = LoadedModel(resolved, pipe, plan, dict(pipe.scheduler.config))

@@ -38,10 +38,12 @@ _SPAWN = mp.get_context("spawn")
 WATCH_TICK_S = 0.5
 # A new engine process that has not loaded its libraries after this long is stopped and started again.
 STARTUP_LIMIT_S = 600.0
-# Applied in the worker before torch loads: flash attention on ROCm (AOTriton) and an
+# Applied in the worker before torch loads: flash attention on ROCm (AOTriton); MIOpen's quick
+# kernel search, where it still runs (its exhaustive search costs minutes per new VAE shape); and an
 # allocator that grows segments instead of fragmenting (CUDA and ROCm read the same variable).
 PLATFORM_ENV = {
     "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1",
+    "MIOPEN_FIND_MODE": "FAST",
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
 }
 

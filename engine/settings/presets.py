@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from engine.settings.values import (MEMORY_CHOICES, PRESET_MODES, REQUIRED_SETTINGS, SCHEDULERS, SETTING_TYPES,
-                                    InputError, Settings, check_settings, split_values)
+                                    SPEED_CHOICES, InputError, Settings, check_settings, split_values)
 
 BUILTIN_PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 # A user preset's name is also its file name and its id on the page and in the API.
@@ -27,6 +27,8 @@ WINDOWS_RESERVED = {"con", "prn", "aux", "nul", *(f"com{i}" for i in range(1, 10
 CHAR_NAMES = {" ": "a space", ".": "a dot", "/": "a slash", "\\": "a backslash", "\t": "a tab"}
 # Enough for anyone; stops a page caller from filling the disk with presets.
 MAX_USER_PRESETS = 200
+# The defaults of the optional choices: a preset file leaves out a choice that is at its default.
+_DEFAULTS = {f.name: f.default for f in fields(Settings)}
 
 
 class PresetError(ValueError):
@@ -159,7 +161,8 @@ def preset_json(preset: Preset) -> dict:
     data = {**own, **preset.settings.to_dict()}
     if data["sigmas"] is not None:
         data["sigmas"] = list(data["sigmas"])
-    return {key: data[key] for key in _TYPES if not (key in MEMORY_CHOICES and data[key] is None)}
+    left_out = {key for key in (*MEMORY_CHOICES, *SPEED_CHOICES) if data[key] == _DEFAULTS[key]}
+    return {key: data[key] for key in _TYPES if key not in left_out}
 
 
 @dataclass

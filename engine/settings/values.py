@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from typing import TYPE_CHECKING
 
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Override, PlanRequest
+from engine.planning.speed import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES, SpeedRequest
 from engine.words import sentence
 
 if TYPE_CHECKING:
@@ -65,6 +66,12 @@ class Settings:
     strategy: str | None = None
     text_encoder: str | None = None
     vae_tiling: bool | None = None
+    # Speed choices: None leaves each to the planner; "fast" decoder and the step caches are approximate.
+    decoder: str = "vae"                # one of DECODERS: the model's VAE, or the fast approximate decoder
+    step_cache: str | None = None       # one of STEP_CACHES: reuse transformer work between steps
+    compile: bool | None = None
+    attention: str | None = None        # one of ATTENTION_BACKENDS
+    vae_dtype: str | None = None        # one of VAE_DTYPES
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,11 +94,13 @@ class Settings:
 
     def plan_request(self) -> PlanRequest:
         """What the memory planner needs of these settings."""
-        return PlanRequest(self.width, self.height, self.frames, self.mode == "i2v")
+        return PlanRequest(self.width, self.height, self.frames, self.mode == "i2v",
+                           SpeedRequest(self.steps, self.guidance, self.step_cache))
 
     def override(self) -> Override:
-        """The memory choices these settings force on the planner."""
-        return Override(self.strategy, self.text_encoder, self.vae_tiling)
+        """The memory and speed choices these settings force on the planner."""
+        return Override(self.strategy, self.text_encoder, self.vae_tiling, self.vae_dtype, self.compile,
+                        self.attention)
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
@@ -102,9 +111,11 @@ SETTING_TYPES = {
     "model": str, "mode": str, "width": int, "height": int, "frames": int, "steps": int,
     "guidance": (int, float), "shift": (int, float), "fps": int, "size_multiple": int, "scheduler": str,
     "sigmas": (list, type(None)), "strategy": (str, type(None)), "text_encoder": (str, type(None)),
-    "vae_tiling": (bool, type(None)),
+    "vae_tiling": (bool, type(None)), "decoder": str, "step_cache": (str, type(None)),
+    "compile": (bool, type(None)), "attention": (str, type(None)), "vae_dtype": (str, type(None)),
 }
 MEMORY_CHOICES = ("strategy", "text_encoder", "vae_tiling")
+SPEED_CHOICES = ("decoder", "step_cache", "compile", "attention", "vae_dtype")
 # What every preset file must give; the other settings take Settings' defaults.
 REQUIRED_SETTINGS = ("model", "mode", "width", "height", "frames", "steps", "guidance", "shift", "fps")
 
@@ -240,6 +251,21 @@ def _memory_choices(settings: Settings, problems: list[str]) -> None:
         problems.append(f"VAE tiling must be on, off or auto, got {settings.vae_tiling!r}")
 
 
+def _speed_choices(settings: Settings, problems: list[str]) -> None:
+    if settings.decoder not in DECODERS:
+        problems.append(f"decoder {settings.decoder!r} is unknown: use 'vae' (the model's own) or 'fast' "
+                        "(approximate, needs a fast decoder file)")
+    if settings.step_cache not in (None, *STEP_CACHES):
+        problems.append(f"step cache {settings.step_cache!r} is unknown: use none or one of {', '.join(STEP_CACHES)}")
+    if settings.compile is not None and not isinstance(settings.compile, bool):
+        problems.append(f"compile must be on, off or auto, got {settings.compile!r}")
+    if settings.attention not in (None, *ATTENTION_BACKENDS):
+        problems.append(f"attention backend {settings.attention!r} is unknown: use auto or one of "
+                        f"{', '.join(ATTENTION_BACKENDS)}")
+    if settings.vae_dtype not in (None, *VAE_DTYPES):
+        problems.append(f"VAE precision {settings.vae_dtype!r} is unknown: use auto or one of {', '.join(VAE_DTYPES)}")
+
+
 def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple[Settings | None, list[str]]:
     """(``settings`` with their numbers normalised, or None; every problem found, each saying what to change).
     ``limits``: what the settings' model can make (engine/models/limits.py), when it is known."""
@@ -251,6 +277,7 @@ def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple
     shape = _shape(settings, problems, limits)
     numbers_ = _numbers(settings, problems)
     _memory_choices(settings, problems)
+    _speed_choices(settings, problems)
     if problems:
         return None, problems
     return replace(settings, **shape, **numbers_), []

@@ -110,6 +110,7 @@ class JobView:
     status: str = "Waiting for the engine..."
     phase: str | None = None
     phase_seconds: dict = field(default_factory=dict)
+    phase_details: dict = field(default_factory=dict)   # what a phase did, when it says ("14.3 GB read at ...")
     running_phase: str | None = None
     step: int = 0
     total_steps: int = 0
@@ -138,6 +139,8 @@ class JobView:
             self.status = self.label(event.phase) + "..."
         elif isinstance(event, PhaseFinished):
             self.phase_seconds[event.phase] = event.seconds
+            if event.detail:
+                self.phase_details[event.phase] = event.detail
             self.running_phase = None
         elif isinstance(event, DownloadProgress):
             total = f" of {event.total:,.0f}" if event.total else ""
@@ -255,7 +258,7 @@ class JobView:
         for phase in PHASES:
             label = self.label(phase)
             if phase in self.phase_seconds:
-                detail = ""
+                detail = self.phase_details.get(phase, "")
                 if phase == "denoise" and self.step_seconds:
                     detail = f"{len(self.step_seconds)} steps, {self.rate_text()}"
                     if self.cancelled is not None and self.step < self.total_steps:

@@ -68,8 +68,9 @@ def _settings(plan: Plan) -> str:
     if plan.device == "cpu":
         return f"Computes in {plan.dtype} on the CPU; the VAE decodes {tiles}."
     fp8 = ", transformer weights in fp8" if plan.fp8 else ""
+    compiled = "transformer compiled" if plan.compile else "transformer not compiled"
     return (f"Computes in {plan.dtype}{fp8}; text encoder: {plan.text_encoder}; "
-            f"VAE ({plan.vae_dtype}) decodes {tiles}.")
+            f"VAE ({plan.vae_dtype}) decodes {tiles}; {compiled}; attention: {plan.attention_backend}.")
 
 
 def _where(placement: dict) -> str:

@@ -1,0 +1,148 @@
+"""The plan's speed choices: VAE precision, convolution settings, compiling the transformer, attention.
+
+A pure function of the hardware, the request and the user's overrides (no torch), beside the memory plan
+and explained the same way: every choice comes with a sentence saying why. What each choice is worth was
+measured on an H200 (docs/speed.md); the rules here only say where a choice works and where it pays.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+VAE_DTYPES = ("float32", "bfloat16")
+# diffusers' attention backends the app offers ("native" is torch's SDPA, which picks flash or
+# memory-efficient kernels by itself); the *_hub ones download kernels and are never offered.
+ATTENTION_BACKENDS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "flash", "sage")
+STEP_CACHES = ("first_block", "mag", "taylor")
+DECODERS = ("vae", "fast")
+# How the decode's convolutions are set up, per backend:
+#   benchmark:  cuDNN tries its algorithms once per shape and keeps the fastest (CUDA; 2.2 s instead of 2.8 s
+#               for a Wan2.1 decode of 81 frames at 832x480 on an H200, FACTS.md);
+#   no_miopen:  MIOpen off for the decode (ROCm): it picks naive kernels for the Wan VAE's 3-D convolutions
+#               (the source article's decode took 86% of the run); torch's own convolutions run instead;
+#   default:    the backend's defaults (CPU, Apple).
+CONV_MODES = ("benchmark", "no_miopen", "default")
+# A compiled transformer earns its one-off compile (about 11-16 s on an H200 for the 1.3B model, FACTS.md)
+# back at about 0.15 s a pass: compiling by itself pays from this many transformer passes in one run.
+COMPILE_MIN_PASSES = 80
+COMPILE_GAIN = "about 12% faster steps (1.07 s instead of 1.21 s on an H200, 1.3B)"
+
+
+@dataclass(frozen=True)
+class SpeedRequest:
+    """What the speed choices read of a request: its steps and guidance (passes per step) and its options."""
+    steps: int = 0
+    guidance: float = 1.0
+    step_cache: str | None = None
+
+    @property
+    def passes(self) -> int:
+        return self.steps * (2 if self.guidance > 1.0 else 1)
+
+
+@dataclass(frozen=True)
+class SpeedChoices:
+    vae_dtype: str
+    conv: str
+    compile: bool
+    attention_backend: str
+    decisions: tuple[str, ...] = ()
+
+
+def fast_bf16(backend: str, arch: str) -> bool:
+    """Does this device compute bfloat16 at full speed? CUDA from compute capability 8 (Ampere) on; AMD's
+    RDNA3/RDNA4, Strix Halo and Instinct cards; not RDNA2 (gfx10) and older, not Apple or the CPU."""
+    if backend == "cuda":
+        if arch.startswith("sm_") and arch[3:].isdigit():
+            return int(arch[3:]) >= 80
+        return True
+    if backend == "rocm":
+        return not arch.startswith(("gfx10", "gfx8"))
+    return False
+
+
+def vae_dtype_for(backend: str, arch: str, forced: str | None = None) -> str:
+    """bfloat16 where the device computes it at full speed (about 0.65x the fp32 decode's time and half its
+    memory), float32 elsewhere; ``forced`` wins."""
+    if forced:
+        return forced
+    return "bfloat16" if fast_bf16(backend, arch) else "float32"
+
+
+def conv_mode_for(backend: str) -> str:
+    return {"cuda": "benchmark", "rocm": "no_miopen"}.get(backend, "default")
+
+
+def can_compile(backend: str, os_name: str, triton: bool) -> tuple[bool, str]:
+    """(whether the transformer can be compiled here, why not)."""
+    if backend not in ("cuda", "rocm"):
+        return False, "compiling needs a CUDA or ROCm GPU"
+    if backend == "rocm" and os_name == "windows":
+        return False, "ROCm on Windows has no Triton, which compiling needs"
+    if not triton:
+        return False, "Triton is not installed, which compiling needs"
+    return True, ""
+
+
+def choose_speed(hw, speed: SpeedRequest, transformer: str, fp8: bool, forced_vae_dtype: str | None = None,
+                 forced_compile: bool | None = None, forced_attention: str | None = None) -> SpeedChoices:
+    """The speed choices for a plan whose transformer sits at ``transformer`` ("device", "group", "leaf")."""
+    said = []
+    vae_dtype = vae_dtype_for(hw.backend, hw.arch, forced_vae_dtype)
+    if forced_vae_dtype:
+        said.append(f"The VAE decodes in {vae_dtype} (your choice).")
+    elif vae_dtype == "bfloat16":
+        said.append("The VAE decodes in bfloat16: about a third faster than float32 and half its memory, "
+                    "frames within a few levels of 255 of the float32 decode.")
+    elif hw.backend in ("cuda", "rocm"):
+        said.append(f"The VAE decodes in float32: {hw.arch or 'this GPU'} has no fast bfloat16.")
+    conv = conv_mode_for(hw.backend)
+    if conv == "benchmark":
+        said.append("cuDNN picks the fastest convolution for the decode once per size (cudnn.benchmark).")
+    elif conv == "no_miopen":
+        said.append("MIOpen is off for the decode: its kernels for the VAE's 3-D convolutions are the slow "
+                    "path on AMD; torch's own convolutions run instead.")
+    compile_ = _compile(hw, speed, transformer, fp8, forced_compile, said)
+    attention = forced_attention or hw.attention or "native"
+    if forced_attention:
+        said.append(f"Attention runs on the '{attention}' backend (your choice).")
+    elif hw.attention and hw.attention != "native":
+        said.append(f"Attention runs on the '{attention}' backend: the fastest measured on this machine.")
+    return SpeedChoices(vae_dtype, conv, compile_, attention, tuple(said))
+
+
+def _compile(hw, speed: SpeedRequest, transformer: str, fp8: bool, forced: bool | None, said: list) -> bool:
+    possible, why_not = can_compile(hw.backend, hw.os, hw.triton)
+    blocker = (why_not if not possible else
+               "the transformer streams from RAM (offload hooks and compiling don't mix)" if transformer != "device"
+               else "its weights are stored in fp8 (layerwise casting hooks)" if fp8
+               else "a step cache is on (its hooks and compiling don't mix)" if speed.step_cache else "")
+    if forced is False:
+        said.append("The transformer is not compiled (your choice).")
+        return False
+    if blocker:
+        if forced:
+            said.append(f"The transformer is not compiled although you asked: {blocker}.")
+        elif possible:
+            said.append(f"The transformer is not compiled: {blocker}.")
+        return False
+    if forced:
+        said.append(f"The transformer's repeated blocks are compiled (your choice): the first run at each size "
+                    f"compiles them (seconds), then {COMPILE_GAIN}.")
+        return True
+    if speed.passes >= COMPILE_MIN_PASSES:
+        said.append(f"The transformer's repeated blocks are compiled: {speed.passes} passes earn back the one-off "
+                    f"compile at each size; then {COMPILE_GAIN}.")
+        return True
+    said.append(f"The transformer is not compiled: {speed.passes} passes would not earn back the one-off compile "
+                f"(it pays from {COMPILE_MIN_PASSES}); turn Compile on to pay it once for many videos.")
+    return False
+
+
+def speed_line(plan) -> str:
+    """The plan's speed choices in one line: "VAE bfloat16, convolutions: cuDNN benchmark, compiled, attention
+    native" (a CPU plan: its precision only)."""
+    conv = {"benchmark": "cuDNN benchmark", "no_miopen": "MIOpen off", "default": "defaults"}[plan.conv]
+    if plan.device == "cpu":
+        return f"VAE {plan.vae_dtype}"
+    return (f"VAE {plan.vae_dtype}, convolutions: {conv}, transformer {'compiled' if plan.compile else 'not compiled'}, "
+            f"attention: {plan.attention_backend}")
