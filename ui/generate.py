@@ -73,17 +73,17 @@ def _preset(ctx: AppContext, name, mode: str):
 
 
 def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prompt, model, width, height, frames,
-                  steps, guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO,
-                  image=None, last_image=None) -> GenerationRequest:
+                  steps, guidance, shift, seed, *choices, image=None, last_image=None) -> GenerationRequest:
     """The request for a page or API call, from the values as sent: a field left empty is missing (not the
-    preset's), -1 or no seed is random. Raises InputError or ModelError saying what to change."""
+    preset's), -1 or no seed is random; ``choices`` are the plan panel's dropdowns (override_fields' order).
+    Raises InputError or ModelError saying what to change."""
     preset = _preset(ctx, preset_name, mode)
     # The preset's settings with the form's values as sent: a None stays None (missing), it is not the
     # preset's. A step count that changes drops the preset's fixed sigma schedule (Settings.changed).
     settings = replace(preset.settings.changed(steps=steps), mode=mode,
                        model=ctx.model_ref(model or preset.settings.model), width=width, height=height,
                        frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
-                       **override_fields(strategy, text_encoder, vae_tiling))
+                       **override_fields(*choices))
     return GenerationRequest(
         settings, prompt, negative_prompt=preset.negative_prompt if negative_prompt is None else negative_prompt,
         seed=-1 if seed is None else seed, image=upload_path(image, "image"),

@@ -62,10 +62,13 @@ def test_a_cpu_plan_has_no_device_column():
 
 
 def test_dropdowns_become_request_overrides():
-    assert override_fields() == {"strategy": None, "text_encoder": None, "vae_tiling": None}
-    assert override_fields(None, None, None) == override_fields(AUTO, AUTO, AUTO)
-    assert override_fields("group_offload", "cpu", "On") == {
-        "strategy": "group_offload", "text_encoder": "cpu", "vae_tiling": True}
+    defaults = {"strategy": None, "text_encoder": None, "vae_tiling": None, "decoder": "vae", "step_cache": None,
+                "compile": None, "attention": None, "vae_dtype": None}
+    assert override_fields() == defaults
+    assert override_fields(None, None, None, None, None, None, None, None) == override_fields(AUTO, AUTO, AUTO) == defaults
+    assert override_fields("group_offload", "cpu", "On", "fast", "mag", "Off", "_native_cudnn", "float32") == {
+        "strategy": "group_offload", "text_encoder": "cpu", "vae_tiling": True, "decoder": "fast", "step_cache": "mag",
+        "compile": False, "attention": "_native_cudnn", "vae_dtype": "float32"}
     assert override_fields(AUTO, "offload", "Off")["vae_tiling"] is False
 
 

@@ -9,7 +9,19 @@ from engine.models.limits import Limits
 from engine.settings.presets import Preset
 from engine.settings.values import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
 from ui.context import AppContext
-from ui.views.plan_panel import AUTO, STRATEGY_CHOICES, TEXT_ENCODER_CHOICES, VAE_TILING_CHOICES, form_plan_markdown
+from ui.views.plan_panel import (
+    ATTENTION_CHOICES,
+    AUTO,
+    COMPILE_CHOICES,
+    DECODER_CHOICES,
+    OFF,
+    STEP_CACHE_CHOICES,
+    STRATEGY_CHOICES,
+    TEXT_ENCODER_CHOICES,
+    VAE_PRECISION_CHOICES,
+    VAE_TILING_CHOICES,
+    form_plan_markdown,
+)
 
 CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strategy or text-encoder place to choose. "
             "VAE tiling still lowers the decode's memory.")
@@ -60,11 +72,12 @@ class PlanPanel:
     strategy: gr.Dropdown
     text_encoder: gr.Dropdown
     vae_tiling: gr.Dropdown
+    speed: list      # decoder, step cache, compile, attention, VAE precision (override_fields' order)
     plan: gr.Markdown
 
     def overrides(self) -> list:
-        """The override dropdowns, in the order build_request takes them (after the form's settings)."""
-        return [self.strategy, self.text_encoder, self.vae_tiling]
+        """The plan's dropdowns, in the order build_request takes them (after the form's settings)."""
+        return [self.strategy, self.text_encoder, self.vae_tiling, *self.speed]
 
 
 def preset_choices(ctx: AppContext, mode: str) -> list[tuple[str, str]]:
@@ -152,8 +165,9 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
             vae_tiling = gr.Dropdown(list(VAE_TILING_CHOICES), value=AUTO, label="VAE tiling",
                                      elem_id=f"{prefix}-vae-tiling", scale=1)
         cpu_note = gr.Markdown(CPU_NOTE, visible=False, elem_id=f"{prefix}-plan-cpu-note")
+        speed = _speed_row(prefix)
         plan = gr.Markdown("Working out the memory plan...", elem_id=f"{prefix}-plan")
-    panel = PlanPanel(strategy, text_encoder, vae_tiling, plan)
+    panel = PlanPanel(strategy, text_encoder, vae_tiling, speed, plan)
 
     def for_this_machine():
         """On a CPU-only engine, Strategy and Text encoder mean nothing: they are hidden, and the note says why."""
@@ -166,14 +180,13 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
     gr.on(None, for_this_machine, None, [strategy, text_encoder, cpu_note], api_visibility="private",
           show_progress="hidden")
 
-    def show_plan(preset, model, width, height, frames, strategy, text_encoder, vae_tiling):
+    def show_plan(preset, model, width, height, frames, *choices):
         """The memory plan for these settings on the engine's hardware, as markdown."""
         try:
             hardware = ctx.client.hardware_profile()
         except (EOFError, OSError) as exc:
             return f"**No plan yet:** the engine process did not answer ({exc}); try again in a moment."
-        return form_plan_markdown(ctx, hardware, mode, preset, model, width, height, frames,
-                                  strategy, text_encoder, vae_tiling)
+        return form_plan_markdown(ctx, hardware, mode, preset, model, width, height, frames, *choices)
 
     # No triggers: runs on page load and whenever an input changes (a preset filling the form included).
     inputs = [form.preset, form.model, form.width, form.height, form.frames, *panel.overrides()]
@@ -181,3 +194,20 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
     gr.on(None, show_plan, inputs, plan, api_name=api_name, api_visibility="public" if api_name else "private",
           concurrency_id="plan", trigger_mode="always_last", show_progress="hidden", preprocess=False)
     return panel
+
+
+def _speed_row(prefix: str) -> list:
+    """The speed choices: the exact defaults first; the approximate ones say so in their names."""
+    with gr.Row(elem_id=f"{prefix}-speed"):
+        return [
+            gr.Dropdown(list(DECODER_CHOICES), value="vae", label="Decoder", elem_id=f"{prefix}-decoder",
+                        min_width=NUMBER_MIN_WIDTH),
+            gr.Dropdown(list(STEP_CACHE_CHOICES), value=OFF, label="Step cache", elem_id=f"{prefix}-step-cache",
+                        min_width=NUMBER_MIN_WIDTH),
+            gr.Dropdown(list(COMPILE_CHOICES), value=AUTO, label="Compile", elem_id=f"{prefix}-compile",
+                        min_width=NUMBER_MIN_WIDTH),
+            gr.Dropdown(list(ATTENTION_CHOICES), value=AUTO, label="Attention", elem_id=f"{prefix}-attention",
+                        min_width=NUMBER_MIN_WIDTH),
+            gr.Dropdown(list(VAE_PRECISION_CHOICES), value=AUTO, label="VAE precision",
+                        elem_id=f"{prefix}-vae-precision", min_width=NUMBER_MIN_WIDTH),
+        ]

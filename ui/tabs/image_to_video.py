@@ -9,7 +9,7 @@ from ui.context import AppContext
 from ui.generate import build_request, engine_job, run_job, start_job, upload_path, wire_cancel
 from ui.parts.form import Form, build_form, build_plan_panel
 from ui.parts.job_panel import build_job_panel
-from ui.views.plan_panel import AUTO
+from ui.views.plan_panel import AUTO, OFF
 
 NO_IMAGE = "Upload a first frame to see it at the video's size."
 
@@ -69,11 +69,12 @@ def build(ctx: AppContext, after_job) -> Form:
 
     # The plan overrides come last, so callers that leave them out get Auto.
     def image_to_video(image, last_image, preset, prompt, negative_prompt, model, width, height, frames, steps,
-                       guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO,
-                       session: gr.Request = None):
+                       guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae",
+                       step_cache=OFF, compile=AUTO, attention=AUTO, vae_precision=AUTO, session: gr.Request = None):
         yield from run_job(ctx, session, "image to video", engine_job(ctx, lambda: build_request(
             ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
-            strategy, text_encoder, vae_tiling, image=image, last_image=last_image)), job.show())
+            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision,
+            image=image, last_image=last_image)), job.show())
 
     run = start_job(run_btn, cancel_btn, image_to_video, [image, last_image, *form.settings(), *panel.overrides()],
                     job.outputs(), ctx, "image_to_video")

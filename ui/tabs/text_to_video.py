@@ -7,7 +7,7 @@ from ui.context import AppContext
 from ui.generate import build_request, engine_job, run_job, start_job, wire_cancel
 from ui.parts.form import Form, build_form, build_plan_panel
 from ui.parts.job_panel import build_job_panel
-from ui.views.plan_panel import AUTO
+from ui.views.plan_panel import AUTO, OFF
 
 
 def build(ctx: AppContext, after_job) -> Form:
@@ -27,16 +27,20 @@ def build(ctx: AppContext, after_job) -> Form:
 
     # The plan overrides come last, so callers that leave them out get Auto.
     def text_to_video(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
-                      seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, session: gr.Request = None):
+                      seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
+                      compile=AUTO, attention=AUTO, vae_precision=AUTO, session: gr.Request = None):
         yield from run_job(ctx, session, "text to video", engine_job(ctx, lambda: build_request(
             ctx, "t2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
-            strategy, text_encoder, vae_tiling)), job.show())
+            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision)),
+            job.show())
 
     def text_to_image(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
-                      seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, session: gr.Request = None):
+                      seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
+                      compile=AUTO, attention=AUTO, vae_precision=AUTO, session: gr.Request = None):
         yield from run_job(ctx, session, "text to image", engine_job(ctx, lambda: build_request(
             ctx, "t2i", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
-            strategy, text_encoder, vae_tiling)), job.show(job.still))
+            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision)),
+            job.show(job.still))
 
     inputs = [*form.settings(), *panel.overrides()]
     video_run = start_job(video_btn, cancel_btn, text_to_video, inputs, job.outputs(), ctx, "text_to_video")

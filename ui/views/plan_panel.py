@@ -9,6 +9,7 @@ from __future__ import annotations
 from engine.device.hardware import HardwareProfile
 from engine.planning.ahead import plan_settings
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
+from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES
 from engine.settings.values import Settings, check_settings
 from engine.words import plural
 from ui.context import AppContext
@@ -19,20 +20,33 @@ AUTO = "Auto"
 STRATEGY_CHOICES = (AUTO, *LADDER)
 TEXT_ENCODER_CHOICES = (AUTO, *TEXT_ENCODER_PLACES)
 VAE_TILING_CHOICES = (AUTO, "On", "Off")
+OFF = "Off"
+# The speed dropdowns: (label, value) pairs where the value is not the label.
+DECODER_CHOICES = (("VAE (exact)", "vae"), ("Fast (approximate)", "fast"))
+STEP_CACHE_CHOICES = ((OFF, OFF), ("First block (approximate)", "first_block"), ("MagCache (approximate)", "mag"),
+                      ("TaylorSeer (approximate)", "taylor"))
+COMPILE_CHOICES = (AUTO, "On", "Off")
+ATTENTION_CHOICES = (AUTO, *ATTENTION_BACKENDS)
+VAE_PRECISION_CHOICES = (AUTO, *VAE_DTYPES)
 # Where a component can live, in the order the phase table lists them.
 PLACES = ("device", "streamed", "cpu", "absent")
 
 
-def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO,
-                    vae_tiling: str | None = AUTO) -> dict:
-    """The plan dropdowns as Settings fields; Auto (or nothing) leaves each choice to the planner."""
+def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO,
+                    decoder: str | None = "vae", step_cache: str | None = OFF, compile: str | None = AUTO,
+                    attention: str | None = AUTO, vae_precision: str | None = AUTO) -> dict:
+    """The plan dropdowns as Settings fields; Auto, Off (or nothing) leaves each choice to the planner."""
     def chosen(value):
         return None if value in (None, "", AUTO) else value
 
-    tiling = chosen(vae_tiling)
-    # Anything but On or Off stays as it came, for the request's check to refuse with its own message.
-    tiling = {"On": True, "Off": False}.get(tiling, tiling) if isinstance(tiling, str) else tiling
-    return {"strategy": chosen(strategy), "text_encoder": chosen(text_encoder), "vae_tiling": tiling}
+    def on_off(value):
+        # Anything but On or Off stays as it came, for the request's check to refuse with its own message.
+        value = chosen(value)
+        return {"On": True, "Off": False}.get(value, value) if isinstance(value, str) else value
+
+    return {"strategy": chosen(strategy), "text_encoder": chosen(text_encoder), "vae_tiling": on_off(vae_tiling),
+            "decoder": decoder or "vae", "step_cache": None if step_cache in (None, "", OFF) else step_cache,
+            "compile": on_off(compile), "attention": chosen(attention), "vae_dtype": chosen(vae_precision)}
 
 
 def plan_markdown(plan: Plan) -> str:
@@ -84,12 +98,11 @@ def _where(placement: dict) -> str:
 
 
 def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, preset: str | None,
-                       model: str | None, width, height, frames, strategy: str | None = AUTO,
-                       text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO) -> str:
-    """The plan for a generation tab's current values, or one line saying why there is none."""
+                       model: str | None, width, height, frames, *choices) -> str:
+    """The plan for a generation tab's current values (``choices``: the plan dropdowns' values, in
+    override_fields' order), or one line saying why there is none."""
     try:
-        settings = _form_settings(ctx, mode, preset, model, width, height, frames,
-                                  override_fields(strategy, text_encoder, vae_tiling))
+        settings = _form_settings(ctx, mode, preset, model, width, height, frames, override_fields(*choices))
         plan = plan_settings(settings, hardware, ctx.client.catalog)
     except ValueError as exc:   # InputError, ModelError and a bad override are all ValueErrors
         problems = getattr(exc, "problems", ())
