@@ -1,0 +1,522 @@
+"""An optional fast video decoder: a tiny 2-D convolution network with a per-frame memory that turns Wan
+latents into frames in a fraction of the full VAE's time and memory, at a lower quality.
+
+It reads the published TAEHV decoder weights: ``taew2_1`` (16 latent channels: Wan2.1 and Wan2.2-A14B) and
+``taew2_2`` (48 channels, 2x2 patches: Wan2.2-5B), which take the transformer's normalised latents, and
+LightX2V's ``lighttaew2_1`` / ``lighttaew2_2``, which have the same layout but take the VAE's own latent
+space (``latents * std + mean``). Everything about a file's shape (latent channels, patch size, widths,
+how each stage grows time) is read from its weights; only "takes the VAE's own latents" comes from its name.
+
+How it decodes: the latent frames go through the network as one batch of images; time enters only where a
+``MemBlock`` sees, beside each frame, its own input of the frame before, and where a ``TGrow`` turns each
+frame into several. The first frames that come out are the causal warm-up and are dropped, so 21 latent
+frames give 84 - 3 = 81 frames (4k+1, as Wan counts them).
+
+``stream`` decodes a few latent frames at a time and carries each MemBlock's last input to the next chunk,
+so its frames are ``decode``'s while only a chunk's activations are held at once: bit for bit where the conv
+kernels do not depend on the batch size, else a pixel may differ by one level (oneDNN and cuDNN pick their
+algorithm by batch size). Measured on an H200 in float16, 81 frames of 832x480 from random weights of the
+published size: ``decode`` 0.12 s and 8 GiB at its peak, ``stream(chunk=4)`` 0.12 s and 1.9 GiB.
+
+Torch and safetensors are imported inside the functions (the page and the planner start without them).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+# Latent channels of the model's VAE -> the published decoder for them.
+FAST_DECODER_FILES = {16: "taew2_1", 48: "taew2_2"}
+# Which models make latents of that many channels (for the messages).
+LATENT_FAMILIES = {16: "Wan2.1, Wan2.2-A14B", 48: "Wan2.2-5B"}
+# Where the files are published on the Hugging Face Hub: taew2_1.safetensors and taew2_2.safetensors in
+# Kijai's repo (the author's own copies live on GitHub, madebyollin/taehv, safetensors/ folder); LightX2V's
+# lighttaew2_1.safetensors / lighttaew2_2.safetensors (and .pth) in theirs.
+FAST_DECODER_HUB_REPO = "Kijai/WanVideo_comfy"
+LIGHT_FAST_DECODER_HUB_REPO = "lightx2v/Autoencoders"
+FAST_DECODER_SOURCE = "https://github.com/madebyollin/taehv"
+# Where find_fast_decoder looks, under the models folder.
+FAST_DECODER_FOLDER = "fast_decoders"
+FAST_DECODER_SUFFIXES = (".safetensors", ".pth", ".pt")
+# A key every TAEHV decoder has and other files do not (ComfyUI recognises them by it).
+SIGNATURE_KEY = "decoder.22.bias"
+
+# The decoder's nn.Sequential, index by index (its keys are decoder.<index>...).
+_LAYOUT = ("clamp", "conv", "relu", "mem", "mem", "mem", "up", "tgrow",
+           "conv", "mem", "mem", "mem", "up", "tgrow",
+           "conv", "mem", "mem", "mem", "up", "tgrow",
+           "conv", "relu", "conv")
+# The convs whose bias every published file has; the others have none (one is accepted if present).
+_BIASED = (1, 22)
+# The published widths (after decoder.1, .8, .14, .20) and time strides (decoder.7, .13, .19).
+_WIDTHS = (256, 128, 64, 64)
+_STRIDES = (2, 2, 1)
+
+
+class FastDecoderError(ValueError):
+    """A fast decoder file that cannot be used here; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class FastDecoderInfo:
+    """What a fast decoder file is, read from its weights: the latents it takes and the frames it gives."""
+
+    path: Path
+    latent_channels: int
+    patch_size: int
+    time_strides: tuple[int, ...]
+    vae_space_latents: bool
+    parameters: int
+
+    @property
+    def name(self) -> str:
+        return Path(self.path).stem
+
+    @property
+    def time_factor(self) -> int:
+        """Frames out per latent frame, before the warm-up frames are dropped."""
+        return math.prod(self.time_strides)
+
+    @property
+    def trimmed_frames(self) -> int:
+        """The leading frames dropped from the output (3 for the published files)."""
+        return self.time_factor - 1
+
+    @property
+    def scale(self) -> int:
+        """Pixels per latent pixel, on each side: three 2x upsamplings, then the patch."""
+        return 8 * self.patch_size
+
+    def frames_out(self, latent_frames: int) -> int:
+        """How many frames ``latent_frames`` latent frames decode to (21 -> 81)."""
+        return max(0, latent_frames * self.time_factor - self.trimmed_frames)
+
+
+@dataclass(frozen=True)
+class _Layer:
+    """One entry of the decoder's Sequential, as read from the weights."""
+
+    index: int
+    kind: str
+    channels_in: int
+    channels_out: int
+    bias: bool = False
+    skip: bool = False
+    stride: int = 1
+
+
+def _layer_shapes(layer: _Layer) -> dict[str, tuple[int, ...]]:
+    """Every key of one layer and the shape its tensor has."""
+    prefix, n_in, n_out = f"decoder.{layer.index}", layer.channels_in, layer.channels_out
+    if layer.kind == "conv":
+        shapes = {f"{prefix}.weight": (n_out, n_in, 3, 3)}
+        return shapes | ({f"{prefix}.bias": (n_out,)} if layer.bias else {})
+    if layer.kind == "mem":
+        shapes = {f"{prefix}.conv.0.weight": (n_out, 2 * n_in, 3, 3), f"{prefix}.conv.0.bias": (n_out,)}
+        for i in (2, 4):
+            shapes |= {f"{prefix}.conv.{i}.weight": (n_out, n_out, 3, 3), f"{prefix}.conv.{i}.bias": (n_out,)}
+        return shapes | ({f"{prefix}.skip.weight": (n_out, n_in, 1, 1)} if layer.skip else {})
+    if layer.kind == "tgrow":
+        return {f"{prefix}.conv.weight": (n_out * layer.stride, n_in, 1, 1)}
+    return {}
+
+
+def _not_taehv(name: str, key: str) -> FastDecoderError:
+    return FastDecoderError(f"{name} is not a TAEHV video decoder (it has no key {key}, which every one has): "
+                            f"use taew2_1 or taew2_2 from {FAST_DECODER_HUB_REPO} or a lighttaew2 file")
+
+
+def _out_channels(state: dict, name: str, key: str) -> int:
+    """The output channels of the 4-D conv weight at ``key``: how the layout tells each width."""
+    if key not in state:
+        raise _not_taehv(name, key)
+    shape = tuple(state[key].shape)
+    if len(shape) != 4 or shape[0] < 1:
+        raise FastDecoderError(f"{name} does not have the TAEHV decoder layout ({key} has shape {list(shape)}, "
+                               f"not a conv weight): use an unmodified taew2_1 or taew2_2 file")
+    return shape[0]
+
+
+def _read_layer(state: dict, name: str, index: int, kind: str, channels: int) -> _Layer:
+    """The layer at ``index`` given the channels coming into it; its output width comes from its weights."""
+    prefix = f"decoder.{index}"
+    if kind == "conv":
+        out = _out_channels(state, name, f"{prefix}.weight")
+        return _Layer(index, kind, channels, out, bias=index in _BIASED or f"{prefix}.bias" in state)
+    if kind == "mem":
+        out = _out_channels(state, name, f"{prefix}.conv.0.weight")
+        skip = f"{prefix}.skip.weight" in state
+        if not skip and out != channels:
+            raise FastDecoderError(f"{name} does not have the TAEHV decoder layout ({prefix} turns {channels} "
+                                   f"channels into {out} without a skip conv): use an unmodified taew2_1 or taew2_2 file")
+        return _Layer(index, kind, channels, out, skip=skip)
+    if kind == "tgrow":
+        out = _out_channels(state, name, f"{prefix}.conv.weight")
+        if out % channels:
+            raise FastDecoderError(f"{name} does not have the TAEHV decoder layout ({prefix}.conv makes {out} "
+                                   f"channels, not a multiple of {channels}): use an unmodified taew2_1 or taew2_2 file")
+        return _Layer(index, kind, channels, channels, stride=out // channels)
+    return _Layer(index, kind, channels, channels)
+
+
+def _check_shapes(state: dict, name: str, layers: Sequence[_Layer]) -> None:
+    """Every key the layers need is there with its shape, and there is no other."""
+    expected = {key: shape for layer in layers for key, shape in _layer_shapes(layer).items()}
+    for key, shape in expected.items():
+        if key not in state:
+            raise _not_taehv(name, key)
+        actual = tuple(state[key].shape)
+        if actual != shape:
+            raise FastDecoderError(f"{name} does not have the TAEHV decoder layout ({key} has shape {list(actual)} "
+                                   f"where {list(shape)} fits): use an unmodified taew2_1 or taew2_2 file")
+    unexpected = sorted(set(state) - set(expected))
+    if unexpected:
+        raise FastDecoderError(f"{name} does not have the TAEHV decoder layout (it has a key {unexpected[0]} that "
+                               f"no TAEHV decoder has): use an unmodified taew2_1 or taew2_2 file")
+
+
+def _layers_of(state: dict, name: str) -> tuple[_Layer, ...]:
+    """The decoder's layers read from its weights, the whole layout checked."""
+    for key in (SIGNATURE_KEY, "decoder.1.weight"):
+        if key not in state:
+            raise _not_taehv(name, key)
+    first = tuple(state["decoder.1.weight"].shape)
+    if len(first) != 4:
+        raise FastDecoderError(f"{name} does not have the TAEHV decoder layout (decoder.1.weight has shape "
+                               f"{list(first)}, not a conv weight): use an unmodified taew2_1 or taew2_2 file")
+    layers, width = [], first[1]
+    for index, kind in enumerate(_LAYOUT):
+        layers.append(_read_layer(state, name, index, kind, width))
+        width = layers[-1].channels_out
+    _check_shapes(state, name, layers)
+    patch = math.isqrt(width // 3)
+    if width != 3 * patch * patch:
+        raise FastDecoderError(f"{name} makes {width} output channels, not 3 colours times a square patch: "
+                               f"use an unmodified taew2_1 or taew2_2 file")
+    return tuple(layers)
+
+
+def _info_of(path: Path, state: dict, layers: Sequence[_Layer], vae_space_latents: bool | None) -> FastDecoderInfo:
+    if vae_space_latents is None:
+        vae_space_latents = path.name.lower().startswith("light")
+    return FastDecoderInfo(
+        path=path, latent_channels=layers[1].channels_in, patch_size=math.isqrt(layers[-1].channels_out // 3),
+        time_strides=tuple(layer.stride for layer in layers if layer.kind == "tgrow"),
+        vae_space_latents=bool(vae_space_latents), parameters=sum(int(t.numel()) for t in state.values()))
+
+
+def _load_file(path: Path) -> dict:
+    """The tensors of a .safetensors or .pth file (a .pth may nest them under "state_dict")."""
+    import torch
+
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device="cpu")
+    loaded = torch.load(path, weights_only=True, map_location="cpu")
+    if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
+        loaded = loaded["state_dict"]
+    return loaded if isinstance(loaded, dict) else {}
+
+
+def read_fast_decoder(path: Path | str, vae_space_latents: bool | None = None) -> tuple[FastDecoderInfo, dict]:
+    """The decoder's description and its ``decoder.*`` tensors (on the CPU, as stored); the layout is checked.
+
+    ``vae_space_latents`` None: the decoder takes the VAE's own latents when its file name starts with
+    "light" (LightX2V's files), the transformer's normalised latents otherwise.
+    """
+    info, state, _ = _read(Path(path), vae_space_latents)
+    return info, state
+
+
+def _read(path: Path, vae_space_latents: bool | None) -> tuple[FastDecoderInfo, dict, tuple[_Layer, ...]]:
+    """read_fast_decoder, and the layers it found (what load_fast_decoder builds)."""
+    import torch
+
+    if not path.is_file():
+        raise FastDecoderError(f"there is no fast decoder file at {path}: put taew2_1.safetensors (Wan2.1, "
+                               f"Wan2.2-A14B) or taew2_2.safetensors (Wan2.2-5B) from {FAST_DECODER_HUB_REPO} there")
+    if path.suffix not in FAST_DECODER_SUFFIXES:
+        raise FastDecoderError(f"{path.name} is not a .safetensors or .pth file: use taew2_1 or taew2_2 "
+                               f"as .safetensors or .pth")
+    try:
+        loaded = _load_file(path)
+    except Exception as exc:  # noqa: BLE001 - any reading error means the same thing: a damaged or other file
+        raise FastDecoderError(f"{path.name} could not be read as weights ({type(exc).__name__}: {exc}): "
+                               f"download it again") from exc
+    state = {key: value for key, value in loaded.items()
+             if isinstance(key, str) and key.startswith("decoder.") and isinstance(value, torch.Tensor)}
+    layers = _layers_of(state, path.name)
+    return _info_of(path, state, layers, vae_space_latents), state, layers
+
+
+def check_matches(info: FastDecoderInfo, z_dim: int) -> None:
+    """Refuses a decoder whose latent channels are not those of the model's VAE (``z_dim``)."""
+    if info.latent_channels == z_dim:
+        return
+    family = LATENT_FAMILIES.get(info.latent_channels)
+    takes = f"{info.latent_channels}-channel latents" + (f" ({family})" if family else "")
+    fits = FAST_DECODER_FILES.get(z_dim)
+    change = f"use {fits}" if fits else "no published fast decoder fits it, decode with the VAE"
+    raise FastDecoderError(f"this decoder ({info.name}) takes {takes}; the model makes {z_dim}-channel latents: "
+                           f"{change}")
+
+
+def find_fast_decoder(models_dir: Path | str, z_dim: int) -> Path | None:
+    """The fast decoder file for a VAE of ``z_dim`` latent channels in ``<models_dir>/fast_decoders/``, if any
+    (the taew file before LightX2V's lighttaew one, .safetensors before .pth)."""
+    stem = FAST_DECODER_FILES.get(z_dim)
+    if stem is None:
+        return None
+    folder = Path(models_dir) / FAST_DECODER_FOLDER
+    for name in (stem, "light" + stem):
+        for suffix in FAST_DECODER_SUFFIXES:
+            if (folder / (name + suffix)).is_file():
+                return folder / (name + suffix)
+    return None
+
+
+def _published_layers(latent_channels: int, patch_size: int) -> tuple[_Layer, ...]:
+    """The layers of a published file for these latents: the widths and strides the real files have."""
+    widths, strides = iter(_WIDTHS), iter(_STRIDES)
+    layers, channels = [], latent_channels
+    for index, kind in enumerate(_LAYOUT):
+        if kind == "conv":
+            out = 3 * patch_size ** 2 if index == len(_LAYOUT) - 1 else next(widths)
+            layers.append(_Layer(index, kind, channels, out, bias=index in _BIASED))
+        else:
+            layers.append(_Layer(index, kind, channels, channels, stride=next(strides) if kind == "tgrow" else 1))
+        channels = layers[-1].channels_out
+    return tuple(layers)
+
+
+def random_fast_decoder_state(latent_channels: int = 16, patch_size: int = 1, seed: int = 0,
+                              dtype: Any = None) -> dict:
+    """A decoder with random weights in the full published layout (and, as the real files have, an encoder
+    key), for tests and the self-test model: about 10M parameters, scaled so the frames are neither flat
+    nor saturated. ``dtype`` None: float32."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for layer in _published_layers(latent_channels, patch_size):
+        for key, shape in _layer_shapes(layer).items():
+            if key.endswith("bias"):
+                value = torch.randn(shape, generator=generator) * 0.02
+            else:
+                fan_in = math.prod(shape[1:])
+                value = torch.randn(shape, generator=generator) * (0.7 / fan_in) ** 0.5
+            state[key] = value
+    state[f"decoder.{len(_LAYOUT) - 1}.bias"] += 0.5  # frames around mid-grey, so both ends stay reachable
+    state["encoder.0.weight"] = torch.randn((64, 3 * patch_size ** 2, 3, 3), generator=generator) * 0.1
+    return {key: value.to(dtype or torch.float32) for key, value in state.items()}
+
+
+def write_fast_decoder(path: Path | str, state_dict: dict) -> Path:
+    """Saves a decoder's tensors: .safetensors (what the app reads first), or .pth / .pt."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tensors = {key: value.detach().contiguous().cpu() for key, value in state_dict.items()}
+    if path.suffix == ".safetensors":
+        from safetensors.torch import save_file
+
+        save_file(tensors, str(path))
+    else:
+        torch.save(tensors, path)
+    return path
+
+
+def _build_module(layers: Sequence[_Layer]):
+    """The decoder as an nn.Sequential whose keys are the published ones (classes made here, so torch loads
+    only when a decoder does)."""
+    import torch
+    from torch import nn
+
+    def conv3(n_in: int, n_out: int, bias: bool = True) -> nn.Conv2d:
+        return nn.Conv2d(n_in, n_out, 3, padding=1, bias=bias)
+
+    class Clamp(nn.Module):
+        """Squashes latents softly into (-3, 3): outliers do not blow up the frames."""
+
+        def forward(self, x):
+            return torch.tanh(x / 3) * 3
+
+    class MemBlock(nn.Module):
+        """Residual convs over a frame beside its own input of the frame before (``past``)."""
+
+        def __init__(self, n_in: int, n_out: int, skip: bool):
+            super().__init__()
+            self.conv = nn.Sequential(conv3(2 * n_in, n_out), nn.ReLU(), conv3(n_out, n_out), nn.ReLU(),
+                                      conv3(n_out, n_out))
+            self.skip = nn.Conv2d(n_in, n_out, 1, bias=False) if skip else nn.Identity()
+
+        def forward(self, x, past):
+            return torch.relu(self.conv(torch.cat([x, past], 1)) + self.skip(x))
+
+    class TGrow(nn.Module):
+        """Each frame becomes ``stride`` frames: a 1x1 conv makes their channels side by side."""
+
+        def __init__(self, channels: int, stride: int):
+            super().__init__()
+            self.stride = stride
+            self.conv = nn.Conv2d(channels, channels * stride, 1, bias=False)
+
+        def forward(self, x):
+            y = self.conv(x)
+            return y.reshape(y.shape[0] * self.stride, y.shape[1] // self.stride, *y.shape[2:])
+
+    def make(layer: _Layer) -> nn.Module:
+        return {"clamp": Clamp, "relu": nn.ReLU, "up": lambda: nn.Upsample(scale_factor=2, mode="nearest"),
+                "conv": lambda: conv3(layer.channels_in, layer.channels_out, layer.bias),
+                "mem": lambda: MemBlock(layer.channels_in, layer.channels_out, layer.skip),
+                "tgrow": lambda: TGrow(layer.channels_in, layer.stride)}[layer.kind]()
+
+    return nn.Sequential(*(make(layer) for layer in layers))
+
+
+def _run_layers(module, layers: Sequence[_Layer], frames, carried: list):
+    """Latent frames (F, C, h, w) through the decoder; ``carried`` holds, per MemBlock, its input of the frame
+    before these (None: these are the first). Returns the raw output frames and what to carry next."""
+    import torch
+
+    x, carry = frames, []
+    for layer, block in zip(layers, module):
+        if layer.kind == "mem":
+            before = carried[len(carry)]
+            before = torch.zeros_like(x[:1]) if before is None else before
+            carry.append(x[-1:].clone())  # a copy: a view would keep the whole chunk's activations alive
+            x = block(x, torch.cat([before, x[:-1]], 0))
+        else:
+            x = block(x)
+    return x, carry
+
+
+def _to_uint8(x, patch_size: int):
+    """Decoder output (F, 3*p*p, H, W) in [0, 1] -> uint8 frames (F, p*H, p*W, 3), rounded as export does."""
+    import torch
+    import torch.nn.functional as F
+
+    if patch_size > 1:
+        x = F.pixel_shuffle(x, patch_size)
+    x = x.float().clamp_(0.0, 1.0)
+    return (x * 255.0 + 0.5).to(torch.uint8).permute(0, 2, 3, 1).contiguous()
+
+
+@dataclass(frozen=True)
+class FastDecoder:
+    """A loaded fast decoder: the network (eval, no grads) on its device and dtype, and what it is."""
+
+    module: Any
+    info: FastDecoderInfo
+    layers: tuple[_Layer, ...]
+    device: Any
+    dtype: Any
+
+    def _frames_in(self, latents, latents_mean, latents_std):
+        """The transformer's latents (1, C, T, h, w) or (C, T, h, w) -> the decoder's input frames
+        (T, C, h, w) on its device and dtype; de-normalised (in float32) for a decoder that takes the VAE's
+        own latents."""
+        import torch
+
+        if latents.dim() == 5:
+            if latents.shape[0] != 1:
+                raise FastDecoderError(f"the fast decoder decodes one clip at a time; these latents hold "
+                                       f"{latents.shape[0]}: pass them one by one")
+            latents = latents[0]
+        if latents.dim() != 4 or latents.shape[1] < 1:
+            raise FastDecoderError(f"the fast decoder takes latents shaped (1, C, T, h, w); these are "
+                                   f"{list(latents.shape)}: pass the pipeline's latents as they are")
+        check_matches(self.info, int(latents.shape[0]))
+        if self.info.vae_space_latents:
+            latents = self._denormalize(latents.to(self.device, torch.float32), latents_mean, latents_std)
+        frames = latents.to(self.device, self.dtype).transpose(0, 1)
+        if self.device.type == "cuda":
+            return frames.contiguous(memory_format=torch.channels_last)
+        return frames.contiguous()
+
+    def _denormalize(self, latents, latents_mean, latents_std):
+        """(C, T, h, w) normalised latents -> the VAE's own latent space: ``latents * std + mean``."""
+        import torch
+
+        if latents_mean is None or latents_std is None:
+            raise FastDecoderError(f"{self.info.name} takes the VAE's own latents: pass latents_mean and "
+                                   f"latents_std from the VAE's config")
+        channels = latents.shape[0]
+        mean = torch.as_tensor(latents_mean, dtype=torch.float32, device=latents.device).reshape(-1)
+        std = torch.as_tensor(latents_std, dtype=torch.float32, device=latents.device).reshape(-1)
+        if mean.numel() != channels or std.numel() != channels:
+            raise FastDecoderError(f"latents_mean and latents_std have {mean.numel()} and {std.numel()} values "
+                                   f"for {channels} latent channels: pass those of this model's VAE config")
+        return latents * std.view(-1, 1, 1, 1) + mean.view(-1, 1, 1, 1)
+
+    def _memblocks(self) -> int:
+        return sum(layer.kind == "mem" for layer in self.layers)
+
+    def decode(self, latents, latents_mean: Sequence[float] | None = None,
+               latents_std: Sequence[float] | None = None) -> torch.Tensor:
+        """The transformer's latents (1, C, T, h, w) -> uint8 frames (4T-3, 8p*h, 8p*w, 3) on the decoder's
+        device, all frames in one batch (``stream`` is as fast on a GPU and holds a fraction of the memory).
+        ``latents_mean`` / ``latents_std`` (the VAE config's) are needed by, and only used for, a decoder of
+        VAE-space latents."""
+        import torch
+
+        with torch.inference_mode():
+            frames = self._frames_in(latents, latents_mean, latents_std)
+            out, _ = _run_layers(self.module, self.layers, frames, [None] * self._memblocks())
+            return _to_uint8(out, self.info.patch_size)[self.info.trimmed_frames:]
+
+    def stream(self, latents, chunk: int = 4, latents_mean: Sequence[float] | None = None,
+               latents_std: Sequence[float] | None = None) -> Iterator[torch.Tensor]:
+        """Like ``decode``, ``chunk`` latent frames at a time: yields uint8 frame batches whose concatenation
+        is ``decode``'s output (the warm-up frames dropped from the first; see the module's note on rounding).
+        The latents are checked now, not at the first batch."""
+        import torch
+
+        if chunk < 1:
+            raise FastDecoderError(f"a chunk of {chunk} latent frames decodes nothing: pass 1 or more")
+        with torch.inference_mode():
+            frames = self._frames_in(latents, latents_mean, latents_std)
+        return self._batches(frames, chunk)
+
+    def _batches(self, frames, chunk: int) -> Iterator[torch.Tensor]:
+        """The generator behind ``stream``: inference mode is entered per chunk, never across a yield (it would
+        leak into the caller's code while suspended)."""
+        import torch
+
+        carried: list = [None] * self._memblocks()
+        to_drop = self.info.trimmed_frames
+        for start in range(0, frames.shape[0], chunk):
+            with torch.inference_mode():
+                out, carried = _run_layers(self.module, self.layers, frames[start:start + chunk], carried)
+                batch = _to_uint8(out, self.info.patch_size)
+            batch, to_drop = batch[to_drop:], max(0, to_drop - batch.shape[0])
+            if batch.shape[0]:
+                yield batch
+
+
+def load_fast_decoder(path: Path | str, device: Any = "cpu", dtype: Any = None,
+                      vae_space_latents: bool | None = None) -> FastDecoder:
+    """Reads, checks and loads a fast decoder onto ``device`` (a name or torch.device) in ``dtype`` (None:
+    float16 on a GPU, float32 on the CPU, where half-precision convs are slow); channels-last on a GPU,
+    where its convs run faster so."""
+    import torch
+
+    info, state, layers = _read(Path(path), vae_space_latents)
+    device = torch.device(device)
+    if dtype is None:
+        dtype = torch.float16 if device.type == "cuda" else torch.float32
+    with torch.device("meta"):  # no random initialisation of weights that are replaced at once
+        module = _build_module(layers)
+    module.load_state_dict({key.removeprefix("decoder."): value for key, value in state.items()}, strict=True,
+                           assign=True)
+    module = module.to(device=device, dtype=dtype).eval().requires_grad_(False)
+    if device.type == "cuda":
+        module = module.to(memory_format=torch.channels_last)
+    return FastDecoder(module=module, info=info, layers=layers, device=device, dtype=dtype)
