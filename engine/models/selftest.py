@@ -93,6 +93,18 @@ def build_selftest_pipeline(ref: str, first_last: bool = False):
     return WanPipeline(**parts)
 
 
+def write_selftest_fast_decoder(folder: Path) -> Path:
+    """A fast decoder of the published layout with random weights, inside the self-test model's folder, so a
+    fresh install can run "Fast decode" (and its previews) offline: noise, like everything the model makes."""
+    import torch
+
+    from engine.run.fast_decoder import MODEL_OWN_FOLDER, random_fast_decoder_state, write_fast_decoder
+
+    path = Path(folder) / MODEL_OWN_FOLDER / "taew2_1.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return write_fast_decoder(path, random_fast_decoder_state(16, 1, seed=_WEIGHT_SEED, dtype=torch.float16))
+
+
 def selftest_built(ref: str, models_dir: Path) -> bool:
     """Whether the self-test model ``ref`` has been built in ``models_dir`` already."""
     return (Path(models_dir) / ref / "model_index.json").is_file()
@@ -112,6 +124,7 @@ def ensure_selftest_model(ref: str, models_dir: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{ref}-", dir=folder.parent))
     try:
         build_selftest_pipeline(ref).save_pretrained(tmp)
+        write_selftest_fast_decoder(tmp)
         try:
             tmp.rename(folder)
         except OSError:

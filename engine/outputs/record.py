@@ -52,7 +52,7 @@ def _made_with(request: GenerationRequest, parameters: dict, model: dict | None,
 
 def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: dict, step_downs, latents,
                decode_fallback, timings: dict, step_seconds, peak_ram_gb: float, hardware: dict,
-               inputs: dict | None = None, note: str = "") -> Sidecar:
+               inputs: dict | None = None, note: str = "", speed: dict | None = None) -> Sidecar:
     """The sidecar of a finished run: everything needed to understand it and to make it again.
 
     ``inputs``: the input images kept beside it ({field: file name or None}; None: the run had none)."""
@@ -66,7 +66,7 @@ def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: 
         output={"frames": count, "height": height, "width": width, "fps": fps},
         run=RunDetails(step_downs=_as_json(list(step_downs)), latents=latents, decode_fallback=decode_fallback,
                        model_reused="load" not in timings, step_seconds=list(step_seconds)),
-        inputs=inputs, note=note)
+        inputs=inputs, note=note, speed=_as_json(speed) if speed is not None else None)
 
 
 def redecode_record(request: GenerationRequest, media: Path, latents: Path, how: str, model: dict | None,

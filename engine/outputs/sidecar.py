@@ -101,6 +101,7 @@ class Sidecar:
     versions: dict | None = None
     hardware: dict | None = None
     inputs: dict | None = None          # kept input images: {"image": name or None, "last_image": ...}
+    speed: dict | None = None           # a run's speed: {"decoder", "approximate", "step_cache", "predicted_seconds"...}
     note: str = ""
     app_version: str | None = None
     schema: int = SCHEMA
@@ -147,6 +148,8 @@ class Sidecar:
                 "hardware": self.hardware}
         if self.inputs is not None:
             tail["inputs"] = self.inputs
+        if self.speed is not None:
+            tail["speed"] = self.speed
         if self.note:
             tail["note"] = self.note
         return head | body | tail
@@ -181,7 +184,8 @@ class Sidecar:
                 peak_vram_gb=_optional_float(data.get("peak_vram_gb")),
                 peak_ram_gb=_optional_float(data.get("peak_ram_gb")),
                 versions=data.get("versions"), hardware=data.get("hardware"),
-                inputs=_dict_or_none(data.get("inputs")), note=str(data.get("note") or ""),
+                inputs=_dict_or_none(data.get("inputs")), speed=_dict_or_none(data.get("speed")),
+                note=str(data.get("note") or ""),
                 run=None if decoded else _run_details(data),
                 decoded=DecodeDetails(str(decoded), data.get("decoded_from")) if decoded else None,
                 app_version=data["app"].get("version"), schema=_schema(data.get("schema", 0)))

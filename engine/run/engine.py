@@ -88,6 +88,7 @@ class LoadedModel:
     scheduler_config: dict
     preview_map: PreviewMap | None = None   # latent -> RGB for live previews, made at the first one
     image_pipe: object = None   # Wan2.2 TI2V-5B's image-to-video pipeline, over the same components
+    fast_decoders: dict = field(default_factory=dict)   # file -> its FastDecoder, loaded at first use
 
     def for_mode(self, mode: str):
         """The pipeline that runs ``mode``: the loaded one or, for image to video with a text-and-image model
@@ -166,6 +167,8 @@ class _Job:
     inputs: dict | None = None          # input images kept beside the output: {field: file name or None}
     ram: RamPeakSampler | None = None   # the run's RAM peak so far, reported with every step
     steps: int = 0                      # denoising steps the job asks for (none for a decode again)
+    fast_decoder: Path | None = None    # the fast decoder's file, when the job decodes with it
+    decoder: str = "vae"                # what made the frames: "vae" or "fast (<file stem>)"
 
 
 class Engine:
@@ -338,6 +341,8 @@ class Engine:
         if not plan.fits and not request.settings.strategy:
             raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
         request = replace(request, seed=request.seed if request.seed >= 0 else secrets.randbelow(2**32))
+        if request.settings.decoder == "fast":   # found (or fetched) before any heavy work
+            job.fast_decoder = self._fast_decoder_file(resolved, job)
         loaded, latents = self._denoise_stepping_down(resolved, plan, request, job)
         return self._finish(loaded, request, latents, job)
 
@@ -369,7 +374,10 @@ class Engine:
     def _finish(self, loaded: LoadedModel, request: GenerationRequest, latents, job: _Job) -> JobFinished:
         """Latents saved (so a failed decode costs no denoising), decoded, exported; the sidecar last."""
         bundle = self._save_latents(loaded, request, latents, job)
-        frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
+        if job.fast_decoder is not None:
+            frames = self._decode_fast(loaded, latents, job)
+        else:
+            frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
         with self._phase(job, "export"):
             media = write_media(request, frames, bundle)
         if self.latents_hours <= 0 and not request.keep_latents:
@@ -563,6 +571,41 @@ class Engine:
         with self._phase(job, "vae_decode"):
             return decode_latents(vae, video_processor, latents, tile, device)
 
+    # ----- the fast decoder (approximate) ---------------------------------------
+    def _fast_decoder_file(self, resolved: ResolvedModel, job: _Job) -> Path:
+        """The fast decoder for this model's latents: on disk, else downloaded once (its own phase);
+        InputError saying where to put one when there is none."""
+        from engine.models.refs import hub_offline
+        from engine.run.fast_decoder import FastDecoderError, find_fast_decoder, locate_fast_decoder
+
+        z_dim = 48 if resolved.spec.wan22_vae else 16
+        try:
+            found = find_fast_decoder(self.models_dir, z_dim, resolved.folder)
+            if found is None:
+                with self._phase(job, "download"):
+                    found = locate_fast_decoder(self.models_dir, z_dim, resolved.folder, offline=hub_offline())
+            return found
+        except FastDecoderError as exc:
+            raise InputError(str(exc)) from None
+
+    def _decode_fast(self, loaded: LoadedModel, latents, job: _Job):
+        """The frames from the fast decoder: approximate, a fraction of the VAE's time and memory."""
+        from engine.run.fast_decoder import check_matches, load_fast_decoder
+
+        path = job.fast_decoder
+        with self._phase(job, "vae_decode"):
+            decoder = loaded.fast_decoders.get(path)
+            if decoder is None:
+                decoder = load_fast_decoder(path, loaded.plan.device)
+                check_matches(decoder.info, loaded.pipe.vae.config.z_dim)
+                loaded.fast_decoders[path] = decoder
+            config = loaded.pipe.vae.config
+            frames = decoder.decode(latents, config.latents_mean, config.latents_std).cpu().numpy()
+        job.decoder = f"fast ({decoder.info.name})"
+        job.emit(Info(job.id, f"Decoded by the fast decoder {decoder.info.name}: approximate, softer than the "
+                              "model's VAE; choose the VAE decoder for the final video."))
+        return frames
+
     # ----- decode again, from saved latents ------------------------------------
     def _decode_saved(self, path: Path, job: _Job, tiled: bool, on_cpu: bool) -> Event:
         latents, meta = load_latents(path)
@@ -604,6 +647,14 @@ class Engine:
             vae = AutoencoderKLWan.from_pretrained(resolved.folder, subfolder="vae", dtype=torch.float32)
         return vae, VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
 
+    @staticmethod
+    def _speed_record(plan: Plan, request: GenerationRequest, job: _Job) -> dict:
+        """How the run was made fast, and whether any of it is approximate (the sidecar's "speed")."""
+        cache = request.settings.step_cache
+        return {"decoder": job.decoder, "step_cache": cache, "approximate": job.decoder != "vae" or bool(cache),
+                "vae_dtype": plan.vae_dtype, "conv": plan.conv, "compiled": plan.compile,
+                "attention": plan.attention_backend}
+
     # ----- export -------------------------------------------------------------
     def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, bundle: Bundle,
                        media: Path, frames) -> Path:
@@ -611,5 +662,6 @@ class Engine:
                              step_downs=job.step_downs, latents=job.latents, decode_fallback=job.decode_fallback,
                              timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=job.ram.peak_gb,
                              hardware=self.hardware.to_dict(), inputs=job.inputs,
-                             note=SELFTEST_NOTE if loaded.model.selftest else "")
+                             note=SELFTEST_NOTE if loaded.model.selftest else "",
+                             speed=self._speed_record(loaded.plan, request, job))
         return write_sidecar(sidecar, bundle.sidecar)

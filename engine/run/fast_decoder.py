@@ -42,6 +42,8 @@ LIGHT_FAST_DECODER_HUB_REPO = "lightx2v/Autoencoders"
 FAST_DECODER_SOURCE = "https://github.com/madebyollin/taehv"
 # Where find_fast_decoder looks, under the models folder.
 FAST_DECODER_FOLDER = "fast_decoders"
+# A model folder may carry its own fast decoder here (the self-test models do).
+MODEL_OWN_FOLDER = "fast_decoder"
 FAST_DECODER_SUFFIXES = (".safetensors", ".pth", ".pt")
 # A key every TAEHV decoder has and other files do not (ComfyUI recognises them by it).
 SIGNATURE_KEY = "decoder.22.bias"
@@ -267,18 +269,44 @@ def check_matches(info: FastDecoderInfo, z_dim: int) -> None:
                            f"{change}")
 
 
-def find_fast_decoder(models_dir: Path | str, z_dim: int) -> Path | None:
-    """The fast decoder file for a VAE of ``z_dim`` latent channels in ``<models_dir>/fast_decoders/``, if any
-    (the taew file before LightX2V's lighttaew one, .safetensors before .pth)."""
+def find_fast_decoder(models_dir: Path | str, z_dim: int, model_folder: Path | str | None = None) -> Path | None:
+    """The fast decoder file for a VAE of ``z_dim`` latent channels, if any: the model's own (a
+    ``fast_decoder/`` folder inside the model's, as the self-test models have) before the shared
+    ``<models_dir>/fast_decoders/``; the taew file before LightX2V's lighttaew one, .safetensors before .pth."""
     stem = FAST_DECODER_FILES.get(z_dim)
     if stem is None:
         return None
-    folder = Path(models_dir) / FAST_DECODER_FOLDER
-    for name in (stem, "light" + stem):
-        for suffix in FAST_DECODER_SUFFIXES:
-            if (folder / (name + suffix)).is_file():
-                return folder / (name + suffix)
+    folders = [Path(model_folder) / MODEL_OWN_FOLDER] if model_folder else []
+    for folder in (*folders, Path(models_dir) / FAST_DECODER_FOLDER):
+        for name in (stem, "light" + stem):
+            for suffix in FAST_DECODER_SUFFIXES:
+                if (folder / (name + suffix)).is_file():
+                    return folder / (name + suffix)
     return None
+
+
+def locate_fast_decoder(models_dir: Path | str, z_dim: int, model_folder: Path | str | None = None,
+                        offline: bool = False) -> Path:
+    """The fast decoder file for these latents: found on disk, else downloaded once from the Hub into
+    ``<models_dir>/fast_decoders/``; FastDecoderError saying where to put one when neither works."""
+    found = find_fast_decoder(models_dir, z_dim, model_folder)
+    if found is not None:
+        return found
+    stem = FAST_DECODER_FILES.get(z_dim)
+    folder = Path(models_dir) / FAST_DECODER_FOLDER
+    if stem is None:
+        raise FastDecoderError(f"no fast decoder is known for {z_dim}-channel latents: choose the VAE decoder")
+    where = (f"put {stem}.safetensors (from {FAST_DECODER_HUB_REPO} on the Hugging Face Hub, or "
+             f"{FAST_DECODER_SOURCE}) in {folder}, or choose the VAE decoder")
+    if offline:
+        raise FastDecoderError(f"no fast decoder for this model is on disk and the app is offline: {where}")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        folder.mkdir(parents=True, exist_ok=True)
+        return Path(hf_hub_download(FAST_DECODER_HUB_REPO, f"{stem}.safetensors", local_dir=folder))
+    except Exception as exc:   # no network, no such file: the user can still place it by hand
+        raise FastDecoderError(f"the fast decoder could not be downloaded ({type(exc).__name__}): {where}") from exc
 
 
 def _published_layers(latent_channels: int, patch_size: int) -> tuple[_Layer, ...]:

@@ -1,0 +1,552 @@
+"""Speed, phase by phase: the engine against plain diffusers on the same machine, in one process per model.
+
+    python bench/speed.py OUT_DIR [--models 1.3b,14b,5b] [--parts cold,warm,decode,caches,attention]
+    python bench/speed.py OUT_DIR --tiny         # the same code on the CPU with the self-test model (CI)
+    python bench/speed.py --table OUT_DIR/speed-*.json   # the markdown tables of docs/speed.md
+
+The 1.3B model is saved to disk first (real-size random weights, ``save_pretrained``), so both sides load
+it as users do; the 14B image-to-video and 5B models are built in memory (their folders would not fit the
+GPU machine's disk beside it), and only their warm runs are compared. Per model, in one process:
+
+- cold: ``app.py generate`` against bench/plain_script.py (diffusers' documented recipe), each a fresh
+  process from start to the mp4 on disk, imports included on both sides;
+- warm: plain diffusers (``.to("cuda")``, the pipeline's call, ``export_to_video``) against the engine's
+  default plan (request to mp4 on disk), then the engine's options (compile forced, the fast decoder), for
+  the FastWan preset at 832x480x81 and the 50-step preset; latents compared with plain diffusers';
+- decode: the same latents decoded in float32 (plain), bfloat16, bfloat16 with cudnn.benchmark, streamed,
+  and by the fast decoder (time, peak, frames' difference from the float32 decode);
+- caches: each step cache against the uncached engine run (time and difference);
+- attention: every usable attention backend at the model's real shape;
+- predict: the time the plan predicted for each engine run against what it took.
+
+Nothing here asserts a time: the numbers are the output. ``--tiny`` runs every part on the CPU in seconds
+(tests/test_bench_speed.py), so the code that makes the table cannot rot between GPU runs.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import subprocess
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PROMPTS = ("a red fox running through fresh snow, cinematic", "a paper boat drifting down a rainy street")
+NEGATIVE = "blurry, low quality"
+PARTS = ("cold", "warm", "decode", "caches", "attention")
+
+
+@dataclass
+class Setup:
+    """Where and how big: the GPU with real sizes, or the CPU with the self-test model (--tiny)."""
+    tiny: bool
+    work: Path
+    device: str = "cuda"
+    width: int = 832
+    height: int = 480
+    frames: int = 81
+    long_steps: int = 50
+    cache_steps: int = 30
+    cold_steps: int = 10
+    results: dict = field(default_factory=dict)
+    out: Path | None = None
+
+    @classmethod
+    def make(cls, tiny: bool, work: Path, out: Path) -> "Setup":
+        if tiny:
+            return cls(True, work, "cpu", 64, 64, 9, long_steps=6, cache_steps=8, cold_steps=2, out=out)
+        return cls(False, work, out=out)
+
+    def save(self) -> None:
+        self.out.write_text(json.dumps(self.results, indent=2, default=str))
+
+
+@contextmanager
+def part(setup: Setup, name: str):
+    """One measurement: its failure is recorded (with the traceback) and the next one runs."""
+    print(f"[bench] {name} ...", flush=True)
+    started = time.perf_counter()
+    try:
+        yield
+    except Exception as exc:  # the run goes on: one broken part must not cost the others
+        traceback.print_exc()
+        setup.results.setdefault("failures", {})[name] = f"{type(exc).__name__}: {exc}"
+    finally:
+        print(f"[bench] {name} done in {time.perf_counter() - started:.1f} s", flush=True)
+        free()
+        setup.save()
+
+
+def free() -> None:
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def sync() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def peak_reset() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_gb() -> float | None:
+    import torch
+
+    return round(torch.cuda.max_memory_allocated() / 1024 ** 3, 3) if torch.cuda.is_available() else None
+
+
+# ----- the model on disk -------------------------------------------------------------------------------
+def build_folder(setup: Setup) -> Path:
+    """The 1.3B text-to-video model saved as a diffusers folder (the self-test model with --tiny)."""
+    folder = setup.work / "wan13"
+    if (folder / "model_index.json").exists():
+        return folder
+    started = time.perf_counter()
+    if setup.tiny:
+        from engine.models.selftest import SELFTEST_T2V, build_selftest_pipeline
+
+        pipe = build_selftest_pipeline(SELFTEST_T2V)
+    else:
+        from diffusers import UniPCMultistepScheduler, WanPipeline
+
+        from bench import realsize
+
+        pipe = WanPipeline(tokenizer=realsize.tokenizer(), text_encoder=realsize.text_encoder(),
+                           vae=realsize.vae(), transformer=realsize.transformer("wan21-1.3b"),
+                           scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                             flow_shift=3.0))
+        pipe.to("cpu")
+    pipe.save_pretrained(folder)
+    del pipe
+    from engine.models.weights import weight_bytes
+
+    setup.results["folder"] = {"gb": round(weight_bytes(folder) / 1024 ** 3, 2),
+                               "seconds": round(time.perf_counter() - started, 1)}
+    return folder
+
+
+# ----- cold: two fresh processes --------------------------------------------------------------------------
+def cold(setup: Setup, folder: Path) -> None:
+    size = ["--width", str(setup.width), "--height", str(setup.height), "--frames", str(setup.frames)]
+    runs = {
+        "plain": [sys.executable, str(ROOT / "bench" / "plain_script.py"), str(folder),
+                  str(setup.work / "plain-cold.mp4"), "--steps", str(setup.cold_steps), *size],
+        "engine": [sys.executable, str(ROOT / "app.py"), "generate", "--model", str(folder), "--prompt", PROMPTS[0],
+                   "--negative-prompt", NEGATIVE, "--steps", str(setup.cold_steps), "--guidance", "5",
+                   "--outputs", str(setup.work / "cold-out"), "--models-dir", str(setup.work / "models"), *size],
+    }
+    rows = {}
+    for repeat in (1, 2):
+        for name, command in runs.items():
+            started = time.perf_counter()
+            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+            wall = time.perf_counter() - started
+            rows.setdefault(name, []).append({"seconds": round(wall, 2), "rc": done.returncode,
+                                              "tail": (done.stdout + done.stderr)[-1500:]})
+            print(f"[bench] cold {name} #{repeat}: {wall:.1f} s rc {done.returncode}", flush=True)
+    best = {name: min(r["seconds"] for r in runs_ if r["rc"] == 0) for name, runs_ in rows.items()
+            if any(r["rc"] == 0 for r in runs_)}
+    setup.results["cold"] = {"steps": setup.cold_steps, "runs": rows, "best": best,
+                             "ratio": round(best["engine"] / best["plain"], 3) if len(best) == 2 else None}
+
+
+# ----- warm: plain diffusers and the engine in one process ------------------------------------------------
+def plain_pipeline(folder: Path, setup: Setup):
+    import torch
+    from diffusers import AutoencoderKLWan, WanPipeline
+
+    started = time.perf_counter()
+    dtype = torch.float32 if setup.tiny else torch.bfloat16
+    vae = AutoencoderKLWan.from_pretrained(folder, subfolder="vae", torch_dtype=torch.float32)
+    pipe = WanPipeline.from_pretrained(folder, vae=vae, torch_dtype=dtype)
+    loaded = time.perf_counter()
+    pipe.to(setup.device)
+    sync()
+    pipe.set_progress_bar_config(disable=True)
+    return pipe, {"load_s": round(loaded - started, 3), "to_device_s": round(time.perf_counter() - loaded, 3)}
+
+
+def plain_video(pipe, setup: Setup, case: dict, prompt: str, out: Path) -> tuple[dict, object]:
+    """One video the plain way, timed: (the timings, the final latents)."""
+    import torch
+    from diffusers.utils import export_to_video
+
+    from engine.run.schedulers import make_scheduler
+
+    pipe.scheduler = make_scheduler(dict(pipe.scheduler.config), case["shift"], case.get("sigmas"))
+    marks, ends, kept = {}, [], {}
+
+    def first_call(*_):
+        marks.setdefault("first", time.perf_counter())
+
+    def on_step_end(pipeline, i, t, tensors):
+        sync()
+        ends.append(time.perf_counter())
+        kept["latents"] = tensors["latents"].detach().clone()
+        return {}
+
+    handle = pipe.transformer.register_forward_pre_hook(first_call)
+    peak_reset()
+    started = time.perf_counter()
+    try:
+        frames = pipe(prompt=prompt, negative_prompt=NEGATIVE, height=setup.height, width=setup.width,
+                      num_frames=setup.frames, num_inference_steps=case["steps"], guidance_scale=case["guidance"],
+                      generator=torch.Generator("cpu").manual_seed(1), callback_on_step_end=on_step_end).frames[0]
+        sync()
+    finally:
+        handle.remove()
+    decoded = time.perf_counter()
+    export_to_video(frames, str(out), fps=16)
+    done = time.perf_counter()
+    steps = [b - a for a, b in zip([marks["first"], *ends[:-1]], ends)]
+    return {"seconds": round(done - started, 3), "before_denoise_s": round(marks["first"] - started, 3),
+            "denoise_s": round(ends[-1] - marks["first"], 3), "step_s": round(sum(steps) / len(steps), 4),
+            "decode_s": round(decoded - ends[-1], 3), "export_s": round(done - decoded, 3),
+            "peak_vram_gb": peak_gb()}, kept["latents"]
+
+
+def engine_video(engine, setup: Setup, case: dict, prompt: str, **settings) -> tuple[dict, object]:
+    """One video through the engine, request to mp4 on disk: (timings and plan, the final latents)."""
+    from engine.events import Info, JobFinished, PlanReady
+    from engine.outputs.latents import load_latents
+    from engine.settings.presets import load_presets
+    from engine.settings.request import GenerationRequest
+
+    preset = load_presets()[case["preset"]]
+    request = GenerationRequest.from_preset(
+        preset, prompt, model=case["model"], width=setup.width, height=setup.height, frames=setup.frames,
+        steps=case["steps"], seed=1, outputs_dir=str(setup.work / "out"), keep_latents=True,
+        negative_prompt=NEGATIVE, **settings)
+    events = []
+    peak_reset()
+    started = time.perf_counter()
+    result = engine.run(request, f"bench-{time.time_ns()}", events.append)
+    wall = time.perf_counter() - started
+    if not isinstance(result, JobFinished):
+        raise RuntimeError(f"the engine's run ended with {result}")
+    sidecar = json.loads(Path(result.sidecar).read_text())
+    plan = [e.plan for e in events if isinstance(e, PlanReady)][-1]
+    latents, _ = load_latents(Path(sidecar["latents"]))
+    row = {"seconds": round(wall, 3), "timings": result.timings,
+           "step_s": round(sum(sidecar["step_seconds"]) / len(sidecar["step_seconds"]), 4),
+           "peak_vram_gb": result.peak_vram_gb, "peak_ram_gb": result.peak_ram_gb,
+           "plan": {k: plan.get(k) for k in ("strategy", "vae_dtype", "conv", "compile", "attention_backend",
+                                             "text_encoder", "vae_tile")},
+           "predicted": plan.get("predicted_seconds"), "speed": sidecar.get("speed"),
+           "notes": [e.message for e in events if isinstance(e, Info)][-6:]}
+    return row, latents
+
+
+def difference(a, b) -> float:
+    return round(float((a.float().cpu() - b.float().cpu()).abs().max()), 6)
+
+
+def cases(setup: Setup, folder: Path) -> dict:
+    """The two warm cases: the FastWan preset at the full size, and the standard preset's long run."""
+    return {
+        "fastwan": {"preset": "fastwan21-t2v-1.3b", "model": str(folder), "steps": 3, "guidance": 1.0,
+                    "shift": 8.0, "sigmas": (1.0, 0.757, 0.522)},
+        "long": {"preset": "wan21-t2v-1.3b", "model": str(folder), "steps": setup.long_steps, "guidance": 5.0,
+                 "shift": 3.0},
+    }
+
+
+def warm(setup: Setup, folder: Path, engine) -> dict:
+    """Plain diffusers, then the engine, on each case; the latents of the same prompt compared."""
+    results = setup.results.setdefault("warm", {})
+    plain, loading = plain_pipeline(folder, setup)
+    results["plain_load"] = loading
+    reference = {}
+    for name, case in cases(setup, folder).items():
+        rows = []
+        for run, prompt in enumerate(PROMPTS, start=1):
+            row, latents = plain_video(plain, setup, case, prompt, setup.work / f"plain-{name}-{run}.mp4")
+            rows.append({"run": run, **row})
+            reference[(name, prompt)] = latents.cpu()
+            print(f"[bench] plain {name} #{run}: {row}", flush=True)
+        results[name] = {"plain": rows}
+        setup.save()
+    plain.to("cpu")
+    del plain
+    free()
+    for name, case in cases(setup, folder).items():
+        rows = []
+        variants = [("default", {}, PROMPTS[0]), ("default", {}, PROMPTS[1]), ("default", {}, PROMPTS[0])]
+        variants += [("compile on", {"compile": True}, PROMPTS[1]), ("compile on", {"compile": True}, PROMPTS[0]),
+                     ("fast decoder", {"decoder": "fast"}, PROMPTS[1])]
+        if name == "long":
+            variants = variants[:3] + [("compile off", {"compile": False}, PROMPTS[1])]
+        for label, settings, prompt in variants:
+            row, latents = engine_video(engine, setup, case, prompt, **settings)
+            row.update(variant=label, prompt=PROMPTS.index(prompt) + 1,
+                       latents_vs_plain=difference(latents, reference[(name, prompt)]))
+            rows.append(row)
+            print(f"[bench] engine {name} {label}: {row['seconds']} s, {row['timings']}", flush=True)
+            results[name]["engine"] = rows
+            setup.save()
+    return reference
+
+
+# ----- the decode alone ------------------------------------------------------------------------------------
+def decode(setup: Setup, folder: Path, latents) -> None:
+    import torch
+    from diffusers import AutoencoderKLWan
+    from diffusers.video_processor import VideoProcessor
+
+    from engine.outputs.export import to_uint8
+    from engine.run.decoding import decode_latents, decode_stream, denormalize
+    from engine.run.fast_decoder import load_fast_decoder, random_fast_decoder_state, write_fast_decoder
+
+    results = setup.results.setdefault("decode", {})
+    latents = latents.to(setup.device)
+    vae = AutoencoderKLWan.from_pretrained(folder, subfolder="vae", torch_dtype=torch.float32).to(setup.device)
+    processor = VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
+
+    def timed(label, work, repeats=2):
+        best = None
+        for _ in range(repeats):
+            free()
+            peak_reset()
+            sync()
+            started = time.perf_counter()
+            frames = work()
+            sync()
+            seconds = time.perf_counter() - started
+            best = seconds if best is None else min(best, seconds)
+        results[label] = {"seconds": round(best, 3), "peak_vram_gb": peak_gb()}
+        print(f"[bench] decode {label}: {results[label]}", flush=True)
+        setup.save()
+        return frames
+
+    def plain_fp32():   # what WanPipeline does after the last step
+        with torch.inference_mode():
+            video = vae.decode(denormalize(vae, latents.to(vae.dtype)), return_dict=False)[0]
+            return to_uint8(processor.postprocess_video(video, output_type="np")[0])
+
+    reference = timed("float32 (plain)", plain_fp32)
+    previous = torch.backends.cudnn.benchmark
+    torch.backends.cudnn.benchmark = True
+    timed("float32 + cudnn.benchmark", plain_fp32)
+    vae.to(torch.bfloat16)
+    torch.backends.cudnn.benchmark = previous
+    half = timed("bfloat16", lambda: decode_latents(vae, processor, latents, None, setup.device))
+    torch.backends.cudnn.benchmark = True
+    half = timed("bfloat16 + cudnn.benchmark", lambda: decode_latents(vae, processor, latents, None, setup.device))
+    streamed = timed("bfloat16 + cudnn.benchmark, streamed", lambda: _concat(decode_stream(vae, latents, setup.device)))
+    torch.backends.cudnn.benchmark = previous
+    results["bfloat16 vs float32 frames"] = _frame_difference(half, reference)
+    results["streamed equals whole"] = bool((streamed == half).all())
+    path = setup.work / "fast_decoders" / "taew2_1.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_fast_decoder(path, random_fast_decoder_state(16, 1))
+    fast = load_fast_decoder(path, setup.device, torch.float32 if setup.tiny else torch.bfloat16)
+    frames = timed("fast decoder", lambda: fast.decode(latents).cpu().numpy(), repeats=3)
+    results["fast decoder frames"] = list(frames.shape)
+    del vae, fast
+    free()
+
+
+def _concat(batches):
+    import numpy as np
+
+    return np.concatenate(list(batches))
+
+
+def _frame_difference(a, b) -> dict:
+    import numpy as np
+
+    delta = np.abs(a.astype(np.int16) - b.astype(np.int16))
+    return {"max": int(delta.max()), "mean": round(float(delta.mean()), 4),
+            "within_2": round(float((delta <= 2).mean()), 6)}
+
+
+# ----- step caches -----------------------------------------------------------------------------------------
+def caches(setup: Setup, folder: Path, engine) -> None:
+    results = setup.results.setdefault("caches", {})
+    case = {**cases(setup, folder)["long"], "steps": setup.cache_steps}
+    base, base_latents = engine_video(engine, setup, case, PROMPTS[0], compile=False)
+    results["none"] = base
+    for kind in ("first_block", "taylor", "mag", "mag"):   # mag twice: calibrating, then cached
+        row, latents = engine_video(engine, setup, case, PROMPTS[0], step_cache=kind)
+        row["latents_vs_uncached"] = difference(latents, base_latents)
+        row["speedup"] = round(base["timings"]["denoise"] / row["timings"]["denoise"], 3)
+        results[kind if kind not in results else f"{kind} (calibrated)"] = row
+        print(f"[bench] cache {kind}: {row['speedup']}x, diff {row['latents_vs_uncached']}", flush=True)
+        setup.save()
+
+
+# ----- attention backends -------------------------------------------------------------------------------------
+def attention(setup: Setup) -> None:
+    import torch
+
+    from engine.run.speedups import measure_attention, usable_attention_backends
+
+    tokens = 64 if setup.tiny else 32760
+    dtype = torch.float32 if setup.tiny else torch.bfloat16
+    backends = usable_attention_backends(setup.device)
+    setup.results["attention"] = {
+        f"{heads} heads x 128, {tokens} tokens": measure_attention(setup.device, dtype, heads, 128, tokens, backends, 3)
+        for heads in (12, 40)}
+
+
+# ----- 14B and 5B, built in memory ------------------------------------------------------------------------------
+def in_memory(setup: Setup, key: str) -> None:
+    """Step, decode and request to mp4 with the model loaded: plain diffusers against the engine's default."""
+    import torch
+    from PIL import Image
+
+    from bench.validate_memory import BenchEngine
+    from bench.vs_diffusers import plain_pipeline as plain_in_memory
+    from engine.device.hardware import detect_hardware
+    from engine.settings.presets import load_presets
+
+    preset_name = {"14b": "wan21-i2v-14b", "5b": "wan22-ti2v-5b"}[key]
+    preset = load_presets()[preset_name]
+    steps = 4 if key == "14b" else 6
+    image_path = setup.work / "first-frame.png"
+    Image.new("RGB", (640, 608), (180, 90, 40)).save(image_path)
+    image = Image.open(image_path).convert("RGB") if preset.settings.mode == "i2v" else None
+    case = {"preset": preset_name, "model": preset.settings.model, "steps": steps, "guidance": preset.settings.guidance,
+            "shift": preset.settings.shift}
+    size = replace(setup, width=preset.settings.width, height=preset.settings.height, frames=preset.settings.frames)
+    results = setup.results.setdefault(key, {"preset": preset_name, "steps": steps})
+    pipe = plain_in_memory({"14b": "14b", "5b": "5b"}[key], preset)
+    pipe.to("cuda")
+    rows, reference = [], {}
+    for run, prompt in enumerate(PROMPTS, start=1):
+        extra = {"image": image} if image is not None else {}
+        row, latents = _plain_with(pipe, size, case, prompt, setup.work / f"plain-{key}-{run}.mp4", extra)
+        rows.append({"run": run, **row})
+        reference[prompt] = latents.cpu()
+    results["plain"] = rows
+    setup.save()
+    pipe.to("cpu")
+    del pipe
+    free()
+    engine = BenchEngine(key, setup.work / "empty-model", detect_hardware(), 1.0)
+    rows = []
+    for run, prompt in enumerate(PROMPTS + PROMPTS[:1], start=1):
+        extra = {"image": str(image_path)} if image is not None else {}
+        row, latents = engine_video(engine, size, case, prompt, **extra)
+        row.update(run=run, latents_vs_plain=difference(latents, reference[prompt]))
+        rows.append(row)
+        results["engine"] = rows
+        setup.save()
+    engine.unload()
+    torch.cuda.empty_cache()
+
+
+def _plain_with(pipe, setup, case, prompt, out, extra):
+    """plain_video with the image of an image-to-video run."""
+    return plain_video(_Calling(pipe, extra), setup, case, prompt, out)
+
+
+class _Calling:
+    """A pipeline whose call also passes ``extra`` (the first frame of an image-to-video run)."""
+
+    def __init__(self, pipe, extra):
+        self._pipe, self._extra = pipe, extra
+
+    def __getattr__(self, name):
+        return getattr(self._pipe, name)
+
+    def __setattr__(self, name, value):
+        if name.startswith("_"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self._pipe, name, value)
+
+    def __call__(self, *args, **kwargs):
+        return self._pipe(*args, **kwargs, **self._extra)
+
+
+# ----- the whole run -------------------------------------------------------------------------------------------------
+def make_engine(setup: Setup):
+    """The engine as the app makes it, with a fast decoder file (random weights) in its models folder."""
+    from engine.run.engine import Engine
+    from engine.run.fast_decoder import random_fast_decoder_state, write_fast_decoder
+
+    models = setup.work / "models"
+    (models / "fast_decoders").mkdir(parents=True, exist_ok=True)
+    write_fast_decoder(models / "fast_decoders" / "taew2_1.safetensors", random_fast_decoder_state(16, 1))
+    return Engine(models, latents_hours=24.0)
+
+
+def run(setup: Setup, models: list[str], parts: list[str]) -> None:
+    import torch
+
+    import diffusers
+
+    setup.results.update(machine=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                         torch=torch.__version__, diffusers=diffusers.__version__,
+                         date=time.strftime("%Y-%m-%d"), size=[setup.width, setup.height, setup.frames])
+    if "1.3b" in models:
+        with part(setup, "folder"):
+            folder = build_folder(setup)
+        if "cold" in parts:
+            with part(setup, "cold"):
+                cold(setup, folder)
+        engine = make_engine(setup)
+        reference = {}
+        if "warm" in parts:
+            with part(setup, "warm"):
+                reference = warm(setup, folder, engine)
+        if "caches" in parts:
+            with part(setup, "caches"):
+                caches(setup, folder, engine)
+        engine.unload()
+        del engine
+        if "decode" in parts and reference:
+            with part(setup, "decode"):
+                decode(setup, folder, reference[("long", PROMPTS[0])])
+    if "attention" in parts:
+        with part(setup, "attention"):
+            attention(setup)
+    for key in (m for m in models if m != "1.3b"):
+        with part(setup, key):
+            in_memory(setup, key)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out", nargs="+")
+    parser.add_argument("--tiny", action="store_true", help="the self-test model on the CPU (checks the code)")
+    parser.add_argument("--models", default="1.3b")
+    parser.add_argument("--parts", default=",".join(PARTS))
+    parser.add_argument("--work", default="/tmp/wan-speed")
+    parser.add_argument("--table", action="store_true")
+    args = parser.parse_args()
+    if args.table:
+        from bench.speed_table import tables
+        print(tables([Path(p) for p in args.out]))
+        return
+    out = Path(args.out[0])
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    setup = Setup.make(args.tiny, work, out)
+    run(setup, args.models.split(","), args.parts.split(","))
+    print(f"[bench] results in {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
