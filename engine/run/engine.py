@@ -58,7 +58,7 @@ from engine.run.apply_plan import (
 from engine.run.decoding import decode_attempts, decode_latents
 from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
-from engine.run.preview import PREVIEW_EVERY_SECONDS, LivePreview, PreviewMap, preview_map_for
+from engine.run.preview import PREVIEW_EVERY_SECONDS, DecoderPreview, LivePreview, PreviewMap, preview_map_for
 from engine.run.schedulers import make_scheduler
 from engine.settings.request import GenerationRequest, check_request
 from engine.settings.values import MODE_NAMES, InputError
@@ -538,12 +538,23 @@ class Engine:
             raise Cancelled()
         return output.frames
 
-    @staticmethod
-    def _preview_map(loaded: LoadedModel) -> PreviewMap:
-        """The loaded model's latent -> RGB map, made once (a model without known factors decodes a little)."""
+    def _preview_map(self, loaded: LoadedModel) -> PreviewMap | DecoderPreview:
+        """How the loaded model's previews are made, chosen once: through its fast decoder on a GPU when one is
+        on disk (real pixels), else the latent -> RGB map (a model without known factors decodes a little)."""
         if loaded.preview_map is None:
-            loaded.preview_map = preview_map_for(loaded.pipe.vae)
+            loaded.preview_map = self._decoder_preview(loaded) or preview_map_for(loaded.pipe.vae)
         return loaded.preview_map
+
+    def _decoder_preview(self, loaded: LoadedModel) -> DecoderPreview | None:
+        from engine.run.fast_decoder import find_fast_decoder, load_fast_decoder
+
+        vae = loaded.pipe.vae
+        path = find_fast_decoder(self.models_dir, vae.config.z_dim, loaded.model.folder)
+        if path is None or loaded.plan.device == "cpu":
+            return None
+        if path not in loaded.fast_decoders:
+            loaded.fast_decoders[path] = load_fast_decoder(path, loaded.plan.device)
+        return DecoderPreview(loaded.fast_decoders[path], vae.config.latents_mean, vae.config.latents_std)
 
     # ----- decode, with its own fallbacks --------------------------------------
     def _decode(self, vae, video_processor, plan: Plan, latents, job: _Job):

@@ -70,6 +70,42 @@ class PreviewMap:
     def z_dim(self) -> int:
         return int(self.factors.shape[0])
 
+    def frames(self, x0) -> np.ndarray:
+        """The preview frames of the clean estimate ``x0``: one per latent frame, at latent resolution."""
+        return latents_to_frames(x0, self)
+
+
+# The fast decoder's preview decodes the clean estimate at half the latent resolution when the latent is
+# larger than this (a 832x480 video previews at 416x240, above the preview's size): a quarter of the work.
+DECODER_PREVIEW_MAX_LATENT_SIDE = 64
+
+
+@dataclass(frozen=True, eq=False)
+class DecoderPreview:
+    """Previews through the fast decoder: pixels like the video's instead of a linear colour map.
+    One frame per latent frame (the animation's rate stays the map's), scaled down on the device."""
+    decoder: Any                    # engine.run.fast_decoder.FastDecoder
+    latents_mean: Any = None
+    latents_std: Any = None
+    max_side: int = PREVIEW_MAX_SIDE
+    source: str = "fast decoder"
+
+    def frames(self, x0) -> np.ndarray:
+        import torch
+        import torch.nn.functional as F
+
+        latent = x0 if x0.dim() == 5 else x0.unsqueeze(0)
+        if max(latent.shape[-2:]) > DECODER_PREVIEW_MAX_LATENT_SIDE:
+            latent = F.avg_pool3d(latent.float(), (1, 2, 2))
+        frames = self.decoder.decode(latent, self.latents_mean, self.latents_std)   # uint8 (F, H, W, 3)
+        step = max(1, self.decoder.info.time_factor)
+        kept = torch.cat([frames[:1], frames[step::step]]) if len(frames) > 1 else frames
+        width, height = preview_size(kept.shape[1], kept.shape[2], self.max_side)
+        if width < kept.shape[2]:
+            kept = F.interpolate(kept.permute(0, 3, 1, 2).float(), size=(height, width), mode="bilinear",
+                                 antialias=True).round().clamp(0, 255).to(torch.uint8).permute(0, 2, 3, 1)
+        return kept.cpu().numpy()
+
 
 def known_map() -> PreviewMap:
     return PreviewMap(np.array(WAN21_FACTORS, dtype=np.float32), np.array(WAN21_BIAS, dtype=np.float32), "known")
@@ -224,7 +260,8 @@ class LivePreview:
     total: int
     every_seconds: float
     fps: float                               # of the animation: the video's fps over the VAE's temporal factor
-    preview_map: Callable[[], PreviewMap]    # called at the first preview (a derived map costs a VAE decode)
+    preview_map: Callable[[], PreviewMap | DecoderPreview]   # called at the first preview (a derived map
+    #                                                               costs a VAE decode)
     max_side: int = PREVIEW_MAX_SIDE
     off: bool = False
     last_at: float | None = None
@@ -275,7 +312,7 @@ class LivePreview:
             return None
         preview_map = self.preview_map()
         self.last_at = start
-        return TakenFrames(step + 1, latents_to_frames(x0, preview_map), preview_map.source, start)
+        return TakenFrames(step + 1, preview_map.frames(x0), preview_map.source, start)
 
     def encode(self, taken: TakenFrames) -> PreviewReady:
         frames = taken.frames

@@ -56,3 +56,19 @@ def test_the_self_test_model_carries_its_own_fast_decoder(tmp_path):
     own = folder / MODEL_OWN_FOLDER / "taew2_1.safetensors"
     assert own.is_file() and find_fast_decoder(tmp_path, 16, folder) == own
     assert find_fast_decoder(tmp_path, 16) is None    # not shared with other models
+
+
+def test_a_fast_decoder_preview_has_one_frame_per_latent_frame_at_preview_size(tmp_path):
+    import torch
+
+    from engine.run.fast_decoder import load_fast_decoder, random_fast_decoder_state, write_fast_decoder
+    from engine.run.preview import DecoderPreview, encode_animation
+
+    path = write_fast_decoder(tmp_path / "taew2_1.safetensors", random_fast_decoder_state(16, 1))
+    preview = DecoderPreview(load_fast_decoder(path, "cpu"), max_side=64)
+    x0 = torch.randn(1, 16, 3, 12, 20, generator=torch.Generator().manual_seed(0))
+    frames = preview.frames(x0)
+    assert frames.shape == (3, 38, 64, 3) and frames.dtype == np.uint8 and frames.std() > 0
+    big = preview.frames(torch.randn(1, 16, 2, 72, 40))       # above 64 latent pixels: decoded at half size
+    assert big.shape == (2, 64, 36, 3)
+    assert encode_animation(frames, 4.0)[:4] in (b"RIFF", b"GIF8")

@@ -246,7 +246,8 @@ class JobView:
         if p is None:
             return ""
         data = base64.b64encode(p.image).decode("ascii")
-        source = "" if p.source == "known" else " (colours from a map derived from this model's VAE)"
+        source = {"known": "", "fast decoder": " (through the fast decoder)"}.get(
+            p.source, " (colours from a map derived from this model's VAE)")
         caption = (f"Live preview after step {p.step} of {p.total}: the model's current guess of the final "
                    f"video, {p.frames} latent frame{'s' if p.frames != 1 else ''}{source}.")
         return (f'<figure class="wan-preview" style="margin:0"><img alt="live preview" '
