@@ -361,8 +361,6 @@ def decode(setup: Setup, folder: Path, latents) -> None:
     fast = load_fast_decoder(path, setup.device, torch.float32 if setup.tiny else torch.bfloat16)
     frames = timed("fast decoder", lambda: fast.decode(latents).cpu().numpy(), repeats=3)
     results["fast decoder frames"] = list(frames.shape)
-    del vae, fast
-    free()
 
 
 def _concat(batches):

@@ -21,7 +21,7 @@ from engine.settings.values import InputError
 from ui.context import AppContext
 from ui.parts.chains import when_ended
 from ui.views.job_view import JobView
-from ui.views.plan_panel import AUTO, override_fields
+from ui.views.plan_panel import override_fields
 
 # Every event that runs the engine is in this concurrency group; the JobQueue orders them.
 GPU_QUEUE = "gpu"

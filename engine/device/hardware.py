@@ -5,6 +5,7 @@ Nothing here runs at import time; ``detect_hardware`` probes when called
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import platform
 from dataclasses import asdict, dataclass, fields
@@ -96,9 +97,35 @@ def _os_name() -> str:
     return {"darwin": "macos", "windows": "windows"}.get(system, "linux")
 
 
+def can_compile(device: str, os_name: str) -> tuple[bool, str]:
+    """Whether torch.compile can build kernels for the transformer here, and why (not).
+
+    ``device`` is the hardware backend ("cuda", "rocm", "mps", "cpu"), ``os_name`` "linux", "windows" or "macos".
+    It needs a CUDA or ROCm GPU and a Triton that torch can use with it (``has_triton``: the package imports
+    and the GPU is one Triton supports); ROCm on Windows has no Triton.
+    """
+    kind = device.split(":")[0].lower()
+    if kind in ("cpu", "mps"):
+        return False, f"compilation is used on CUDA and ROCm GPUs only, not on {kind.upper()}"
+    if kind not in ("cuda", "rocm"):
+        return False, f"unknown device {device!r}"
+    if os_name not in ("linux", "windows"):
+        return False, f"compilation is used on Linux and Windows only, not on {os_name}"
+    if kind == "rocm" and os_name == "windows":
+        return False, "ROCm on Windows has no Triton, so torch.compile cannot build kernels"
+    if importlib.util.find_spec("triton") is None:
+        package = "triton-windows" if os_name == "windows" else "triton"
+        return False, f"Triton is not installed (the {package} package)"
+    import torch.utils._triton
+
+    if not torch.utils._triton.has_triton():
+        return False, "Triton is installed but torch cannot use it with this GPU (it needs one Triton supports)"
+    return True, f"torch.compile with Triton on {kind.upper()} ({os_name})"
+
+
+
 def detect_hardware() -> HardwareProfile:
     """Probe the machine (imports torch; initialises the GPU driver if there is one)."""
-    import importlib.util
     import os
 
     import psutil
@@ -122,7 +149,7 @@ def detect_hardware() -> HardwareProfile:
         return HardwareProfile(
             backend=backend, device_name=props.name, arch=arch,
             vram_total_gb=round(total / GIB, 2), vram_free_gb=round(free / GIB, 2),
-            unified_memory=unified, triton=triton, **common)
+            unified_memory=unified, triton=triton and can_compile(backend, common["os"])[0], **common)
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return HardwareProfile(
             backend="mps", device_name=platform.processor() or "Apple GPU", arch="apple",

@@ -65,6 +65,7 @@ from engine.settings.values import MODE_NAMES, InputError
 
 SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
 PROMPT_CACHE_SIZE = 4   # encodings are 512 x 4096 x 2 bytes each: 4 MB
+CALIBRATION_FOLDER = ".calibration"   # in the models folder: MagCache's ratios per model and step count
 Emit = Callable[[Event], None]
 
 
@@ -169,6 +170,7 @@ class _Job:
     steps: int = 0                      # denoising steps the job asks for (none for a decode again)
     fast_decoder: Path | None = None    # the fast decoder's file, when the job decodes with it
     decoder: str = "vae"                # what made the frames: "vae" or "fast (<file stem>)"
+    cache: str | None = None            # the step cache's own account of what it did, when one was on
 
 
 class Engine:
@@ -415,6 +417,7 @@ class Engine:
         job.device = plan.device
         loaded = self._ensure_loaded(resolved, plan, job)
         set_vae_tiling(loaded.pipe.vae, plan.vae_tile)
+        self._apply_speed(loaded, request, job)
         self._check_cancel(job)
         with torch.inference_mode():
             embeds = self._encode_text(loaded, request, job)
@@ -523,7 +526,7 @@ class Engine:
         with self._phase(job, "denoise"):
             last[0] = clock()
             try:
-                with reusing_image_embeds(pipe, image.embeds):
+                with reusing_image_embeds(pipe, image.embeds), self._step_cache(loaded, pipe, request, job):
                     output = pipe(
                         prompt_embeds=positive,
                         negative_prompt_embeds=negative if request.settings.guidance > 1.0 else None,
@@ -537,6 +540,52 @@ class Engine:
         if len(job.step_seconds) < total or job.should_cancel():
             raise Cancelled()
         return output.frames
+
+    # ----- the step's speed: attention, compiling, step caches --------------------
+    def _apply_speed(self, loaded: LoadedModel, request: GenerationRequest, job: _Job) -> None:
+        """The plan's attention backend and compiling, on the loaded pipeline (cheap when unchanged)."""
+        from engine.run.speedups import compile_transformer, set_attention, uncompile_transformer
+
+        plan, pipe = loaded.plan, loaded.for_mode(request.settings.mode)
+        set_attention(pipe, None if plan.attention_backend == "native" else plan.attention_backend)
+        if plan.compile:
+            if compile_transformer(pipe):
+                job.emit(Info(job.id, "Compiling the transformer's blocks: the first step at each new size takes "
+                                      "longer (seconds to a minute), every later one is faster."))
+        else:
+            uncompile_transformer(pipe)
+
+    @contextmanager
+    def _step_cache(self, loaded: LoadedModel, pipe, request: GenerationRequest, job: _Job):
+        """The request's step cache (approximate) on the transformer while it denoises, removed afterwards;
+        MagCache's first run with a model and step count calibrates it (computes every step) and keeps its
+        ratios for the next runs."""
+        kind = request.settings.step_cache
+        if not kind:
+            yield
+            return
+        from engine.run.speedups import (apply_step_cache, calibration_ratios, load_mag_ratios, remove_step_cache,
+                                         save_mag_ratios, uncompile_transformer)
+
+        folder, key = self.models_dir / CALIBRATION_FOLDER, self._cache_key(loaded, request)
+        uncompile_transformer(pipe)   # a cache's hooks need the plain blocks
+        setup = apply_step_cache(pipe, kind, request.settings.steps,
+                                 load_mag_ratios(folder, key, request.settings.steps) if kind == "mag" else None)
+        job.cache = setup.detail
+        job.emit(Info(job.id, f"Step cache (approximate): {setup.detail}"))
+        try:
+            yield
+            if setup.calibrating and len(job.step_seconds) == request.settings.steps:
+                save_mag_ratios(folder, key, request.settings.steps, calibration_ratios(pipe))
+        finally:
+            remove_step_cache(pipe)
+
+    @staticmethod
+    def _cache_key(loaded: LoadedModel, request: GenerationRequest) -> str:
+        """What MagCache's ratios depend on: the model, its version, the scheduler and its shift."""
+        settings = request.settings
+        return "-".join(str(part) for part in (loaded.model.ref, loaded.model.revision, settings.scheduler,
+                                                settings.shift, settings.mode))
 
     def _preview_map(self, loaded: LoadedModel) -> PreviewMap | DecoderPreview:
         """How the loaded model's previews are made, chosen once: through its fast decoder on a GPU when one is
@@ -662,7 +711,8 @@ class Engine:
     def _speed_record(plan: Plan, request: GenerationRequest, job: _Job) -> dict:
         """How the run was made fast, and whether any of it is approximate (the sidecar's "speed")."""
         cache = request.settings.step_cache
-        return {"decoder": job.decoder, "step_cache": cache, "approximate": job.decoder != "vae" or bool(cache),
+        return {"decoder": job.decoder, "step_cache": cache, "step_cache_detail": job.cache,
+                "approximate": job.decoder != "vae" or bool(cache),
                 "vae_dtype": plan.vae_dtype, "conv": plan.conv, "compiled": plan.compile,
                 "attention": plan.attention_backend}
 

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import importlib.util
 import json
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.device.hardware import can_compile  # noqa: F401 (the runtime check lives with the probing)
 from engine.device.runtime import synchronize
 from engine.outputs.atomic import write_atomically
 from engine.run.apply_plan import TRANSFORMERS
@@ -163,32 +163,6 @@ def fastest_attention(seconds: dict[str, float]) -> str:
 
 # ---- regional compilation -------------------------------------------------------------------------------
 
-def can_compile(device: str, os_name: str) -> tuple[bool, str]:
-    """Whether torch.compile can build kernels for the transformer here, and why (not).
-
-    ``device`` is the hardware backend ("cuda", "rocm", "mps", "cpu"), ``os_name`` "linux", "windows" or "macos".
-    It needs a CUDA or ROCm GPU and a Triton that torch can use with it (``has_triton``: the package imports
-    and the GPU is one Triton supports); ROCm on Windows has no Triton.
-    """
-    kind = device.split(":")[0].lower()
-    if kind in ("cpu", "mps"):
-        return False, f"compilation is used on CUDA and ROCm GPUs only, not on {kind.upper()}"
-    if kind not in ("cuda", "rocm"):
-        return False, f"unknown device {device!r}"
-    if os_name not in ("linux", "windows"):
-        return False, f"compilation is used on Linux and Windows only, not on {os_name}"
-    if kind == "rocm" and os_name == "windows":
-        return False, "ROCm on Windows has no Triton, so torch.compile cannot build kernels"
-    if importlib.util.find_spec("triton") is None:
-        package = "triton-windows" if os_name == "windows" else "triton"
-        return False, f"Triton is not installed (the {package} package)"
-    import torch.utils._triton
-
-    if not torch.utils._triton.has_triton():
-        return False, "Triton is installed but torch cannot use it with this GPU (it needs one Triton supports)"
-    return True, f"torch.compile with Triton on {kind.upper()} ({os_name})"
-
-
 def _repeated_blocks(model) -> list:
     names = tuple(getattr(model, "_repeated_blocks", None) or ())
     return [module for module in model.modules() if type(module).__name__ in names]
@@ -221,6 +195,18 @@ def compile_transformer(pipe, fullgraph: bool = True) -> tuple[str, ...]:
         model.compile_repeated_blocks(fullgraph=fullgraph)
         compiled.append(name)
     return tuple(compiled)
+
+
+def uncompile_transformer(pipe) -> tuple[str, ...]:
+    """Run each transformer's blocks uncompiled again (a plan without compiling, or a step cache that needs
+    the plain blocks); torch keeps the kernels it built, so compiling again later costs nothing new."""
+    undone = []
+    for name, model in _named_transformers(pipe):
+        if is_compiled(model):
+            for block in _repeated_blocks(model):
+                block._compiled_call_impl = None
+            undone.append(name)
+    return tuple(undone)
 
 
 # ---- step caches ----------------------------------------------------------------------------------------
