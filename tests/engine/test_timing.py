@@ -1,0 +1,390 @@
+"""The time model (engine/planning/timing.py) and the machine's calibration (engine/device/calibrate.py).
+
+The H200 figures of the shared FACTS.md are the model's sanity check: with the rates calibrate() measured
+on an H200 (docs/data/timing-h200.json), each prediction must land within 25% of what was measured there.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+
+import pytest
+
+from engine.device.calibrate import CALIBRATION_FILE, Calibration
+from engine.device.hardware import HardwareProfile
+from engine.models.spec import KNOWN_MODELS
+from engine.planning import timing
+from engine.planning.planner import PlanRequest, plan_memory
+from engine.planning.timing import (
+    VAE21,
+    VAE22,
+    MeasuredRun,
+    decoder_flops,
+    learn,
+    predict_times,
+    token_exponent,
+    transformer_pass,
+    vae_decode_seconds,
+)
+
+T2V_13 = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
+I2V_14 = KNOWN_MODELS["Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"]
+T2V_14 = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-14B-Diffusers"]
+TI2V_5 = KNOWN_MODELS["Wan-AI/Wan2.2-TI2V-5B-Diffusers"]
+
+# What calibrate("cuda", "bfloat16") measured on an H200 (torch 2.11, CUDA 13; docs/data/timing-h200.json):
+# the device's rates from its "calibration"; the host's (copies, pinning, the CPU), which vary more from run
+# to run (pageable copies 6.0-8.2 GB/s, pinning 1.4-2.8 GB/s), the median of its three calibrations.
+H200_CALIBRATION = Calibration(
+    device_name="NVIDIA H200", backend="cuda", torch_version="2.11.0+cu130", dtype="bfloat16",
+    matmul_tflops=((1536, 749.1), (5120, 802.0)),
+    attention_tflops=((1024, 273.0), (4096, 626.7), (16384, 685.6), (32768, 611.4)),
+    conv3d_tflops=(("default", "float32", 96, 127.1), ("default", "float32", 192, 227.6),
+                   ("default", "float32", 384, 200.8), ("default", "float32", 768, 297.4),
+                   ("default", "bfloat16", 96, 228.5), ("default", "bfloat16", 192, 485.7),
+                   ("default", "bfloat16", 384, 544.8), ("default", "bfloat16", 768, 615.1),
+                   ("benchmark", "float32", 96, 127.6), ("benchmark", "float32", 192, 228.8),
+                   ("benchmark", "float32", 384, 201.2), ("benchmark", "float32", 768, 293.7),
+                   ("benchmark", "bfloat16", 96, 226.7), ("benchmark", "bfloat16", 192, 474.1),
+                   ("benchmark", "bfloat16", 384, 529.7), ("benchmark", "bfloat16", 768, 602.4)),
+    conv2d_tflops=(("default", "float32", 136, 139.6), ("default", "float32", 272, 230.5),
+                   ("default", "float32", 768, 324.4), ("default", "bfloat16", 136, 300.4),
+                   ("default", "bfloat16", 272, 379.2), ("default", "bfloat16", 768, 578.4),
+                   ("benchmark", "float32", 136, 139.1), ("benchmark", "float32", 272, 231.0),
+                   ("benchmark", "float32", 768, 322.2), ("benchmark", "bfloat16", 136, 289.1),
+                   ("benchmark", "bfloat16", 272, 369.5), ("benchmark", "bfloat16", 768, 569.3)),
+    memory_gbps=4204.8, cpu_matmul_tflops=2.02, to_uint8_gbps=1.565, h2d_pageable_gbps=6.21,
+    h2d_pinned_gbps=55.0, d2h_gbps=1.54, pin_gbps=1.45)
+H200 = HardwareProfile(backend="cuda", device_name="NVIDIA H200", arch="sm_90", vram_total_gb=139.8,
+                       vram_free_gb=139.0, ram_total_gb=128, ram_available_gb=120, cpu_count=16,
+                       torch_version="2.11.0+cu130", triton=True)
+
+
+def plan_for(spec, width=832, height=480, frames=81, i2v=False, hardware=H200, **fields):
+    """The planner's plan for this request, with the fields a measurement ran under."""
+    plan = plan_memory(spec, PlanRequest(width, height, frames, i2v), hardware)
+    return replace(plan, **fields)
+
+
+def within(predicted: float, measured: float, tolerance: float = 0.25) -> bool:
+    return abs(predicted - measured) <= tolerance * measured
+
+
+# ----- the H200 cross-check (FACTS.md) -------------------------------------------------------------------
+
+def test_a_13b_step_with_guidance_is_about_the_h200s():
+    times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan_for(T2V_13), H200_CALIBRATION)
+    assert times.passes == 2
+    assert within(times.step_seconds, 1.23)          # measured 1.21-1.25 s
+    assert within(times.seconds["denoise"], 14.0)    # the engine's phase, 10 steps with the live preview
+
+
+def test_a_14b_step_is_about_the_h200s():
+    plan = plan_for(I2V_14, i2v=True)
+    assert plan.transformer == "device"
+    times = predict_times(I2V_14, 832, 480, 81, 4, 5.0, plan, H200_CALIBRATION, image_to_video=True)
+    assert within(times.step_seconds, 6.40)
+
+
+def test_a_14b_step_with_group_offload_is_about_the_h200s():
+    plan = plan_for(I2V_14, i2v=True, strategy="group_offload", transformer="group")
+    times = predict_times(I2V_14, 832, 480, 81, 4, 5.0, plan, H200_CALIBRATION, image_to_video=True)
+    assert within(times.step_seconds, 7.32)
+    small = predict_times(I2V_14, 480, 480, 33, 4, 5.0, plan_for(I2V_14, 480, 480, 33, True, strategy="group_offload",
+                                                                 transformer="group"),
+                          H200_CALIBRATION, image_to_video=True)
+    assert within(small.step_seconds, 2.13)          # docs/speed.md: the engine under a 24 GiB cap
+
+
+@pytest.mark.parametrize("vae_dtype, tile, measured", [("float32", None, 2.79), ("bfloat16", None, 1.83),
+                                                       ("float32", 256, 5.37), ("bfloat16", 256, 4.25)])
+def test_the_vae_decode_is_about_the_h200s(vae_dtype, tile, measured):
+    """FACTS.md: cuDNN's defaults (no benchmark), untiled and in 256-pixel tiles."""
+    seconds, how = vae_decode_seconds(T2V_13, 832, 480, 81, vae_dtype, tile, H200_CALIBRATION)
+    assert within(seconds, measured), how
+
+
+@pytest.mark.parametrize("vae_dtype, measured", [("float32", 2.20), ("bfloat16", 1.69)])
+def test_the_vae_decode_with_cudnn_benchmark_is_about_the_h200s(vae_dtype, measured):
+    seconds, how = vae_decode_seconds(T2V_13, 832, 480, 81, vae_dtype, None, H200_CALIBRATION, "benchmark")
+    assert within(seconds, measured), how
+
+
+def test_the_wan22_vae_decode_is_about_the_h200s():
+    """docs/data/timing-h200.json: 832x480x41, 0.91 s in bfloat16 and 1.41 s in float32."""
+    assert within(vae_decode_seconds(TI2V_5, 832, 480, 41, "bfloat16", None, H200_CALIBRATION)[0], 0.906)
+    assert within(vae_decode_seconds(TI2V_5, 832, 480, 41, "float32", None, H200_CALIBRATION)[0], 1.411)
+
+
+def test_the_decode_phase_adds_bringing_the_frames_home():
+    plan = plan_for(T2V_13, vae_dtype="float32", conv="default")
+    times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan, H200_CALIBRATION)
+    assert 3.7 * 0.75 <= times.seconds["vae_decode"] <= 4.2 * 1.25    # the engine's phase: 3.7-4.2 s
+
+
+def test_the_text_encode_is_about_the_h200s():
+    times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan_for(T2V_13), H200_CALIBRATION)
+    assert within(times.seconds["text_encode"], 0.70)   # prompt and negative, the first after a load
+    one = predict_times(T2V_13, 832, 480, 81, 3, 1.0, plan_for(T2V_13), H200_CALIBRATION)
+    assert within(one.seconds["text_encode"], 0.40)      # FastWan: guidance 1, no negative prompt
+    warm = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan_for(T2V_13), H200_CALIBRATION, loaded=True)
+    assert within(warm.seconds["text_encode"], 0.09)     # the next run's (docs/speed.md)
+
+
+@pytest.mark.parametrize("place, measured", [("offload", 1.82), ("streamed", 0.57), ("cpu", 4.35)])
+def test_the_text_encoders_places_cost_what_the_h200_measured(place, measured):
+    """docs/speed.md, the second run of each (the encoder already placed)."""
+    plan = plan_for(T2V_13, strategy="text_encoder_offload", text_encoder=place)
+    times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan, H200_CALIBRATION, loaded=True)
+    assert within(times.seconds["text_encode"], measured), times.how["text_encode"]
+
+
+def test_moving_the_pipeline_to_the_device_is_about_the_h200s():
+    plan = plan_for(T2V_13)
+    assert plan.load == "cpu" and plan.text_encoder == "device"
+    times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan, H200_CALIBRATION)
+    assert within(times.seconds["transfer"], 2.4)    # 14.7 GB at 6.1 GB/s
+    assert within(times.seconds["load"], 10.9)       # the engine's load, no disk rate measured yet
+    assert "default" in times.how["load"]
+    assert within(times.seconds["export"], 2.1)      # no encoder measured: the H200 machine's own rate
+
+
+def test_a_measured_disk_rate_replaces_the_default():
+    calibration = H200_CALIBRATION.with_disk_rate(3.0)
+    times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan_for(T2V_13), calibration, weight_bytes=15 * 10 ** 9)
+    assert times.seconds["load"] == pytest.approx(5.0, rel=0.01)
+    assert "measured" in times.how["load"]
+
+
+# ----- what the predictions do as the request changes ----------------------------------------------------
+
+def _rates():
+    return timing._device_rates(plan_for(T2V_13), H200_CALIBRATION)
+
+
+def test_more_frames_give_attention_a_larger_share():
+    shares = []
+    for frames in (17, 33, 81, 121):
+        one = transformer_pass(T2V_13, T2V_13.tokens(832, 480, frames), 0, _rates(), 2)
+        shares.append(one.attention / one.total)
+    assert shares == sorted(shares) and shares[-1] > 0.5 > shares[0]
+
+
+def test_guidance_one_halves_the_step():
+    plan = plan_for(T2V_13)
+    guided = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan, H200_CALIBRATION)
+    plain = predict_times(T2V_13, 832, 480, 81, 10, 1.0, plan, H200_CALIBRATION)
+    assert plain.passes == 1 and plain.step_seconds == pytest.approx(guided.step_seconds / 2, rel=1e-3)
+
+
+@pytest.mark.parametrize("spec", [T2V_13, T2V_14, TI2V_5])
+@pytest.mark.parametrize("size", [(480, 480, 17), (832, 480, 81), (1280, 704, 121)])
+def test_offloading_is_never_faster_than_everything_on_the_device(spec, size):
+    on_device = predict_times(spec, *size, 20, 5.0, plan_for(spec, *size), H200_CALIBRATION)
+    group = predict_times(spec, *size, 20, 5.0, plan_for(spec, *size, strategy="group_offload", transformer="group"),
+                          H200_CALIBRATION)
+    leaf = predict_times(spec, *size, 20, 5.0, plan_for(spec, *size, strategy="leaf_offload", transformer="leaf"),
+                         H200_CALIBRATION)
+    assert on_device.step_seconds <= group.step_seconds <= leaf.step_seconds
+
+
+def test_fp8_storage_computes_as_much():
+    plain = predict_times(T2V_14, 832, 480, 81, 10, 5.0, plan_for(T2V_14), H200_CALIBRATION)
+    fp8 = predict_times(T2V_14, 832, 480, 81, 10, 5.0, plan_for(T2V_14, strategy="fp8_storage", fp8=True),
+                        H200_CALIBRATION)
+    assert fp8.step_seconds == pytest.approx(plain.step_seconds, rel=0.01)   # measured 1.21 s either way (1.3B)
+    streamed = predict_times(T2V_14, 832, 480, 81, 10, 5.0,
+                             plan_for(T2V_14, strategy="fp8_group_offload", transformer="group", fp8=True),
+                             H200_CALIBRATION)
+    group = predict_times(T2V_14, 832, 480, 81, 10, 5.0,
+                          plan_for(T2V_14, strategy="group_offload", transformer="group"), H200_CALIBRATION)
+    assert plain.step_seconds < streamed.step_seconds < group.step_seconds   # half the bytes to stream
+
+
+def test_speed_choices_change_the_figures_they_should():
+    plan = plan_for(T2V_13)
+    base = predict_times(T2V_13, 832, 480, 81, 10, 5.0, replace(plan, compile=False), H200_CALIBRATION, loaded=True)
+    compiled = predict_times(T2V_13, 832, 480, 81, 10, 5.0, replace(plan, compile=True), H200_CALIBRATION,
+                             loaded=True, compiled=True)
+    assert within(compiled.step_seconds, 1.07, 0.1) and compiled.step_seconds < base.step_seconds
+    first = predict_times(T2V_13, 832, 480, 81, 10, 5.0, replace(plan, compile=True), H200_CALIBRATION, loaded=True)
+    assert first.seconds["denoise"] > compiled.seconds["denoise"] + 10
+    flash = predict_times(T2V_13, 832, 480, 81, 10, 5.0, replace(plan, attention_backend="_native_flash"),
+                          H200_CALIBRATION, loaded=True)
+    assert within(flash.step_seconds, 1.68, 0.1)
+
+
+def test_an_old_plan_without_speed_fields_still_predicts():
+    """Plans made before the speed choices lack compile, attention_backend and conv: read with defaults."""
+    class OldPlan:
+        def __init__(self, plan):
+            for name, value in plan.__dict__.items():
+                if name not in ("compile", "attention_backend", "conv"):
+                    setattr(self, name, value)
+    old = OldPlan(plan_for(T2V_13))
+    times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, old, H200_CALIBRATION)
+    assert within(times.step_seconds, 1.23)
+
+
+def test_the_phases_are_those_a_run_goes_through():
+    times = predict_times(I2V_14, 480, 480, 33, 20, 5.0, plan_for(I2V_14, 480, 480, 33, True), H200_CALIBRATION,
+                          image_to_video=True)
+    assert tuple(times.seconds) == timing.PHASES
+    assert set(times.how) == set(times.seconds) and all(times.how.values())
+    assert times.total == pytest.approx(sum(times.seconds.values()), abs=0.02)
+    loaded = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan_for(T2V_13), H200_CALIBRATION, loaded=True)
+    assert tuple(loaded.seconds) == ("text_encode", "denoise", "vae_decode", "export")
+    assert json.loads(json.dumps(loaded.to_dict()))["seconds"] == loaded.seconds
+
+
+def test_image_to_video_encodes_its_condition_inside_the_denoise_phase():
+    plan = plan_for(I2V_14, 480, 480, 33, True, vae_dtype="float32")
+    i2v = predict_times(I2V_14, 480, 480, 33, 1, 5.0, plan, H200_CALIBRATION, image_to_video=True)
+    assert within(i2v.seconds["denoise"] - i2v.step_seconds, 0.41)   # a Wan2.1 encode of 480x480x33, fp32
+
+
+def test_a_cpu_plan_uses_the_cpus_rates():
+    cpu = HardwareProfile(backend="cpu", device_name="x86_64", ram_total_gb=64, ram_available_gb=60, cpu_count=2)
+    calibration = Calibration(
+        device_name="x86_64", backend="cpu", torch_version="2", dtype="float32",
+        matmul_tflops=((512, 0.03), (1024, 0.037)), attention_tflops=((512, 0.014), (2048, 0.035)),
+        conv3d_tflops=(("default", "float32", 96, 0.01), ("default", "float32", 384, 0.03)),
+        memory_gbps=5.0, cpu_matmul_tflops=0.037, to_uint8_gbps=0.6)
+    plan = plan_memory(T2V_13, PlanRequest(480, 480, 17), cpu)
+    times = predict_times(T2V_13, 480, 480, 17, 4, 5.0, plan, calibration)
+    assert "transfer" in times.seconds and times.seconds["transfer"] == 0.0
+    assert times.seconds["denoise"] > 100 * predict_times(T2V_13, 480, 480, 17, 4, 5.0, plan_for(T2V_13, 480, 480, 17),
+                                                          H200_CALIBRATION).seconds["denoise"]
+
+
+def test_the_fast_decoder_is_many_times_faster():
+    plan = plan_for(T2V_13, vae_dtype="bfloat16")
+    vae = predict_times(T2V_13, 832, 480, 81, 3, 1.0, plan, H200_CALIBRATION)
+    fast = predict_times(T2V_13, 832, 480, 81, 3, 1.0, plan, H200_CALIBRATION, decoder="fast")
+    decode_only = fast.seconds["vae_decode"] - timing._postprocess(fast.pixels, plan, H200_CALIBRATION)
+    assert within(decode_only, 0.103, 0.5)          # FACTS.md: a TAEHV-shaped decoder, bf16, 0.103 s
+    assert fast.seconds["vae_decode"] < vae.seconds["vae_decode"] / 2
+    with pytest.raises(ValueError):
+        predict_times(T2V_13, 832, 480, 81, 3, 1.0, plan, H200_CALIBRATION, decoder="nope")
+
+
+# ----- the VAE's work, from its layer widths --------------------------------------------------------------
+
+def test_the_decoders_flops_follow_from_its_widths():
+    """Per output pixel of a later latent frame (four output frames): counted by torch's FlopCounterMode on
+    diffusers' AutoencoderKLWan with these configs, 8,444,880 (Wan2.1) and 18,394,144 (Wan2.2-5B)."""
+    assert decoder_flops(VAE21, 2, 1) - decoder_flops(VAE21, 1, 1) == pytest.approx(8_444_880 * 256, rel=1e-6)
+    assert decoder_flops(VAE22, 2, 1) - decoder_flops(VAE22, 1, 1) == pytest.approx(18_394_144 * 1024, rel=1e-6)
+    # the first latent frame gives one output frame
+    assert decoder_flops(VAE21, 1, 1) == pytest.approx(10_748_168 * 64, rel=1e-5)
+
+
+def test_the_decoders_flops_match_diffusers_counted_by_torch():
+    torch = pytest.importorskip("torch")
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from diffusers import AutoencoderKLWan
+
+    configs = {VAE21: {}, VAE22: dict(base_dim=160, decoder_base_dim=256, z_dim=48, in_channels=12, out_channels=12,
+                                       patch_size=2, scale_factor_spatial=16, is_residual=True)}
+    for shape, config in configs.items():
+        with torch.device("meta"):
+            vae = AutoencoderKLWan(**config).eval()
+        latents = torch.zeros(1, shape.z_dim, 3, 4, 6, device="meta")
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            vae.decode(latents)
+        # (the count also holds the middle attention's, a few parts in 10^5 here, left out of decoder_flops)
+        assert counter.get_total_flops() == pytest.approx(decoder_flops(shape, 3, 24), rel=1e-4)
+        frames = torch.zeros(1, 3, 5, 64, 96, device="meta")
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            vae.encode(frames)
+        expected = 64 * 96 * (shape.encode_first_flops_per_pixel + 4 * shape.encode_flops_per_pixel)
+        assert counter.get_total_flops() == pytest.approx(expected, rel=0.01)
+
+
+# ----- learning from runs ---------------------------------------------------------------------------------
+
+def test_learn_corrects_a_wrong_prediction_toward_what_was_measured():
+    """A calibration twice too optimistic predicts half the time; one measured run (the true figures, here the
+    right calibration's) brings a prediction at another size most of the way back."""
+    fast = replace(H200_CALIBRATION, matmul_tflops=tuple((k, 2 * v) for k, v in H200_CALIBRATION.matmul_tflops),
+                   attention_tflops=tuple((k, 2 * v) for k, v in H200_CALIBRATION.attention_tflops),
+                   memory_gbps=2 * H200_CALIBRATION.memory_gbps)
+    plan = plan_for(T2V_13)
+    truth_then = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan, H200_CALIBRATION, loaded=True)
+    run = MeasuredRun(seconds=truth_then.seconds, tokens=truth_then.tokens, steps=10, passes=2,
+                      pixels=truth_then.pixels, step_seconds=truth_then.step_seconds, loaded=True)
+    wrong_now = predict_times(T2V_13, 832, 480, 49, 20, 5.0, plan, fast, loaded=True)
+    truth_now = predict_times(T2V_13, 832, 480, 49, 20, 5.0, plan, H200_CALIBRATION, loaded=True)
+    learned = learn(wrong_now, [run])
+    for phase in ("denoise", "vae_decode", "text_encode"):
+        assert abs(learned.seconds[phase] - truth_now.seconds[phase]) < \
+            0.25 * abs(wrong_now.seconds[phase] - truth_now.seconds[phase]) + 1e-6, phase
+    assert within(learned.step_seconds, truth_now.step_seconds, 0.1)
+    assert "learned" in learned.how["denoise"]
+    assert learned.total == pytest.approx(sum(learned.seconds.values()), abs=0.02)
+
+
+def test_learn_scales_a_step_by_passes_and_tokens():
+    prediction = predict_times(T2V_13, 832, 480, 81, 10, 1.0, plan_for(T2V_13), H200_CALIBRATION, loaded=True)
+    run = MeasuredRun(seconds={"denoise": 20.0}, tokens=prediction.tokens // 2, steps=10, passes=2,
+                      pixels=prediction.pixels // 2)
+    learned = learn(prediction, [run])
+    # 1 s a pass measured at half the tokens: x 2^1.4 at the new length, one pass per step here
+    assert learned.step_seconds == pytest.approx(2 ** timing.STEP_TOKEN_EXPONENT, rel=1e-3)
+    assert learned.seconds["vae_decode"] == prediction.seconds["vae_decode"]   # no decode was measured
+    assert learn(prediction, []) is prediction
+
+
+def test_the_token_exponent_is_fitted_from_runs_at_several_lengths():
+    runs = [MeasuredRun({}, tokens, 1, 1, 1, step_seconds=0.5 * (tokens / 8000) ** 1.6) for tokens in (8000, 16000, 32000)]
+    assert token_exponent(runs) == pytest.approx(1.6, rel=1e-6)
+    assert token_exponent(runs[:1]) == timing.STEP_TOKEN_EXPONENT
+    steep = [MeasuredRun({}, t, 1, 1, 1, step_seconds=(t / 1000) ** 3) for t in (1000, 2000)]
+    assert token_exponent(steep) == 2.0
+
+
+# ----- the calibration ------------------------------------------------------------------------------------
+
+def test_a_quick_cpu_calibration_runs_in_seconds_saves_and_loads(tmp_path):
+    torch = pytest.importorskip("torch")
+    from engine.device.calibrate import calibrate
+
+    result = calibrate("cpu", torch.float32, quick=True)
+    assert result.backend == "cpu" and result.dtype == "float32" and result.torch_version == torch.__version__
+    assert result.seconds < 10
+    numbers = [v for _, v in result.matmul_tflops] + [v for _, v in result.attention_tflops] + \
+              [v for *_, v in result.conv3d_tflops] + [result.memory_gbps, result.cpu_matmul_tflops,
+                                                       result.to_uint8_gbps]
+    assert numbers and all(v > 0 for v in numbers)
+    assert result.h2d_pinned_gbps is None     # no device, no copies
+    hardware = HardwareProfile(backend="cpu", device_name=result.device_name, torch_version=torch.__version__)
+    path = result.save(tmp_path)
+    assert path == tmp_path / CALIBRATION_FILE
+    assert Calibration.load(tmp_path, hardware) == result
+    times = predict_times(T2V_13, 480, 480, 17, 2, 5.0, plan_memory(T2V_13, PlanRequest(480, 480, 17), replace(
+        hardware, ram_total_gb=64, ram_available_gb=60)), result)
+    assert all(seconds >= 0 for seconds in times.seconds.values()) and times.total > 0
+
+
+def test_a_calibration_from_other_hardware_or_torch_is_ignored(tmp_path):
+    H200_CALIBRATION.save(tmp_path)
+    assert Calibration.load(tmp_path, H200) == H200_CALIBRATION
+    assert Calibration.load(tmp_path, replace(H200, device_name="NVIDIA H100")) is None
+    assert Calibration.load(tmp_path, replace(H200, torch_version="2.12.0+cu130")) is None
+    assert Calibration.load(tmp_path, replace(H200, backend="rocm")) is None
+    assert Calibration.load(tmp_path / "nowhere", H200) is None
+    (tmp_path / CALIBRATION_FILE).write_text("{not json")
+    assert Calibration.load(tmp_path, H200) is None
+    (tmp_path / CALIBRATION_FILE).write_text(json.dumps({"device_name": "NVIDIA H200"}))
+    assert Calibration.load(tmp_path, H200) is None
+
+
+def test_a_calibration_reads_back_what_it_wrote():
+    data = json.loads(json.dumps(H200_CALIBRATION.to_dict()))
+    assert Calibration.from_dict(data) == H200_CALIBRATION
+    assert Calibration.from_dict({**data, "from_a_newer_app": 1}) == H200_CALIBRATION
+    with pytest.raises(ValueError):
+        Calibration.from_dict([])
+    assert math.isclose(H200_CALIBRATION.with_disk_rate(2).disk_gbps, 2.0)
