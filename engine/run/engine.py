@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import traceback
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -39,7 +39,7 @@ from engine.outputs.bundle import Bundle
 from engine.outputs.export import output_stem
 from engine.outputs.kept_inputs import carry_inputs, keep_inputs
 from engine.outputs.latents import DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, load_latents, save_latents
-from engine.outputs.record import redecode_record, run_record, write_media
+from engine.outputs.record import open_video_stream, redecode_record, run_record, write_media
 from engine.outputs.sidecar import write_sidecar
 from engine.planning.memory import VAE_TILES
 from engine.planning.planner import LADDER, Plan, plan_memory
@@ -54,7 +54,7 @@ from engine.run.apply_plan import (
     set_vae_tiling,
     torch_dtype,
 )
-from engine.run.decoding import decode_attempts, decode_latents
+from engine.run.decoding import decode_attempts, decode_latents, decode_stream, decoded_shape
 from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.run.preview import PREVIEW_EVERY_SECONDS, LivePreview, PreviewMap, preview_map_for
@@ -350,13 +350,11 @@ class Engine:
     def _finish(self, loaded: LoadedModel, request: GenerationRequest, latents, job: _Job) -> JobFinished:
         """Latents saved (so a failed decode costs no denoising), decoded, exported; the sidecar last."""
         bundle = self._save_latents(loaded, request, latents, job)
-        frames = self._decode(loaded.pipe.vae, loaded.pipe.video_processor, loaded.plan, latents, job)
-        with self._phase(job, "export"):
-            media = write_media(request, frames, bundle)
+        media, shape = self._decode_and_write(loaded, request, latents, bundle, job)
         if self.latents_hours <= 0 and not request.keep_latents:
             Path(job.latents).unlink(missing_ok=True)
             job.latents = None
-        sidecar = self._write_sidecar(loaded, request, job, bundle, media, frames)
+        sidecar = self._write_sidecar(loaded, request, job, bundle, media, shape)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            job.ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
 
@@ -519,10 +517,46 @@ class Engine:
         return loaded.preview_map
 
     # ----- decode, with its own fallbacks --------------------------------------
-    def _decode(self, vae, video_processor, plan: Plan, latents, job: _Job):
-        """Decode as planned; on out-of-memory retry tiled, then on the CPU. The denoise is never repeated."""
+    def _decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle, job: _Job):
+        """(the media file, the frames' shape). A video planned untiled is streamed; a still, a tiled decode
+        or a stream out of memory decodes the whole clip (its fallbacks next: tiled, then on the CPU), then
+        writes it."""
+        pipe, plan = loaded.pipe, loaded.plan
+        first = 0
+        if request.settings.mode != "t2i" and plan.vae_tile is None:
+            try:
+                return self._decode_streaming(pipe.vae, plan, request, latents, bundle, job)
+            except Exception as exc:
+                if not is_out_of_memory(exc) or job.phase != "vae_decode":
+                    raise
+                first = 1   # the stream was the planned attempt; it left nothing on disk
+                self._retrying_decode(job, decode_attempts(plan.vae_tile, plan.device, VAE_TILES)[first][0])
+        frames = self._decode(pipe.vae, pipe.video_processor, plan, latents, job, first)
+        with self._phase(job, "export"):
+            media = write_media(request, frames, bundle)
+        return media, frames.shape
+
+    def _decode_streaming(self, vae, plan: Plan, request: GenerationRequest, latents, bundle: Bundle, job: _Job):
+        """The frames go to the encoder as they decode: vae_decode times the decode (the encoding overlaps it),
+        export only the encoder's tail after the last frame."""
+        job.phase = "export"   # the disk-room check is the export's, asked before the decode spends its time
+        with open_video_stream(request, decoded_shape(vae, latents), bundle) as video, \
+                closing(decode_stream(vae, latents, plan.device)) as decoded:   # closed: the VAE's cache freed
+            with self._phase(job, "vae_decode"):
+                for frames in decoded:
+                    video.send(frames)
+            with self._phase(job, "export"):
+                return video.close(), video.shape
+
+    def _retrying_decode(self, job: _Job, how: str) -> None:
+        free_device_memory()
+        job.emit(Info(job.id, f"Out of memory in the VAE decode; retrying {how} from the same latents."))
+
+    def _decode(self, vae, video_processor, plan: Plan, latents, job: _Job, first: int = 0):
+        """Decode as planned; on out-of-memory retry tiled, then on the CPU. The denoise is never repeated.
+        ``first``: the attempt to start from (1 when a streamed decode ran out of memory as planned)."""
         attempts = decode_attempts(plan.vae_tile, plan.device, VAE_TILES)
-        for number, (how, tile, device) in enumerate(attempts):
+        for number, (how, tile, device) in enumerate(attempts[first:], first):
             try:
                 frames = self._decode_once(vae, video_processor, latents, job, tile, device)
                 if number:
@@ -532,9 +566,7 @@ class Engine:
             except Exception as exc:
                 if not is_out_of_memory(exc) or number == len(attempts) - 1:
                     raise
-                free_device_memory()
-                job.emit(Info(job.id, f"Out of memory in the VAE decode; retrying {attempts[number + 1][0]} "
-                                      "from the same latents."))
+                self._retrying_decode(job, attempts[number + 1][0])
             finally:
                 if device != plan.device:
                     vae.to(plan.device)
@@ -587,8 +619,8 @@ class Engine:
 
     # ----- export -------------------------------------------------------------
     def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, bundle: Bundle,
-                       media: Path, frames) -> Path:
-        sidecar = run_record(request, media, frames, model=loaded.model, plan=loaded.plan.to_dict(),
+                       media: Path, shape: tuple) -> Path:
+        sidecar = run_record(request, media, shape, model=loaded.model, plan=loaded.plan.to_dict(),
                              step_downs=job.step_downs, latents=job.latents, decode_fallback=job.decode_fallback,
                              timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=job.ram.peak_gb,
                              hardware=self.hardware.to_dict(), inputs=job.inputs,
