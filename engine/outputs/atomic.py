@@ -37,3 +37,14 @@ def write_atomically(path: Path | str, write: Callable[[Path], object]) -> Path:
             temporary.unlink(missing_ok=True)
         raise
     return path
+
+
+def discard_temporary(final: Path | str) -> None:
+    """Remove what a writer that died with its process left under ``final``'s temporary name.
+
+    Why: a streamed video's encoder (ffmpeg) outlives an engine process that is killed mid-export and
+    finishes the file it was given; the process that sees the crash removes it (ffmpeg, still running,
+    cannot bring it back: it reopens its file only to read it). Nothing under the final name is touched.
+    """
+    with contextlib.suppress(OSError):
+        temporary_path(Path(final)).unlink(missing_ok=True)

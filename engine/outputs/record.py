@@ -9,7 +9,7 @@ from pathlib import Path
 from engine import __version__
 from engine.device.runtime import peak_vram_gb
 from engine.outputs.bundle import Bundle
-from engine.outputs.export import ensure_room, expected_bytes, write_mp4, write_png
+from engine.outputs.export import Mp4Stream, ensure_room, expected_bytes, write_mp4, write_png
 from engine.outputs.sidecar import DecodeDetails, RunDetails, Sidecar, model_name
 from engine.settings.request import GenerationRequest
 
@@ -17,11 +17,25 @@ from engine.settings.request import GenerationRequest
 def write_media(request: GenerationRequest, frames, bundle: Bundle) -> Path:
     """The PNG of a still (mode t2i) or the mp4 of a video, complete or not at all; refused before anything
     is written (DiskFull) when the outputs folder has not the room it may take."""
-    count, height, width = frames.shape[:3]
-    ensure_room(bundle.stem.parent, expected_bytes(count, width, height), "image" if request.settings.mode == "t2i" else "video")
+    ensure_media_room(request, frames.shape, bundle)
     if request.settings.mode == "t2i":
         return write_png(frames[0], bundle.image)
     return write_mp4(frames, bundle.video, request.settings.fps)
+
+
+def ensure_media_room(request: GenerationRequest, shape: tuple, bundle: Bundle) -> None:
+    """DiskFull unless the outputs folder has the room the output of ``shape`` (frames, height, width, ...)
+    may take; a streamed video asks before its decode starts, so a full disk costs no decode."""
+    count, height, width = shape[:3]
+    ensure_room(bundle.stem.parent, expected_bytes(count, width, height), "image" if request.settings.mode == "t2i" else "video")
+
+
+def open_video_stream(request: GenerationRequest, shape: tuple, bundle: Bundle) -> Mp4Stream:
+    """The mp4 of a video of ``shape`` (frames, height, width, 3) whose frames are still being decoded
+    (export.Mp4Stream: complete or absent), refused first (DiskFull) when the disk has not the room."""
+    ensure_media_room(request, shape, bundle)
+    count, height, width = shape[:3]
+    return Mp4Stream(bundle.video, request.settings.fps, width, height, count)
 
 
 def versions() -> dict:
@@ -55,8 +69,9 @@ def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: 
                inputs: dict | None = None, note: str = "", speed: dict | None = None) -> Sidecar:
     """The sidecar of a finished run: everything needed to understand it and to make it again.
 
-    ``inputs``: the input images kept beside it ({field: file name or None}; None: the run had none)."""
-    count, height, width = (int(n) for n in frames.shape[:3])
+    ``frames``: the frames written, or only their shape (frames, height, width, ...): a streamed video
+    keeps no frames. ``inputs``: the input images kept beside it ({field: file name or None}; None: the run had none)."""
+    count, height, width = (int(n) for n in getattr(frames, "shape", frames)[:3])
     fps = request.settings.fps if request.settings.mode != "t2i" else None
     parameters = {k: v for k, v in request.to_dict().items() if k not in ("prompt", "negative_prompt", "outputs_dir")}
     details = {"ref": model.ref, "source": model.source, "revision": model.revision, "pipeline": model.pipeline_class}

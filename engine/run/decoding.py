@@ -41,3 +41,81 @@ def decode_latents(vae, video_processor, latents, tile: int | None, device: str)
         video = vae.decode(denormalize(vae, latents), return_dict=False)[0]
         frames = video_processor.postprocess_video(video, output_type="np")[0]
     return to_uint8(frames)
+
+
+def decoded_shape(vae, latents) -> tuple[int, int, int, int]:
+    """(frames, height, width, 3) that ``latents`` (1, C, T, h, w) decode to: known before the decode, so the
+    disk's room and the video's size are settled before it spends its time."""
+    _, _, count, height, width = latents.shape
+    spatial, temporal = vae.config.scale_factor_spatial, vae.config.scale_factor_temporal
+    return (count - 1) * temporal + 1, height * spatial, width * spatial, 3
+
+
+def decode_stream(vae, latents, device: str, chunk: int = 1):
+    """The untiled decode of ``vae.decode`` (AutoencoderKLWan._decode), yielding uint8 frames (n, H, W, 3) of
+    each ``chunk`` latent frames as soon as they are decoded, so the encoder can work while the decoder does.
+
+    Why not ``vae.decode``: it returns only once the whole clip is decoded. The decoder runs one latent frame
+    at a time with the VAE's own causal cache either way, so the frames equal ``decode_latents``'s bit for bit.
+    ``chunk`` trades overlap for fewer hand-overs: 1 latent frame (4 video frames) each is the most overlap,
+    and the device holds no more than one chunk of decoded frames. A tiled decode (``vae.use_tiling``) goes
+    through ``decode_latents``; the VAE's cache is cleared however the stream ends (closed early included).
+    """
+    import torch
+
+    if vae.use_tiling:
+        raise ValueError("a streamed decode is untiled; a tiled decode goes through decode_latents")
+    if chunk < 1:
+        raise ValueError(f"chunk must be at least 1 latent frame, not {chunk}")
+    if device != str(vae.device.type):
+        vae.to(device)
+    _onload(vae)
+    with torch.inference_mode():
+        latents = latents[:1].to(device, dtype=vae.dtype)
+        vae.clear_cache()
+        hidden = vae.post_quant_conv(denormalize(vae, latents))
+    try:
+        count = hidden.shape[2]
+        for start in range(0, count, chunk):
+            with torch.inference_mode():
+                decoded = torch.cat([_decode_frame(vae, hidden, i) for i in range(start, min(start + chunk, count))], 2)
+                frames = _to_uint8_frames(vae, decoded)
+            del decoded
+            yield frames
+    finally:
+        vae.clear_cache()
+
+
+def _onload(vae) -> None:
+    """What ``vae.decode``'s forward hook does first: an accelerate offload hook, if any, puts the VAE on its
+    device (the app places the VAE itself; this keeps the stream right for a VAE offloaded another way)."""
+    hook = getattr(vae, "_hf_hook", None)
+    if hook is not None and hasattr(hook, "pre_forward"):
+        hook.pre_forward(vae)
+
+
+def _decode_frame(vae, hidden, index: int):
+    """One latent frame through the decoder, its causal cache carried in ``vae._feat_map`` as ``_decode`` does."""
+    vae._conv_idx = [0]
+    frame = hidden[:, :, index:index + 1, :, :]
+    if index == 0:
+        return vae.decoder(frame, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=True)
+    return vae.decoder(frame, feat_cache=vae._feat_map, feat_idx=vae._conv_idx)
+
+
+def _to_uint8_frames(vae, decoded):
+    """Decoder output (1, C, n, h, w) -> uint8 frames (n, H, W, 3) on the host, converted on the device.
+
+    The arithmetic of ``_decode``'s tail (unpatchify, clamp to [-1, 1]), of ``postprocess_video`` (x * 0.5 + 0.5,
+    clamped to [0, 1], in the VAE's dtype, then float32) and of ``export.to_uint8`` (* 255 + 0.5, truncated), in
+    that order: the same bits as the whole decode, and a quarter of the bytes cross to the host.
+    """
+    import torch
+    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+    if vae.config.patch_size is not None:
+        decoded = unpatchify(decoded, patch_size=vae.config.patch_size)
+    decoded = torch.clamp(decoded, min=-1.0, max=1.0)
+    images = (decoded[0] * 0.5 + 0.5).clamp(0, 1).float()
+    pixels = (images.clamp(0.0, 1.0) * 255.0 + 0.5).to(torch.uint8)
+    return pixels.permute(1, 2, 3, 0).contiguous().cpu().numpy()

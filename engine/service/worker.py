@@ -26,6 +26,8 @@ from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
 from engine.events import Event, Info, JobFailed, LatentsSaved, PhaseFinished, PhaseStarted, is_terminal
 from engine.models.catalog import ModelCatalog
 from engine.models.refs import ModelError
+from engine.outputs.atomic import discard_temporary
+from engine.outputs.bundle import Bundle
 from engine.outputs.latents import DECODE_AGAIN_HINT
 from engine.run.failures import failure_event
 from engine.run.faults import NO_FAULTS, PhaseHook
@@ -450,7 +452,10 @@ class WorkerClient:
 
     def _failed(self, job_id: str, message: str, phase: str | None, kind: str,
                 latents: str | None) -> Iterator[Event]:
-        """A fresh engine process for the next job, and the end of this one."""
+        """A fresh engine process for the next job, and the end of this one (without the video its dead engine
+        was streaming: the encoder outlives it)."""
+        if latents:
+            discard_temporary(Bundle.from_latents(latents).video)
         self._ensure_worker()
         yield Info(job_id, "A fresh engine process was started.")
         hint = ("Nothing else was lost; the next job runs in a fresh engine process. If it happens again, "

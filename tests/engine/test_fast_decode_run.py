@@ -30,7 +30,7 @@ def test_a_fast_decoded_run_says_so_and_differs_from_the_vae(model_dirs, presets
     sidecar = json.loads(Path(fast.sidecar).read_text())
     assert sidecar["speed"]["decoder"] == "fast (taew2_1)" and sidecar["speed"]["approximate"] is True
     assert sidecar["parameters"]["decoder"] == "fast"
-    assert any("Decoded by the fast decoder taew2_1" in getattr(e, "message", "") for e in events)
+    assert any("with the fast decoder taew2_1: approximate" in getattr(e, "message", "") for e in events)
     frames, _ = read_video(Path(fast.paths[0]))
     assert frames.shape == (9, 64, 64, 3)          # 3 latent frames -> 4 x 3 - 3 frames, 8x the latent size
     exact, _ = run_engine(engine, tiny_request(presets, folder, tmp_path / "out"))

@@ -180,6 +180,17 @@ def test_a_video_the_disk_cannot_hold_leaves_no_partial_file_and_one_sentence(sm
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
 
 
+def test_a_streamed_video_the_disk_cannot_hold_leaves_no_partial_file_and_one_sentence(small_disk):
+    from engine.outputs.export import DiskFull, write_mp4_stream
+
+    _fill(small_disk, 64 * 1024)
+    noise = (np.random.default_rng(0).random((33, 256, 256, 3)) * 255).astype(np.uint8)   # about 2 MB of mp4
+    with pytest.raises(DiskFull) as info:
+        write_mp4_stream((noise[i:i + 4] for i in range(0, 33, 4)), small_disk / "clip.mp4", 16, 256, 256)
+    assert str(info.value).startswith("the disk is full while writing the video (0.") and "FFMPEG" not in str(info.value)
+    assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
 def test_every_writer_on_a_full_disk_leaves_no_partial_file(small_disk):
     """A full disk fails the write as before (an ENOSPC error, one the failure messages know as a full disk);
     the temporary file goes with it, whatever writes it."""
