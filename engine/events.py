@@ -11,7 +11,7 @@ from enum import Enum
 # Phase names, in the order a run passes through them. "engine_start" is the time a job waited for a new
 # engine process to load its libraries; "build_model" builds a self-test model the first time it is used.
 PHASES = (
-    "engine_start", "download", "build_model", "load", "transfer", "text_encode", "image_encode",
+    "engine_start", "calibrate", "download", "build_model", "load", "transfer", "text_encode", "image_encode",
     "denoise", "vae_decode", "export",
 )
 

@@ -61,6 +61,7 @@ from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.run.preview import PREVIEW_EVERY_SECONDS, DecoderPreview, LivePreview, PreviewMap, preview_map_for
 from engine.run.schedulers import make_scheduler
+from engine.run.time_plan import TimePlanner, calibration_enabled
 from engine.settings.request import GenerationRequest, check_request
 from engine.settings.values import MODE_NAMES, InputError
 
@@ -175,12 +176,13 @@ class _Job:
     fast_decoder: Path | None = None    # the fast decoder's file, when the job decodes with it
     decoder: str = "vae"                # what made the frames: "vae" or "fast (<file stem>)"
     cache: str | None = None            # the step cache's own account of what it did, when one was on
+    predicted: object = None            # the time plan's PhaseTimes for this run, when the machine is measured
 
 
 class Engine:
     def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
                  latents_hours: float = DEFAULT_KEEP_HOURS, preview_seconds: float = PREVIEW_EVERY_SECONDS,
-                 faults: PhaseHook = NO_FAULTS):
+                 faults: PhaseHook = NO_FAULTS, calibrate: bool | None = None):
         self.models_dir = Path(models_dir)
         self._hardware = hardware
         self.loaded: LoadedModel | None = None
@@ -192,6 +194,10 @@ class Engine:
         self.faults = faults
         # Recent prompt encodings, kept on the CPU: a new seed with the same prompt skips the text encoder.
         self._prompt_cache: OrderedDict[tuple, tuple] = OrderedDict()
+        # The time plan: this machine's rates (measured once, kept beside the outputs) and the runs it has
+        # seen, by model and plan, which correct the next predictions. None: measure when a job first needs it
+        # (False: never; WAN_STUDIO_CALIBRATE=0 turns it off, as the test suite does).
+        self.timing = TimePlanner(models_dir=self.models_dir, enabled=calibration_enabled(calibrate))
 
     def use_hardware(self, hardware: HardwareProfile) -> None:
         """Plan for another hardware description from now on (the loaded model is dropped)."""
@@ -263,7 +269,9 @@ class Engine:
             self.unload()
         with self._phase(job, "load") as phase:
             pipe = self._from_pretrained(resolved, plan)
-            phase.detail = read_rate(weight_bytes(resolved.folder))
+            nbytes = weight_bytes(resolved.folder)
+            phase.detail = read_rate(nbytes)
+        self.timing.loaded(nbytes, job.timings.get("load", 0.0))
         with self._phase(job, "transfer"):
             place_components(pipe, plan)
         self.loaded = LoadedModel(resolved, pipe, plan, dict(pipe.scheduler.config))
@@ -356,7 +364,7 @@ class Engine:
         """(the loaded model, the denoised latents): out of memory before the decode frees everything and
         runs again one rung down the planner's ladder, until a rung works or none is left."""
         while True:
-            self._announce(plan, job)
+            self._announce(plan, job, self._predict(resolved, plan, request, job))
             try:
                 loaded, latents = self._load_and_denoise(resolved, plan, request, job)
                 break
@@ -385,6 +393,7 @@ class Engine:
             Path(job.latents).unlink(missing_ok=True)
             job.latents = None
         sidecar = self._write_sidecar(loaded, request, job, bundle, media, shape)
+        self.timing.finished(loaded, request, job.timings, job.step_seconds, "load" not in job.timings, job.decoder)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            job.ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
 
@@ -405,8 +414,24 @@ class Engine:
         job.emit(LatentsSaved(job.id, job.latents))
         return bundle
 
-    def _announce(self, plan: Plan, job: _Job) -> None:
-        job.emit(PlanReady(job.id, plan.to_dict()))
+    def _predict(self, resolved: ResolvedModel, plan: Plan, request: GenerationRequest, job: _Job):
+        """The seconds each phase of this run should take (None until this machine has been measured)."""
+        loaded = (self.loaded is not None and self.loaded.model.ref == resolved.ref
+                  and self.loaded.plan.reload_key == plan.reload_key)
+        calibration = self.timing.calibration(Path(request.outputs_dir), self.hardware,
+                                              lambda work: self._timed(job, "calibrate", work))
+        job.predicted = self.timing.predict(resolved, plan, request, calibration, loaded)
+        return job.predicted
+
+    def _timed(self, job: _Job, phase: str, work: Callable):
+        with self._phase(job, phase):
+            return work()
+
+    def _announce(self, plan: Plan, job: _Job, predicted=None) -> None:
+        data = plan.to_dict()
+        if predicted is not None:
+            data.update(predicted_seconds=dict(predicted.seconds), predicted_total=predicted.total)
+        job.emit(PlanReady(job.id, data))
         for sentence in plan.decisions:
             job.emit(Info(job.id, f"Plan: {sentence}"))
 
@@ -766,7 +791,8 @@ class Engine:
         return {"decoder": job.decoder, "step_cache": cache, "step_cache_detail": job.cache,
                 "approximate": job.decoder != "vae" or bool(cache),
                 "vae_dtype": plan.vae_dtype, "conv": plan.conv, "compiled": plan.compile,
-                "attention": plan.attention_backend}
+                "attention": plan.attention_backend,
+                "predicted_seconds": dict(job.predicted.seconds) if job.predicted is not None else None}
 
     # ----- export -------------------------------------------------------------
     def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, bundle: Bundle,

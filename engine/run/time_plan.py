@@ -1,0 +1,109 @@
+"""The engine's side of the time plan: this machine's measured rates, and the runs it has seen.
+
+The prediction itself is a pure function (engine/planning/timing.py); this keeps what it needs between jobs:
+the calibration (measured once per machine and torch version, kept as ``.calibration.json`` beside the
+outputs; the disk's rate learned from the first real load) and the recent runs of each model and plan, which
+correct the next prediction (``learn``).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+from engine.models.weights import weight_bytes
+from engine.planning.timing import MeasuredRun, PhaseTimes, learn, predict_times
+
+# Runs kept per model and plan: enough to fit how a step grows with the video's length.
+KEPT_RUNS = 8
+# The compute dtype the calibration measures in, per backend (the planner's).
+CALIBRATION_DTYPES = {"cuda": "bfloat16", "rocm": "bfloat16", "mps": "float16", "cpu": "float32"}
+
+
+def calibration_enabled(asked: bool | None) -> bool:
+    """Whether the engine measures this machine: as asked, else unless WAN_STUDIO_CALIBRATE=0 (the test suite
+    sets it, so hundreds of short test jobs don't each measure the CPU)."""
+    if asked is not None:
+        return asked
+    return os.environ.get("WAN_STUDIO_CALIBRATE", "1").strip() != "0"
+
+
+@dataclass
+class TimePlanner:
+    models_dir: Path
+    enabled: bool = True
+    _calibration: object = None          # engine.device.calibrate.Calibration
+    _folder: Path | None = None          # where it is kept
+    _runs: dict = field(default_factory=dict)       # plan family -> [MeasuredRun], newest last
+    _compiled: set = field(default_factory=set)     # (model, width, height, frames) already run compiled
+
+    def calibration(self, folder: Path, hardware, measure: Callable[[Callable], object]):
+        """This machine's rates: in memory, else read from ``folder``, else measured now through ``measure``
+        (which runs the work as a timed phase of the job) and kept in ``folder``. None when turned off."""
+        if not self.enabled:
+            return None
+        from engine.device.calibrate import Calibration
+
+        if self._calibration is not None and self._calibration.matches(hardware):
+            return self._calibration
+        found = Calibration.load(folder, hardware)
+        if found is None:
+            from engine.device.calibrate import calibrate
+
+            device = hardware.device
+            found = measure(lambda: calibrate(device, CALIBRATION_DTYPES[hardware.backend], quick=device == "cpu"))
+            # Named as the engine knows its hardware, so the file is found again on this machine.
+            found = replace(found, device_name=hardware.device_name, backend=hardware.backend,
+                            torch_version=hardware.torch_version)
+            self._keep(found, folder)
+        self._calibration, self._folder = found, Path(folder)
+        return found
+
+    def _keep(self, calibration, folder: Path) -> None:
+        try:
+            calibration.save(folder)
+        except OSError:   # a read-only or full outputs folder: predictions still work in this process
+            pass
+
+    def loaded(self, nbytes: int, seconds: float) -> None:
+        """A real load read ``nbytes`` in ``seconds``: the disk's rate for the next predictions of a load."""
+        if self._calibration is not None and nbytes and seconds > 0:
+            self._calibration = self._calibration.with_disk_rate(nbytes / seconds / 1e9)
+            self._keep(self._calibration, self._folder)
+
+    def predict(self, resolved, plan, request, calibration, loaded: bool) -> PhaseTimes | None:
+        """The seconds of each phase of ``request`` under ``plan``, corrected by this model's recent runs."""
+        if calibration is None:
+            return None
+        s = request.settings
+        compiled = plan.compile and self._shape(resolved.ref, s) in self._compiled
+        times = predict_times(resolved.spec, s.width, s.height, s.frames, s.steps, s.guidance, plan, calibration,
+                              s.decoder, image_to_video=s.mode == "i2v", loaded=loaded, compiled=compiled,
+                              weight_bytes=None if loaded else weight_bytes(resolved.folder) or None)
+        return learn(times, self._runs.get(self._family(resolved.ref, plan, s), []))
+
+    def finished(self, loaded_model, request, timings: dict, step_seconds: list, was_loaded: bool,
+                 decoder: str) -> None:
+        """Keep a finished run, to correct the next predictions for the same model and plan."""
+        s, plan, ref = request.settings, loaded_model.plan, loaded_model.model.ref
+        spec = loaded_model.model.spec
+        run = MeasuredRun(dict(timings), spec.tokens(s.width, s.height, s.frames), s.steps,
+                          2 if s.guidance > 1.0 else 1, s.width * s.height * s.frames,
+                          sum(step_seconds[1:]) / len(step_seconds[1:]) if len(step_seconds) > 1 else None,
+                          loaded=was_loaded)
+        runs = self._runs.setdefault(self._family(ref, plan, s), [])
+        runs.append(run)
+        del runs[:-KEPT_RUNS]
+        if plan.compile:
+            self._compiled.add(self._shape(ref, s))
+
+    @staticmethod
+    def _family(ref: str, plan, settings) -> tuple:
+        """What makes two runs comparable: the model and every choice that changes a phase's speed."""
+        return (ref, plan.strategy, plan.text_encoder, plan.vae_dtype, plan.vae_tile, plan.compile,
+                plan.attention_backend, settings.decoder, settings.step_cache)
+
+    @staticmethod
+    def _shape(ref: str, settings) -> tuple:
+        return ref, settings.width, settings.height, settings.frames

@@ -1,0 +1,55 @@
+"""The time plan in a run: the machine measured once (kept beside the outputs), each run's phases predicted
+before it starts, the prediction kept in the sidecar beside what it took, and corrected by the runs seen."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from engine.device.calibrate import CALIBRATION_FILE
+from engine.events import JobFinished, PhaseStarted, PlanReady
+from engine.run.engine import Engine
+from tests.conftest import CPU, run_engine, tiny_request
+
+
+def _predicted(events) -> dict:
+    return [e.plan for e in events if isinstance(e, PlanReady)][-1]
+
+
+def test_the_machine_is_measured_once_and_every_run_is_predicted(model_dirs, presets, tmp_path):
+    outputs = tmp_path / "out"
+    engine = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1, calibrate=True)
+    first, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    assert isinstance(first, JobFinished), first
+    assert [e.phase for e in events if isinstance(e, PhaseStarted)][0] == "calibrate"
+    assert "calibrate" in first.timings and (outputs / CALIBRATION_FILE).is_file()
+    plan = _predicted(events)
+    assert plan["predicted_total"] > 0 and {"load", "denoise", "vae_decode", "export"} <= set(plan["predicted_seconds"])
+    sidecar = json.loads(Path(first.sidecar).read_text())
+    assert sidecar["speed"]["predicted_seconds"] == plan["predicted_seconds"]
+
+    second, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=7))
+    assert "calibrate" not in second.timings and "load" not in _predicted(events)["predicted_seconds"]
+
+    again = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1, calibrate=True)   # a new process
+    third, _ = run_engine(again, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=8))
+    assert "calibrate" not in third.timings   # read back from beside the outputs
+
+
+def test_a_prediction_learns_from_the_runs_of_the_same_model_and_plan(model_dirs, presets, tmp_path):
+    engine = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1, calibrate=True)
+    first, _ = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], tmp_path / "out", steps=4))
+    measured, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], tmp_path / "out", steps=4,
+                                                       seed=5))
+    learned, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], tmp_path / "out", steps=8,
+                                                      seed=6))
+    predicted = _predicted(events)["predicted_seconds"]
+    # The decode and the export of the same size are predicted from a measured run's own figures.
+    for phase in ("vae_decode", "export"):
+        assert any(abs(predicted[phase] - run.timings[phase]) < 1e-3 for run in (first, measured)), phase
+
+
+def test_turned_off_nothing_is_measured_or_predicted(model_dirs, presets, tmp_path):
+    engine = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1, calibrate=False)
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], tmp_path / "out"))
+    assert "calibrate" not in result.timings and "predicted_seconds" not in _predicted(events)
+    assert json.loads(Path(result.sidecar).read_text())["speed"]["predicted_seconds"] is None
