@@ -121,3 +121,22 @@ def test_every_phase_has_a_label_and_runs_in_the_engine_s_order():
         view.apply(PhaseFinished("j", phase, 1.0))
     assert [row[0] for row in view.timing_rows()] == [PHASE_LABELS[p] for p in PHASES]
     assert [phase for phase, _, _ in view.chart_phases()] == list(PHASES)
+
+
+def test_the_chart_draws_the_predicted_time_beside_each_phase_and_ahead_of_those_to_come():
+    from engine.events import PlanReady
+
+    view = JobView()
+    plan = {"strategy": "all_on_device", "device": "cuda", "predicted_peak_vram_gb": 10.0, "predicted_peak_ram_gb": 4.0,
+            "predicted_seconds": {"load": 3.0, "denoise": 12.0, "vae_decode": 2.0, "export": 0.3},
+            "predicted_total": 17.3}
+    for event in (JobStarted("j", "t2v"), PlanReady("j", plan), PhaseStarted("j", "load"),
+                  PhaseFinished("j", "load", 2.5, "14.0 GB read at 5.6 GB/s")):
+        view.apply(event)
+    chart = view.chart_html()
+    assert "2.50 s · predicted 3.0" in chart and "about 12.0 s" in chart and "about 0.3 s" in chart
+    assert chart.count("wan-predicted") == 4
+    assert "about 17 s in all" in view.markdown()
+    assert view.timing_rows()[0] == ["Load (disk to RAM)", 2.5, "14.0 GB read at 5.6 GB/s"]
+    view.apply(JobFinished("j", ("v.mp4",), "v.json", 1, {"load": 2.5}))
+    assert "about 12.0 s" not in view.chart_html()    # nothing is to come once the job has ended

@@ -150,3 +150,16 @@ def test_the_hardware_is_asked_once(monkeypatch):
     monkeypatch.setattr(client, "hardware", lambda: calls.append(1) or CPU.to_dict())
     assert client.hardware_profile() == CPU and client.hardware_profile() == CPU
     assert len(calls) == 1
+
+
+def test_with_this_machine_measured_the_plan_says_how_long_the_video_takes(ctx, outputs):
+    from dataclasses import replace
+
+    from engine.device.calibrate import calibrate
+
+    assert "About" not in form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
+    measured = replace(calibrate("cpu", "float32", quick=True), device_name=CPU.device_name, backend="cpu",
+                       torch_version=CPU.torch_version)
+    measured.save(outputs)
+    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
+    assert "**About " in text and "when the model is already loaded" in text

@@ -237,8 +237,15 @@ class JobView:
             shown.append((self.running_phase, self.label(self.running_phase), running))
         return shown
 
+    def predicted(self) -> dict:
+        """phase -> the seconds the plan predicted for it ({} when the machine is not measured yet)."""
+        return dict((self.plan or {}).get("predicted_seconds") or {})
+
     def chart_html(self) -> str:
-        return timing_chart_html(self.chart_phases(), self.step_seconds, self.total_steps)
+        shown = self.chart_phases()
+        seen = {phase for phase, _, _ in shown}
+        upcoming = [] if self.ended else [(p, self.label(p)) for p in PHASES if p in self.predicted() and p not in seen]
+        return timing_chart_html(shown, self.step_seconds, self.total_steps, self.predicted(), upcoming)
 
     def preview_html(self) -> str:
         """The latest live preview as an inline animated image with its caption ('' when there is none)."""
@@ -318,7 +325,8 @@ def plan_line(plan: dict) -> str:
     peak = ram if plan.get("device") == "cpu" else f"{plan.get('predicted_peak_vram_gb', 0):.2f} GB device, {ram}"
     fits = "" if plan.get("fits", True) else "; predicted not to fit"
     name, _ = strategy_words(str(plan.get("strategy")), str(plan.get("device")))
-    return f"Plan: {name} (predicted peak {peak}{fits})"
+    time = f"; about {plan['predicted_total']:.0f} s in all" if plan.get("predicted_total") else ""
+    return f"Plan: {name} (predicted peak {peak}{fits}{time})"
 
 
 def _memory_detail(result: JobFinished) -> str:

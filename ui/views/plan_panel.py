@@ -5,6 +5,7 @@ engine process reported (``WorkerClient.hardware_profile()``).
 """
 from __future__ import annotations
 
+from pathlib import Path
 
 from engine.device.hardware import HardwareProfile
 from engine.planning.ahead import plan_settings
@@ -112,7 +113,25 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, pr
     kind = "image to video" if mode == "i2v" else "video"
     subject = (f"_For {code(settings.model)}, {kind} {settings.width}x{settings.height}, "
                f"{plural(settings.frames, 'frame')}, on {hardware.summary()}._")
-    return subject + "\n\n" + plan_markdown(plan)
+    return subject + "\n\n" + time_line(ctx, settings, plan, hardware) + plan_markdown(plan)
+
+
+def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: HardwareProfile) -> str:
+    """'**About 41 s**' for these settings, from this machine's measured rates (none before they are measured:
+    the first run measures them)."""
+    from engine.device.calibrate import Calibration
+    from engine.planning.timing import predict_times
+
+    calibration = Calibration.load(Path(ctx.outputs_dir), hardware)
+    if calibration is None or not plan.fits:
+        return ""
+    spec = ctx.client.catalog.spec(settings.model)
+    first, loaded = (predict_times(spec, settings.width, settings.height, settings.frames, settings.steps,
+                                   settings.guidance, plan, calibration, settings.decoder,
+                                   image_to_video=settings.mode == "i2v", loaded=state) for state in (False, True))
+    return (f"**About {first.total:.0f} s** to make this video ({loaded.total:.0f} s when the model is already "
+            f"loaded; denoising {first.seconds.get('denoise', 0):.0f} s, decoding "
+            f"{first.seconds.get('vae_decode', 0):.1f} s), predicted from this machine's measured speed.\n\n")
 
 
 def _form_settings(ctx: AppContext, mode: str, preset_name: str | None, model: str | None, width, height,

@@ -12,18 +12,31 @@ PHASE_COLOURS = {
 STEP_BARS_MAX = 120   # more steps than this are shown as the last STEP_BARS_MAX
 
 
-def _bar_row(label: str, seconds: float | None, longest: float, colour: str, note: str = "") -> str:
-    width = 0.0 if not seconds or longest <= 0 else max(1.0, 100.0 * seconds / longest)
-    value = "running" if seconds is None else f"{seconds:.2f} s"
-    if note:
-        value += f" · {note}"
+def _width(seconds: float | None, longest: float) -> float:
+    return 0.0 if not seconds or longest <= 0 else max(1.0, 100.0 * seconds / longest)
+
+
+def _bar_row(label: str, seconds: float | None, longest: float, colour: str, predicted: float | None = None,
+             started: bool = True) -> str:
+    """A phase's bar; with ``predicted``, a thin bar under it for the time the plan predicted (alone, faded,
+    for a phase still to come)."""
+    if not started:
+        value = f"about {predicted:.1f} s"
+    else:
+        value = "running" if seconds is None else f"{seconds:.2f} s"
+        if predicted is not None:
+            value += f" · predicted {predicted:.1f}"
+    bar = (f'<span style="display:block;height:10px;width:{_width(seconds, longest):.1f}%;background:{colour};'
+           'border-radius:3px"></span>') if started else ""
+    guess = (f'<span class="wan-predicted" style="display:block;height:4px;margin-top:1px;'
+             f'width:{_width(predicted, longest):.1f}%;background:{colour};opacity:0.45;border-radius:2px"></span>'
+             if predicted is not None else "")
     return (
-        '<div style="display:flex;align-items:center;gap:8px;margin:2px 0">'
+        f'<div style="display:flex;align-items:center;gap:8px;margin:2px 0;opacity:{1 if started else 0.7}">'
         f'<span style="flex:0 0 9.5em;font-size:0.85em">{html.escape(label)}</span>'
-        '<span style="flex:1 1 auto;background:rgba(128,128,128,0.15);height:14px;border-radius:3px">'
-        f'<span style="display:block;height:14px;width:{width:.1f}%;background:{colour};border-radius:3px"></span>'
-        '</span>'
-        f'<span style="flex:0 0 11em;font-size:0.8em;text-align:right">{html.escape(value)}</span></div>')
+        '<span style="flex:1 1 auto;background:rgba(128,128,128,0.15);min-height:15px;border-radius:3px">'
+        f'{bar}{guess}</span>'
+        f'<span style="flex:0 0 12em;font-size:0.8em;text-align:right">{html.escape(value)}</span></div>')
 
 
 def _step_bars(step_seconds: list[float], total_steps: int) -> str:
@@ -40,12 +53,18 @@ def _step_bars(step_seconds: list[float], total_steps: int) -> str:
 
 
 def timing_chart_html(phases: list[tuple[str, str, float | None]], step_seconds: list[float],
-                      total_steps: int) -> str:
-    """Bars for (phase, label, seconds or None while running) in run order, then one bar per step."""
-    if not phases:
+                      total_steps: int, predicted: dict | None = None,
+                      upcoming: list[tuple[str, str]] = ()) -> str:
+    """Bars for (phase, label, seconds or None while running) in run order, each with the seconds the plan
+    predicted for it (``predicted``: phase -> seconds) beneath; then the (phase, label) still ``upcoming``,
+    predicted only; then one bar per step."""
+    if not phases and not upcoming:
         return ""
-    longest = max((s for _, _, s in phases if s), default=0.0)
-    rows = [_bar_row(label, seconds, longest, PHASE_COLOURS.get(phase, "#999"))
+    predicted = predicted or {}
+    longest = max([s for _, _, s in phases if s] + [s for p, s in predicted.items() if s], default=0.0)
+    rows = [_bar_row(label, seconds, longest, PHASE_COLOURS.get(phase, "#999"), predicted.get(phase))
             for phase, label, seconds in phases]
+    rows += [_bar_row(label, None, longest, PHASE_COLOURS.get(phase, "#999"), predicted[phase], started=False)
+             for phase, label in upcoming if phase in predicted]
     steps = _step_bars(step_seconds, total_steps) if step_seconds else ""
     return f'<div class="wan-timing-chart">{"".join(rows)}{steps}</div>'
