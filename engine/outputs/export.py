@@ -269,6 +269,12 @@ def _encode_mp4(frames: np.ndarray, path: Path, fps: int) -> None:
     _check_written(path, len(frames))
 
 
+# x264's "veryfast" preset: about three times the default's speed for a slightly larger file, and a 10-frame
+# lookahead instead of 40, so a streamed video is finished soon after its last frame arrives (with the default
+# lookahead half of an 81-frame clip was still encoding when the decode ended).
+X264_SPEED = ["-preset", "veryfast"]
+
+
 def _mp4_writer(path: Path, fps: int, width: int, height: int):
     """An ffmpeg encoder of rgb24 frames into ``path`` (H.264 yuv420p), started: ``send`` it each frame, then
     ``close`` it. One set of options, so a streamed video is the same file as one written whole."""
@@ -277,7 +283,7 @@ def _mp4_writer(path: Path, fps: int, width: int, height: int):
     writer = imageio_ffmpeg.write_frames(
         str(path), (width, height), fps=fps, codec="libx264", pix_fmt_in="rgb24",
         pix_fmt_out="yuv420p", quality=8, macro_block_size=1, ffmpeg_log_level="error",
-        output_params=["-movflags", "+faststart"])
+        output_params=[*X264_SPEED, "-movflags", "+faststart"])
     writer.send(None)
     return writer
 

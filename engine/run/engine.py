@@ -77,8 +77,11 @@ Emit = Callable[[Event], None]
 def read_rate(nbytes: int) -> Callable[[float], str]:
     """The load phase's detail: how much it read, and how fast ("14.3 GB read at 5.2 GB/s")."""
     def words(seconds: float) -> str:
+        if not nbytes or seconds <= 0:
+            return ""
         gb = nbytes / GIB
-        return f"{gb:.1f} GB read at {gb / seconds:.1f} GB/s" if nbytes and seconds > 0 else ""
+        size = f"{gb:.1f} GB" if gb >= 0.1 else f"{nbytes / 2 ** 20:.1f} MB"
+        return f"{size} read at {gb / seconds:.2f} GB/s"
     return words
 
 

@@ -1,0 +1,28 @@
+"""The speed benchmark's own code runs end to end on the CPU (``--tiny``), so the GPU run's table cannot rot."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_the_speed_bench_runs_every_part_on_the_self_test_model(tmp_path):
+    out = tmp_path / "speed.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "speed.py"), str(out), "--tiny", "--work",
+                           str(tmp_path / "work")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert "failures" not in results, results["failures"]
+    assert all(run["rc"] == 0 for side in results["cold"]["runs"].values() for run in side), results["cold"]
+    assert results["cold"]["ratio"] > 0
+    for case in ("fastwan", "long"):
+        engine = results["warm"][case]["engine"]
+        exact = [r for r in engine if r["variant"] in ("default", "compile off") and r["latents_vs_plain"] is not None]
+        assert exact and all(r["latents_vs_plain"] == 0.0 for r in exact)   # the engine's latents are diffusers'
+        assert all(r["predicted"] and r["timings"] for r in engine)
+    assert results["decode"]["streamed equals whole"] is True
+    assert results["decode"]["fast decoder frames"] == [9, 64, 64, 3]
+    assert {"none", "first_block", "taylor", "mag", "mag (calibrated)"} <= set(results["caches"])
+    assert results["calibration"]["backend"] == "cpu"
