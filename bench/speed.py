@@ -55,7 +55,7 @@ class Setup:
     height: int = 480
     frames: int = 81
     long_steps: int = 50
-    cache_steps: int = 30
+    cache_steps: int = 20
     cold_steps: int = 10
     results: dict = field(default_factory=dict)
     out: Path | None = None

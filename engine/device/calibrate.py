@@ -188,7 +188,6 @@ def _matmul(torch, device, dtype, seconds, tokens: int, dims) -> tuple[tuple[int
         b = torch.randn(dim, 4 * dim, device=device, dtype=dtype)
         t = seconds(lambda: a @ b, 3, 5 if device != "cpu" else 1)
         points.append((dim, round(2 * tokens * dim * 4 * dim / t / 1e12, 3)))
-        del a, b
     return tuple(points)
 
 
@@ -200,7 +199,6 @@ def _attention(torch, device, dtype, seconds, lengths, heads) -> tuple[tuple[int
         q, k, v = (torch.randn(1, heads, length, HEAD_DIM, device=device, dtype=dtype) for _ in range(3))
         t = seconds(lambda: F.scaled_dot_product_attention(q, k, v), 3, 3 if device != "cpu" else 1)
         points.append((length, round(4 * length * length * heads * HEAD_DIM / t / 1e12, 3)))
-        del q, k, v
     return tuple(points)
 
 
@@ -223,7 +221,6 @@ def _convs(torch, device, dtypes, seconds, shapes, shapes_2d, modes) -> tuple[tu
                     t = seconds(lambda: F.conv3d(x, w, padding=(0, 1, 1)), 3, 3 if device != "cpu" else 1)
                     flops = 2 * 27 * channels * channels * _CONV_FRAMES * height * width
                     points_3d.append((mode, _dtype_name(dtype), channels, round(flops / t / 1e12, 3)))
-                    del x, w
                 for c_in, c_out, height, width in shapes_2d:
                     x = torch.randn(_CONV_FRAMES, c_in, height, width, device=device, dtype=dtype)
                     w = torch.randn(c_out, c_in, 3, 3, device=device, dtype=dtype) * 0.01
@@ -231,7 +228,6 @@ def _convs(torch, device, dtypes, seconds, shapes, shapes_2d, modes) -> tuple[tu
                     flops = 2 * 9 * c_in * c_out * _CONV_FRAMES * height * width
                     points_2d.append((mode, _dtype_name(dtype), round((c_in * c_out) ** 0.5),
                                       round(flops / t / 1e12, 3)))
-                    del x, w
     finally:
         cudnn.benchmark, cudnn.enabled = saved
     return tuple(points_3d), tuple(points_2d)

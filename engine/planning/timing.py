@@ -133,6 +133,9 @@ POSTPROCESS_PASSES = 3
 # at a lower share of the conv3d rate: FACTS.md measured 0.103 s for 81 frames at 832x480 on an H200 in bf16.
 FAST_DECODER_FLOPS_PER_LATENT = 87.2e6
 FAST_DECODER_EFFICIENCY = 0.5
+# A streamed export (engine/outputs/export.Mp4Stream) encodes while the decoder works; what is left after the
+# last frame, against the whole clip's encode: 0.47-0.55 s of 0.74 s on an H200 (docs/data/speed-1.3b-h200.json).
+STREAMED_EXPORT_SHARE = 0.7
 
 # ----- copies, disk and export ---------------------------------------------------------------------------
 # The rate weights are read at when no load has been measured yet: a conservative local SSD (the engine's
@@ -490,11 +493,12 @@ def _vae_encode_seconds(spec: ModelSpec, width: int, height: int, frames: int, p
     return flops / (_conv_rate(cal, "default", plan.vae_dtype, 96) * 1e12) * VAE_ENCODE_OVERHEAD
 
 
-def _postprocess(pixels: int, plan: Plan, cal: Calibration) -> float:
-    """Frames to the host in float32 and converted to uint8 (engine/run/decoding.py)."""
-    nbytes = pixels * 3 * 4
+def _postprocess(pixels: int, plan: Plan, cal: Calibration, streamed: bool = False) -> float:
+    """Frames to the host: a streamed decode converts each chunk to uint8 on the device and copies that;
+    a whole decode brings float32 frames over and converts them there (engine/run/decoding.py)."""
+    nbytes = pixels * 3 * (1 if streamed else 4)
     copy = nbytes / (cal.d2h_gbps * GB) if cal.d2h_gbps and plan.device != "cpu" else 0.0
-    return copy + POSTPROCESS_PASSES * nbytes / (cal.to_uint8_gbps * GB)
+    return copy + (0.0 if streamed else POSTPROCESS_PASSES * nbytes / (cal.to_uint8_gbps * GB))
 
 
 # ----- load, transfer, export ----------------------------------------------------------------------------
@@ -589,10 +593,15 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
     else:
         decode, decode_how = vae_decode_seconds(spec, width, height, frames, plan.vae_dtype, plan.vae_tile,
                                                 calibration, getattr(plan, "conv", "default"))
-    post = _postprocess(pixels, plan, calibration)
+    tiled = plan.vae_tile is not None and (plan.vae_tile < width or plan.vae_tile < height)
+    streamed = frames > 1 and (decoder == "fast" or not tiled)
+    post = _postprocess(pixels, plan, calibration, streamed)
     seconds["vae_decode"] = decode + post
     how["vae_decode"] = f"{decode_how}; +{post:.2f} s to bring the frames to the host as uint8"
     seconds["export"], how["export"] = _export(pixels, calibration)
+    if streamed:   # the encoder works while the decoder does: only its tail is left after the last frame
+        seconds["export"] *= STREAMED_EXPORT_SHARE
+        how["export"] += f"; streamed beside the decode, x{STREAMED_EXPORT_SHARE} left after the last frame"
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     return PhaseTimes(seconds, how, round(step, 4), steps, passes, tokens, pixels, round(sum(seconds.values()), 2),
                       loaded)
@@ -649,7 +658,10 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
     def distance(run: MeasuredRun) -> float:
         return abs(math.log(run.tokens / prediction.tokens)) + abs(math.log(run.pixels / prediction.pixels))
 
-    run = min((r for r in runs if r.tokens and r.pixels), key=distance, default=None)
+    # The nearest in size; among equals, one in the same state (first run after a load or not: the first
+    # pays one-off costs in its decode), then the newest.
+    run = min((r for r in reversed(runs) if r.tokens and r.pixels),
+              key=lambda r: (round(distance(r), 6), r.loaded != prediction.loaded), default=None)
     if run is None:
         return prediction
     seconds, how = dict(prediction.seconds), dict(prediction.how)

@@ -15,6 +15,9 @@ from typing import Callable
 from engine.models.weights import weight_bytes
 from engine.planning.timing import MeasuredRun, PhaseTimes, learn, predict_times
 
+# A first step this many times the others' mean paid a one-off cost (compiling, warming up): a learned
+# prediction leaves it out.
+ONE_OFF_FACTOR = 1.5
 # Runs kept per model and plan: enough to fit how a step grows with the video's length.
 KEPT_RUNS = 8
 # The compute dtype the calibration measures in, per backend (the planner's).
@@ -88,10 +91,14 @@ class TimePlanner:
         """Keep a finished run, to correct the next predictions for the same model and plan."""
         s, plan, ref = request.settings, loaded_model.plan, loaded_model.model.ref
         spec = loaded_model.model.spec
-        run = MeasuredRun(dict(timings), spec.tokens(s.width, s.height, s.frames), s.steps,
-                          2 if s.guidance > 1.0 else 1, s.width * s.height * s.frames,
-                          sum(step_seconds[1:]) / len(step_seconds[1:]) if len(step_seconds) > 1 else None,
-                          loaded=was_loaded)
+        seconds, step = dict(timings), None
+        if len(step_seconds) > 1:
+            step = sum(step_seconds[1:]) / len(step_seconds[1:])
+            if "denoise" in seconds and step_seconds[0] > ONE_OFF_FACTOR * step:
+                # A first step that compiled (or warmed up) is not what the next run's first step costs.
+                seconds["denoise"] -= step_seconds[0] - step
+        run = MeasuredRun(seconds, spec.tokens(s.width, s.height, s.frames), s.steps, 2 if s.guidance > 1.0 else 1,
+                          s.width * s.height * s.frames, step, loaded=was_loaded)
         runs = self._runs.setdefault(self._family(ref, plan, s), [])
         runs.append(run)
         del runs[:-KEPT_RUNS]

@@ -120,7 +120,12 @@ def test_the_wan22_vae_decode_is_about_the_h200s():
 def test_the_decode_phase_adds_bringing_the_frames_home():
     plan = plan_for(T2V_13, vae_dtype="float32", conv="default")
     times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan, H200_CALIBRATION)
-    assert 3.7 * 0.75 <= times.seconds["vae_decode"] <= 4.2 * 1.25    # the engine's phase: 3.7-4.2 s
+    # The engine streams an untiled video's frames to the encoder as uint8: its decode phase measured 2.87 s
+    # in float32 on the H200 (4.40 s with the export's 1.53 s tail), 1.84-1.88 s in bfloat16.
+    assert within(times.seconds["vae_decode"], 2.87)
+    bf16 = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan_for(T2V_13, vae_dtype="bfloat16", conv="benchmark"),
+                         H200_CALIBRATION)
+    assert within(bf16.seconds["vae_decode"], 1.86)
 
 
 def test_the_text_encode_is_about_the_h200s():
@@ -262,8 +267,8 @@ def test_the_fast_decoder_is_many_times_faster():
     plan = plan_for(T2V_13, vae_dtype="bfloat16")
     vae = predict_times(T2V_13, 832, 480, 81, 3, 1.0, plan, H200_CALIBRATION)
     fast = predict_times(T2V_13, 832, 480, 81, 3, 1.0, plan, H200_CALIBRATION, decoder="fast")
-    decode_only = fast.seconds["vae_decode"] - timing._postprocess(fast.pixels, plan, H200_CALIBRATION)
-    assert within(decode_only, 0.103, 0.5)          # FACTS.md: a TAEHV-shaped decoder, bf16, 0.103 s
+    # The engine's phase on an H200, streamed into the encoder: 0.18-0.29 s (docs/data/speed-1.3b-h200.json).
+    assert within(fast.seconds["vae_decode"], 0.23, 0.5)
     assert fast.seconds["vae_decode"] < vae.seconds["vae_decode"] / 2
     with pytest.raises(ValueError):
         predict_times(T2V_13, 832, 480, 81, 3, 1.0, plan, H200_CALIBRATION, decoder="nope")

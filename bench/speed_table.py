@@ -1,0 +1,154 @@
+"""The tables of docs/speed.md, from bench/speed.py's JSON results (pure reading; no GPU needed).
+
+    python bench/speed.py --table docs/data/speed-1.3b-h200.json docs/data/speed-caches-h200.json
+
+Besides printing what was measured, it predicts every warm engine run again with the time plan's model
+(engine/planning/timing.py) from the calibration recorded in the same run, so the table shows how close the
+prediction made *before* a run (from this machine's rates alone, nothing learned) comes to what it took.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+ONE_3B = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+PHASES = ("load", "transfer", "text_encode", "denoise", "vae_decode", "export")
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _s(value) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def tables(paths: list[Path]) -> str:
+    data = {}
+    for path in paths:
+        data.update(json.loads(Path(path).read_text()))
+    out = [f"Machine: {data.get('machine')}, torch {data.get('torch')}, diffusers {data.get('diffusers')}, "
+           f"{data.get('date')}; {'x'.join(str(n) for n in data.get('size', []))} (width x height x frames)."]
+    if "cold" in data:
+        out += ["", _cold(data["cold"])]
+    if "warm" in data:
+        out += ["", _warm(data["warm"])]
+    if "decode" in data:
+        out += ["", _decode(data["decode"])]
+    if "caches" in data:
+        out += ["", _caches(data["caches"])]
+    if "attention" in data:
+        out += ["", _attention(data["attention"])]
+    if "warm" in data and "calibration" in data:
+        out += ["", _predicted(data)]
+    return "\n".join(out)
+
+
+def _cold(cold: dict) -> str:
+    best = cold["best"]
+    return ("| cold start, process start to mp4 on disk (" + str(cold["steps"]) + " steps) | plain diffusers | "
+            "engine (`app.py generate`) | engine / plain |\n|---|--:|--:|--:|\n"
+            f"| seconds | {_s(best.get('plain'))} | {_s(best.get('engine'))} | "
+            f"{_ratio(best.get('engine'), best.get('plain'))} |")
+
+
+def _warm(warm: dict) -> str:
+    lines = ["| case | side, variant | request to mp4, s | step, s | VAE decode, s | export (after the last frame), s "
+             "| peak VRAM GiB | latents vs plain (max abs) | time / plain |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for case in ("fastwan", "long"):
+        if case not in warm:
+            continue
+        plain = warm[case]["plain"]
+        base = min(r["seconds"] for r in plain)
+        title = "FastWan preset (3 steps, no guidance)" if case == "fastwan" else "1.3B, 50 steps, guidance 5"
+        for row in plain:
+            lines.append(f"| {title} | diffusers, prompt {row['prompt']} | {_s(row['seconds'])} | {row['step_s']:.3f} | "
+                         f"{_s(row['decode_s'])} | {_s(row['export_s'])} | {_s(row['peak_vram_gb'])} | - | "
+                         f"{_ratio(row['seconds'], base)} |")
+        for row in warm[case]["engine"]:
+            first = " (model load)" if "load" in row["timings"] else ""
+            diff = "-" if row["latents_vs_plain"] is None else ("identical" if row["latents_vs_plain"] == 0
+                                                                 else f"{row['latents_vs_plain']:.3f}")
+            lines.append(f"| {title} | engine, {row['variant']}{first} | {_s(row['seconds'])} | {row['step_s']:.3f} | "
+                         f"{_s(row['timings'].get('vae_decode'))} | {_s(row['timings'].get('export'))} | "
+                         f"{_s(row['peak_vram_gb'])} | {diff} | {_ratio(row['seconds'], base)} |")
+    return "\n".join(lines)
+
+
+def _decode(decode: dict) -> str:
+    lines = ["| the same latents decoded (81 frames) | s | peak VRAM GiB |", "|---|--:|--:|"]
+    for name, row in decode.items():
+        if isinstance(row, dict) and "seconds" in row:
+            lines.append(f"| {name} | {row['seconds']:.3f} | {_s(row['peak_vram_gb'])} |")
+    frames = decode.get("bfloat16 vs float32 frames")
+    if frames:
+        lines.append(f"\nbfloat16 frames against float32 (uint8 levels): largest difference {frames['max']}, mean "
+                     f"{frames['mean']}, {100 * frames['within_2']:.2f}% within 2 levels; streamed frames equal "
+                     f"the whole decode's: {decode.get('streamed equals whole')}.")
+    return "\n".join(lines)
+
+
+def _caches(caches: dict) -> str:
+    none = caches["none"]
+    lines = [f"| step cache ({none['plan'] and ''}20 steps, guidance 5) | denoise, s | speed-up | latents vs uncached "
+             "(max abs) |", "|---|--:|--:|--:|",
+             f"| none | {none['timings']['denoise']:.2f} | 1.00x | - |"]
+    for name, row in caches.items():
+        if name != "none":
+            lines.append(f"| {name} | {row['timings']['denoise']:.2f} | {row['speedup']:.2f}x | "
+                         f"{row['latents_vs_uncached']} |")
+    return "\n".join(lines)
+
+
+def _attention(attention: dict) -> str:
+    names = sorted({name for row in attention.values() for name in row})
+    lines = ["| self-attention call | " + " | ".join(names) + " |", "|---|" + "--:|" * len(names)]
+    for shape, row in attention.items():
+        lines.append(f"| {shape} | " + " | ".join(f"{1000 * row[n]:.1f} ms" if n in row else "-" for n in names) + " |")
+    return "\n".join(lines)
+
+
+def _predicted(data: dict) -> str:
+    """Each warm engine run predicted again from the recorded calibration alone, against what it took."""
+    from engine.device.calibrate import Calibration
+    from engine.device.hardware import HardwareProfile
+    from engine.models.spec import KNOWN_MODELS
+    from engine.planning.planner import Override, PlanRequest, plan_memory
+    from engine.planning.speed import SpeedRequest
+    from engine.planning.timing import predict_times
+
+    calibration = Calibration.from_dict({k: v for k, v in data["calibration"].items() if k != "seconds"})
+    hw = HardwareProfile(backend="cuda", device_name=data["machine"], arch="sm_90", vram_total_gb=139.8,
+                         vram_free_gb=139.0, ram_total_gb=128.0, ram_available_gb=120.0, triton=True)
+    spec = KNOWN_MODELS[ONE_3B]
+    width, height, frames = data["size"]
+    steps = {"fastwan": (3, 1.0), "long": (len(data["warm"]["long"]["engine"]) and 50, 5.0)}
+    lines = ["| case, variant | " + " | ".join(f"{p} (predicted / took)" for p in PHASES) + " | total |",
+             "|---|" + "--:|" * (len(PHASES) + 1)]
+    compiled_before = False
+    worst = []
+    for case in ("fastwan", "long"):
+        count, guidance = steps[case]
+        for row in data["warm"][case]["engine"]:
+            compiled = row["plan"]["compile"]
+            plan = plan_memory(spec, PlanRequest(width, height, frames, speed=SpeedRequest(count, guidance)), hw,
+                               Override(compile=compiled))
+            loaded = "load" not in row["timings"]
+            guess = predict_times(spec, width, height, frames, count, guidance, plan, calibration,
+                                  "fast" if "fast" in row["variant"] else "vae", loaded=loaded,
+                                  compiled=compiled and compiled_before)
+            compiled_before = compiled_before or compiled
+            cells = []
+            for phase in PHASES:
+                took, said = row["timings"].get(phase), guess.seconds.get(phase)
+                cells.append("-" if took is None or said is None else f"{said:.2f} / {took:.2f}")
+                if took and said and phase not in ("load",) and took > 0.3:
+                    worst.append((abs(said / took - 1), f"{case} {row['variant']} {phase}"))
+            took_total = sum(row["timings"].get(p, 0.0) for p in PHASES)
+            lines.append(f"| {case}, {row['variant']} | " + " | ".join(cells) +
+                         f" | {guess.total:.1f} / {took_total:.1f} |")
+    if worst:
+        error, where = max(worst)
+        lines.append(f"\nLargest miss among phases over 0.3 s (the load aside): {100 * error:.0f}% ({where}).")
+    return "\n".join(lines)
