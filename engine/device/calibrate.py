@@ -16,7 +16,7 @@ import platform
 import statistics
 import tempfile
 import time
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
@@ -84,6 +84,7 @@ class Calibration:
     encode_fixed_s: float | None = None              # ffmpeg's start and the written file's check
     disk_gbps: float | None = None                   # weights read by the last real load; None: not yet known
     conv2d_tflops: tuple[tuple[str, str, int, float], ...] = ()   # (set-up, dtype, width, TFLOP/s): 3x3 conv2d
+    attention_seconds: dict = field(default_factory=dict)   # diffusers backend -> s for one self-attention call
     quick: bool = False
     seconds: float = 0.0                             # how long the calibration took
     schema: int = SCHEMA

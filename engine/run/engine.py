@@ -61,7 +61,7 @@ from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.run.preview import PREVIEW_EVERY_SECONDS, DecoderPreview, LivePreview, PreviewMap, preview_map_for
 from engine.run.schedulers import make_scheduler
-from engine.run.time_plan import TimePlanner, calibration_enabled
+from engine.run.time_plan import TimePlanner, calibration_enabled, fastest_attention
 from engine.settings.request import GenerationRequest, check_request
 from engine.settings.values import MODE_NAMES, InputError
 
@@ -354,6 +354,7 @@ class Engine:
         reset_peak_vram()
         resolved = self._resolve(request.settings.model, job)
         self._check_model_fits_request(resolved, resolved.spec, request)
+        self._measure_machine(request, job)
         plan = self.plan_for(request, resolved.spec)
         if not plan.fits and not request.settings.strategy:
             raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
@@ -421,10 +422,19 @@ class Engine:
         """The seconds each phase of this run should take (None until this machine has been measured)."""
         loaded = (self.loaded is not None and self.loaded.model.ref == resolved.ref
                   and self.loaded.plan.reload_key == plan.reload_key)
-        calibration = self.timing.calibration(Path(request.outputs_dir), self.hardware,
-                                              lambda work: self._timed(job, "calibrate", work))
+        calibration = self._measure_machine(request, job)
         job.predicted = self.timing.predict(resolved, plan, request, calibration, loaded)
         return job.predicted
+
+    def _measure_machine(self, request: GenerationRequest, job: _Job):
+        """This machine's rates (measured once, as a timed phase of the first job); the fastest attention
+        backend measured among them becomes the hardware's, which the plan picks."""
+        calibration = self.timing.calibration(Path(request.outputs_dir), self.hardware,
+                                              lambda work: self._timed(job, "calibrate", work))
+        fastest = fastest_attention(calibration)
+        if fastest and self.hardware.attention != fastest:
+            self._hardware = replace(self.hardware, attention=fastest)
+        return calibration
 
     def _timed(self, job: _Job, phase: str, work: Callable):
         with self._phase(job, phase):

@@ -32,6 +32,30 @@ def calibration_enabled(asked: bool | None) -> bool:
     return os.environ.get("WAN_STUDIO_CALIBRATE", "1").strip() != "0"
 
 
+# One self-attention call of the 1.3B model at 480p (12 heads of 128, 8190 tokens: 33 frames) times each
+# attention backend this machine can run; the fastest serves every model (the ranking held on an H200 for
+# 12 and 40 heads at 32760 tokens, docs/speed.md).
+ATTENTION_PROBE = (12, 128, 8190)
+
+
+def _attention_seconds(device: str, dtype: str) -> dict:
+    """Seconds of one attention call on each usable backend (none on the CPU, where only torch's own runs)."""
+    if device == "cpu":
+        return {}
+    import torch
+
+    from engine.run.speedups import measure_attention, usable_attention_backends
+
+    heads, dim, tokens = ATTENTION_PROBE
+    return measure_attention(device, getattr(torch, dtype), heads, dim, tokens, usable_attention_backends(device), 3)
+
+
+def fastest_attention(calibration) -> str:
+    """The quickest attention backend measured here ("" when none was)."""
+    seconds = getattr(calibration, "attention_seconds", None) or {}
+    return min(seconds, key=seconds.get) if seconds else ""
+
+
 @dataclass
 class TimePlanner:
     models_dir: Path
@@ -54,8 +78,9 @@ class TimePlanner:
         if found is None:
             from engine.device.calibrate import calibrate
 
-            device = hardware.device
-            found = measure(lambda: calibrate(device, CALIBRATION_DTYPES[hardware.backend], quick=device == "cpu"))
+            device, dtype = hardware.device, CALIBRATION_DTYPES[hardware.backend]
+            found = measure(lambda: replace(calibrate(device, dtype, quick=device == "cpu"),
+                                            attention_seconds=_attention_seconds(device, dtype)))
             # Named as the engine knows its hardware, so the file is found again on this machine.
             found = replace(found, device_name=hardware.device_name, backend=hardware.backend,
                             torch_version=hardware.torch_version)

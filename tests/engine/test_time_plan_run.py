@@ -53,3 +53,19 @@ def test_turned_off_nothing_is_measured_or_predicted(model_dirs, presets, tmp_pa
     result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], tmp_path / "out"))
     assert "calibrate" not in result.timings and "predicted_seconds" not in _predicted(events)
     assert json.loads(Path(result.sidecar).read_text())["speed"]["predicted_seconds"] is None
+
+
+def test_the_fastest_attention_measured_here_is_the_one_the_plan_picks(model_dirs, presets, tmp_path):
+    from dataclasses import replace
+
+    from engine.device.calibrate import calibrate
+
+    outputs = tmp_path / "out"
+    measured = replace(calibrate("cpu", "float32", quick=True), device_name=CPU.device_name, backend="cpu",
+                       torch_version=CPU.torch_version, attention_seconds={"native": 0.02, "_native_math": 0.01})
+    measured.save(outputs)
+    engine = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1, calibrate=True)
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
+    assert isinstance(result, JobFinished), result
+    assert _predicted(events)["attention_backend"] == "_native_math" and engine.hardware.attention == "_native_math"
+    assert json.loads(Path(result.sidecar).read_text())["speed"]["attention"] == "_native_math"
