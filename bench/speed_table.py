@@ -25,8 +25,9 @@ def _s(value) -> str:
 
 def tables(paths: list[Path]) -> str:
     data = {}
-    for path in paths:
-        data.update(json.loads(Path(path).read_text()))
+    for path in paths:   # the first file's machine facts and calibration stand (a later run's has learned more)
+        for key, value in json.loads(Path(path).read_text()).items():
+            data.setdefault(key, value)
     out = [f"Machine: {data.get('machine')}, torch {data.get('torch')}, diffusers {data.get('diffusers')}, "
            f"{data.get('date')}; {'x'.join(str(n) for n in data.get('size', []))} (width x height x frames)."]
     if "cold" in data:

@@ -23,8 +23,8 @@ from ui.views.plan_panel import (
     form_plan_markdown,
 )
 
-CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strategy or text-encoder place to choose. "
-            "VAE tiling still lowers the decode's memory.")
+CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strategy or text-encoder place to choose, "
+            "and nothing to compile or other attention to pick. VAE tiling still lowers the decode's memory.")
 # Width, height, frames and steps share one row of a half-width column (gradio's default minimum is 160 px).
 NUMBER_MIN_WIDTH = 100
 # The settings the form shows, by their Settings names (the memory choices are the plan panel's).
@@ -170,15 +170,17 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
     panel = PlanPanel(strategy, text_encoder, vae_tiling, speed, plan)
 
     def for_this_machine():
-        """On a CPU-only engine, Strategy and Text encoder mean nothing: they are hidden, and the note says why."""
+        """On a CPU-only engine, Strategy, Text encoder, Compile and Attention mean nothing: they are hidden, and
+        the note says why."""
         try:
             cpu = ctx.client.hardware_profile().backend == "cpu"
         except (EOFError, OSError):
-            return gr.skip(), gr.skip(), gr.skip()
-        return gr.Dropdown(visible=not cpu), gr.Dropdown(visible=not cpu), gr.Markdown(visible=cpu)
+            return (gr.skip(),) * 5
+        return (*(gr.Dropdown(visible=not cpu) for _ in range(4)), gr.Markdown(visible=cpu))
 
-    gr.on(None, for_this_machine, None, [strategy, text_encoder, cpu_note], api_visibility="private",
-          show_progress="hidden")
+    compile_box, attention_box = speed[2], speed[3]
+    gr.on(None, for_this_machine, None, [strategy, text_encoder, compile_box, attention_box, cpu_note],
+          api_visibility="private", show_progress="hidden")
 
     def show_plan(preset, model, width, height, frames, *choices):
         """The memory plan for these settings on the engine's hardware, as markdown."""
@@ -201,9 +203,9 @@ def _speed_row(prefix: str) -> list:
     with gr.Row(elem_id=f"{prefix}-speed"):
         return [
             gr.Dropdown(list(DECODER_CHOICES), value="vae", label="Decoder", elem_id=f"{prefix}-decoder",
-                        min_width=NUMBER_MIN_WIDTH),
+                        min_width=NUMBER_MIN_WIDTH, scale=2),
             gr.Dropdown(list(STEP_CACHE_CHOICES), value=OFF, label="Step cache", elem_id=f"{prefix}-step-cache",
-                        min_width=NUMBER_MIN_WIDTH),
+                        min_width=NUMBER_MIN_WIDTH, scale=2),
             gr.Dropdown(list(COMPILE_CHOICES), value=AUTO, label="Compile", elem_id=f"{prefix}-compile",
                         min_width=NUMBER_MIN_WIDTH),
             gr.Dropdown(list(ATTENTION_CHOICES), value=AUTO, label="Attention", elem_id=f"{prefix}-attention",

@@ -129,9 +129,14 @@ def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: Hardwar
     first, loaded = (predict_times(spec, settings.width, settings.height, settings.frames, settings.steps,
                                    settings.guidance, plan, calibration, settings.decoder,
                                    image_to_video=settings.mode == "i2v", loaded=state) for state in (False, True))
-    return (f"**About {first.total:.0f} s** to make this video ({loaded.total:.0f} s when the model is already "
-            f"loaded; denoising {first.seconds.get('denoise', 0):.0f} s, decoding "
-            f"{first.seconds.get('vae_decode', 0):.1f} s), predicted from this machine's measured speed.\n\n")
+    return (f"**About {_secs(first.total)}** to make this video ({_secs(loaded.total)} when the model is already "
+            f"loaded; denoising {_secs(first.seconds.get('denoise', 0))}, decoding "
+            f"{_secs(first.seconds.get('vae_decode', 0))}), predicted from this machine's measured speed.\n\n")
+
+
+def _secs(seconds: float) -> str:
+    """'41 s', '2.4 s', '0.3 s': whole seconds from ten on."""
+    return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
 def _form_settings(ctx: AppContext, mode: str, preset_name: str | None, model: str | None, width, height,
