@@ -96,3 +96,21 @@ def test_speed_settings_are_checked_with_a_sentence_each():
                                vae_dtype="float16"))
     assert len(caught.value.problems) == 5
     assert "Decoder 'tiny' is unknown" in str(caught.value) and "flash_hub" in str(caught.value)
+
+
+@pytest.mark.parametrize("mode, benchmark, enabled", [("benchmark", True, True), ("no_miopen", False, False),
+                                                      ("default", False, True)])
+def test_the_decode_runs_under_the_plans_convolution_set_up_and_the_process_gets_its_own_back(mode, benchmark,
+                                                                                              enabled):
+    import torch
+
+    from engine.run.apply_plan import conv_settings
+
+    cudnn = torch.backends.cudnn
+    before = (cudnn.benchmark, cudnn.enabled)
+    with conv_settings(mode):
+        assert (cudnn.benchmark, cudnn.enabled) == (benchmark or before[0], enabled and before[1])
+    assert (cudnn.benchmark, cudnn.enabled) == before
+    with pytest.raises(RuntimeError), conv_settings(mode):
+        raise RuntimeError("a failed decode")
+    assert (cudnn.benchmark, cudnn.enabled) == before
