@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from engine.settings.values import (MEMORY_CHOICES, PRESET_MODES, REQUIRED_SETTINGS, SCHEDULERS, SETTING_TYPES,
-                                    SPEED_CHOICES, InputError, Settings, check_settings, split_values)
+                                    SOURCE_CHOICES, SPEED_CHOICES, InputError, Settings, check_settings, split_values)
 
 BUILTIN_PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 # A user preset's name is also its file name and its id on the page and in the API.
@@ -161,7 +161,7 @@ def preset_json(preset: Preset) -> dict:
     data = {**own, **preset.settings.to_dict()}
     if data["sigmas"] is not None:
         data["sigmas"] = list(data["sigmas"])
-    left_out = {key for key in (*MEMORY_CHOICES, *SPEED_CHOICES) if data[key] == _DEFAULTS[key]}
+    left_out = {key for key in (*MEMORY_CHOICES, *SPEED_CHOICES, *SOURCE_CHOICES) if data[key] == _DEFAULTS[key]}
     return {key: data[key] for key in _TYPES if key not in left_out}
 
 

@@ -72,6 +72,13 @@ class Settings:
     compile: bool | None = None
     attention: str | None = None        # one of ATTENTION_BACKENDS
     vae_dtype: str | None = None        # one of VAE_DTYPES
+    # Model sources and adapters: a single transformer file in place of the model's own (GGUF or safetensors;
+    # A14B's low-noise expert in ``transformer_2``), LoRA files with a strength each, and A14B's low-noise
+    # guidance (None: the same as ``guidance``).
+    transformer: str | None = None
+    transformer_2: str | None = None
+    loras: tuple[tuple[str, float], ...] = ()
+    guidance_2: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -82,6 +89,8 @@ class Settings:
         keys only, a sigma list as a tuple (an empty one as none); what it lacks takes the defaults."""
         settings = {k: v for k, v in values.items() if k in _FIELD_NAMES}
         settings["sigmas"] = tuple(settings["sigmas"]) if settings.get("sigmas") else None
+        if settings.get("loras"):
+            settings["loras"] = tuple(tuple(pair) for pair in settings["loras"])
         return cls(**settings)
 
     def changed(self, **changes) -> "Settings":
@@ -113,9 +122,13 @@ SETTING_TYPES = {
     "sigmas": (list, type(None)), "strategy": (str, type(None)), "text_encoder": (str, type(None)),
     "vae_tiling": (bool, type(None)), "decoder": str, "step_cache": (str, type(None)),
     "compile": (bool, type(None)), "attention": (str, type(None)), "vae_dtype": (str, type(None)),
+    "transformer": (str, type(None)), "transformer_2": (str, type(None)), "loras": (list, tuple),
+    "guidance_2": (int, float, type(None)),
 }
 MEMORY_CHOICES = ("strategy", "text_encoder", "vae_tiling")
 SPEED_CHOICES = ("decoder", "step_cache", "compile", "attention", "vae_dtype")
+# The model's sources and adapters: optional in a preset file, left out when at their defaults.
+SOURCE_CHOICES = ("transformer", "transformer_2", "loras", "guidance_2")
 # What every preset file must give; the other settings take Settings' defaults.
 REQUIRED_SETTINGS = ("model", "mode", "width", "height", "frames", "steps", "guidance", "shift", "fps")
 

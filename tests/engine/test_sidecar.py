@@ -13,7 +13,7 @@ from engine.outputs.bundle import Bundle
 from engine.outputs.history import read_entry
 from engine.outputs.record import redecode_record, run_record
 from engine.outputs.sidecar import SCHEMA, Sidecar, SidecarError, read_sidecar, write_sidecar
-from engine.settings.values import SPEED_CHOICES
+from engine.settings.values import SOURCE_CHOICES, SPEED_CHOICES
 from engine.settings.request import GenerationRequest
 
 STEM = "120000_i2v_a-fox_7"
@@ -78,7 +78,7 @@ def test_a_run_writes_every_key_it_always_wrote_and_the_schema_first():
     assert data["output"] == {"frames": 5, "height": 48, "width": 64, "fps": 16}
     old = OLD_RUN["parameters"]   # every value it always wrote, no prompts, no folder (the order is free)
     assert {key: data["parameters"][key] for key in old} == old
-    assert set(data["parameters"]) - set(old) == set(SPEED_CHOICES)   # the speed choices came later
+    assert set(data["parameters"]) - set(old) == {*SPEED_CHOICES, *SOURCE_CHOICES}   # choices that came later
     assert data["model_reused"] is False and data["latents"] == "/l.latents.safetensors"
     plain = _run_sidecar().to_json()
     assert "inputs" not in plain and "note" not in plain   # only when there are some

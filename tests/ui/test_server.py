@@ -26,10 +26,11 @@ def server(tmp_path_factory, selftest_models_dir):
 def test_api_names_are_stable(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/text_to_video", "/text_to_image", "/image_to_video", "/cancel", "/plan"} <= set(endpoints)
-    # The plan overrides are the last inputs and default to Auto, so callers may leave them out.
-    last = endpoints["/text_to_video"]["parameters"][-3:]
+    # The plan's choices are the last inputs and default to the planner's, so callers may leave them out.
+    last = endpoints["/text_to_video"]["parameters"][-8:]
     assert [(p["parameter_name"], p["parameter_default"]) for p in last] == [
-        ("strategy", "Auto"), ("text_encoder", "Auto"), ("vae_tiling", "Auto")]
+        ("strategy", "Auto"), ("text_encoder", "Auto"), ("vae_tiling", "Auto"), ("decoder", "vae"),
+        ("step_cache", "Off"), ("compile", "Auto"), ("attention", "Auto"), ("vae_precision", "Auto")]
 
 
 def test_plan_endpoint_shows_the_plan_for_the_settings(client):
