@@ -89,8 +89,8 @@ class Settings:
         keys only, a sigma list as a tuple (an empty one as none); what it lacks takes the defaults."""
         settings = {k: v for k, v in values.items() if k in _FIELD_NAMES}
         settings["sigmas"] = tuple(settings["sigmas"]) if settings.get("sigmas") else None
-        if settings.get("loras"):
-            settings["loras"] = tuple(tuple(pair) for pair in settings["loras"])
+        if "loras" in settings:
+            settings["loras"] = tuple(tuple(pair) for pair in settings["loras"] or ())
         return cls(**settings)
 
     def changed(self, **changes) -> "Settings":
