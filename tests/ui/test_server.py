@@ -157,7 +157,9 @@ def test_values_an_api_client_sends_are_refused_with_the_app_s_own_sentence(serv
     """Never rounded, never a generic error: each wrong value is named with what to change."""
     import json as json_module
 
-    values = [json_module.dumps(v) for v in (*T2V, "Auto", "Auto", "Auto")]
+    from tests.ui.test_security import OVERRIDES
+
+    values = [json_module.dumps(v) for v in (*T2V, *OVERRIDES)]
     values[field] = value
     answer = _call(server, "text_to_video", '{"data": [' + ", ".join(values) + "]}")
     assert "event: error" in answer and said in answer, answer
