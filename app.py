@@ -37,6 +37,15 @@ def _overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-encoder", choices=TEXT_ENCODER_PLACES, help="force where the text encoder runs")
     parser.add_argument("--vae-tiling", choices=("on", "off"), help="force VAE tiling on or off")
     _speed_options(parser)
+    _source_options(parser)
+
+
+def _source_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--transformer", metavar="FILE",
+                        help="a single transformer file (.gguf or .safetensors) in place of the model's own; the "
+                             "rest (text encoder, VAE, ...) comes from --model")
+    parser.add_argument("--transformer-2", metavar="FILE",
+                        help="the same for Wan2.2 A14B's low-noise expert (transformer_2)")
 
 
 def _speed_options(parser: argparse.ArgumentParser) -> None:
@@ -166,7 +175,8 @@ def _settings(args):
         strategy=args.strategy, text_encoder=args.text_encoder,
         vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on",
         decoder=args.decoder, step_cache=args.step_cache, attention=args.attention, vae_dtype=args.vae_precision,
-        compile=None if args.compile is None else args.compile == "on")
+        compile=None if args.compile is None else args.compile == "on", transformer=args.transformer,
+        transformer_2=args.transformer_2)
 
 
 def _build_request(args):

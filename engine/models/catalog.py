@@ -15,6 +15,8 @@ from pathlib import Path
 
 from engine.models.limits import Limits, limits_of
 from engine.models.refs import ModelError, check_model_folder, classify_ref, hub_cache_dir
+from engine.models.single_file import (TransformerFile, check_transformer_files, read_transformer_file,
+                                       spec_with_files, transformer_paths)
 from engine.models.spec import ModelSpec, spec_for
 
 # Models remembered at once: a person switches between a few; beyond this the oldest is read again.
@@ -68,6 +70,7 @@ class ModelCatalog:
     remembered: int = REMEMBERED
     _specs: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _checked: OrderedDict = field(default_factory=OrderedDict, repr=False)
+    _files: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def spec(self, ref: str) -> ModelSpec:
@@ -78,6 +81,29 @@ class ModelCatalog:
         if found is None:
             found = find_spec(ref)
             self._keep(self._specs, key, found)
+        return found
+
+    def settings_spec(self, settings) -> ModelSpec:
+        """The spec of the settings' model with their single transformer files in place of its own, each checked
+        against the model's transformer (InputError saying what to change)."""
+        spec = self.spec(settings.model)
+        files = tuple(self.transformer_file(path) if path else None for path in transformer_paths(settings))
+        check_transformer_files(spec, files, spec.name)
+        return spec_with_files(spec, files)
+
+    def transformer_file(self, path: str) -> TransformerFile:
+        """A transformer file's header, read again only when the file changes (InputError when it cannot be used)."""
+        where = Path(path).expanduser()
+        try:
+            info = where.stat()
+            key = (str(where.resolve()), info.st_size, info.st_mtime_ns)
+        except OSError:
+            key = None
+        found = self._recall(self._files, key) if key else None
+        if found is None:
+            found = read_transformer_file(where)
+            if key:
+                self._keep(self._files, key, found)
         return found
 
     def limits(self, ref) -> Limits | None:

@@ -40,6 +40,9 @@ class ResolvedModel:
     # first-and-last-frame model (None: not known).
     spec: ModelSpec | None = None
     last_frame: bool | None = None
+    # Single files in place of its transformers, one per expert (None: its own), with the spec counting them:
+    # engine/models/single_file.py's use_transformer_files, once per run.
+    transformer_files: tuple = ()
 
     @property
     def selftest(self) -> bool:

@@ -47,6 +47,30 @@ class TransformerShape:
 
 
 @dataclass(frozen=True)
+class TransformerWeights:
+    """One transformer's weights taken from a single file (engine/models/single_file.py), as memory counts them.
+
+    ``quantized_bytes`` stay as stored once loaded (GGUF's quantised tensors, dequantised layer by layer as
+    they compute); the other ``params - quantized_params`` are held at the compute dtype (every tensor of a
+    safetensors file, a GGUF file's F32/F16 norms and biases). ``staging_bytes``: RAM the load holds on top of
+    the loaded weights while it converts them (a safetensors file is read whole, then cast and renamed).
+    """
+    source: tuple[str, int, int]     # (path, bytes, modification time in ns): another file is another load
+    quantization: str                # "Q8_0", "Q4_K", "bf16", "fp8_e4m3fn scaled", ...
+    params: int
+    quantized_params: int = 0
+    quantized_bytes: int = 0
+    staging_bytes: int = 0
+
+    @property
+    def quantized(self) -> bool:
+        return self.quantized_bytes > 0
+
+    def loaded_bytes(self, bytes_per_param: float) -> float:
+        return self.quantized_bytes + (self.params - self.quantized_params) * bytes_per_param
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     transformer: TransformerShape
@@ -59,6 +83,16 @@ class ModelSpec:
     vae_z: int = 16
     experts: int = 1                     # Wan2.2 A14B has two transformers of the same shape
     expand_timesteps: bool = False       # Wan2.2-5B: a timestep (and modulation) per token
+    # Single files in place of the model's own transformers, one entry per expert (None: the model's own).
+    transformer_files: tuple[TransformerWeights | None, ...] = ()
+
+    def transformer_file(self, expert: int) -> TransformerWeights | None:
+        return self.transformer_files[expert] if expert < len(self.transformer_files) else None
+
+    @property
+    def quantized_transformer(self) -> bool:
+        """Every transformer stays quantised once loaded (GGUF files): fp8 storage has nothing to add."""
+        return all((file := self.transformer_file(e)) is not None and file.quantized for e in range(self.experts))
 
     @property
     def size_multiple(self) -> int:

@@ -10,8 +10,9 @@ from engine.settings.values import Settings
 
 
 def plan_settings(settings: Settings, hardware: HardwareProfile, catalog: ModelCatalog) -> Plan:
-    """The plan for ``settings``; InputError first when the model cannot make their size or frame count."""
-    spec = catalog.spec(settings.model)
+    """The plan for ``settings``; InputError first when the model cannot make their size or frame count, or a
+    single transformer file does not fit the model."""
+    spec = catalog.settings_spec(settings)
     check_model_limits(spec, settings.width, settings.height, settings.frames, settings.mode)
     return plan_memory(spec, settings.plan_request(), hardware, settings.override())
 

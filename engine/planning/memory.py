@@ -64,19 +64,43 @@ FP8_KEPT_FRACTION = 0.05
 
 
 def transformer_weights_gb(spec: ModelSpec, bytes_per_param: float, fp8: bool = False) -> float:
-    params = spec.transformer.params * spec.experts
-    if fp8:
-        return params * (1 + FP8_KEPT_FRACTION * (bytes_per_param - 1)) / GB
-    return params * bytes_per_param / GB
+    """GiB of the transformers' weights once loaded: each expert's own parameters at ``bytes_per_param`` (most
+    in fp8 with ``fp8``), or its single file's as it holds them (a GGUF file's quantised tensors as stored)."""
+    total = 0.0
+    for expert in range(spec.experts):
+        file = spec.transformer_file(expert)
+        if file is not None and file.quantized:   # stays quantised: fp8 storage does not apply to it
+            total += file.loaded_bytes(bytes_per_param)
+            continue
+        params = file.params if file is not None else spec.transformer.params
+        total += params * (1 + FP8_KEPT_FRACTION * (bytes_per_param - 1)) if fp8 else params * bytes_per_param
+    return total / GB
+
+
+def _bytes_per_param(spec: ModelSpec, bytes_per_param: float, fp8: bool) -> list[float]:
+    """Each expert's bytes per parameter once loaded: a quantised file's own, else the compute dtype's (fp8's)."""
+    per_expert = []
+    for expert in range(spec.experts):
+        file = spec.transformer_file(expert)
+        quantized = file is not None and file.quantized
+        per_expert.append(file.loaded_bytes(bytes_per_param) / file.params if quantized
+                          else 1.0 if fp8 else bytes_per_param)
+    return per_expert
 
 
 def block_gb(spec: ModelSpec, bytes_per_param: float, fp8: bool = False) -> float:
-    per_param = 1.0 if fp8 else bytes_per_param
-    return spec.transformer.block_params * per_param / GB
+    """One block of the transformer that runs (A14B's experts take turns: the larger one's)."""
+    return spec.transformer.block_params * max(_bytes_per_param(spec, bytes_per_param, fp8)) / GB
 
 
 def shared_gb(spec: ModelSpec, bytes_per_param: float) -> float:
-    return spec.transformer.shared_params * spec.experts * bytes_per_param / GB
+    """The layers outside the blocks (embeddings, head) of every expert: always resident."""
+    return spec.transformer.shared_params * sum(_bytes_per_param(spec, bytes_per_param, False)) / GB
+
+
+def staging_gb(spec: ModelSpec) -> float:
+    """RAM a load holds beside the loaded weights while it converts single transformer files."""
+    return sum(file.staging_bytes for file in spec.transformer_files if file is not None) / GB
 
 
 def denoise_activations_gb(spec: ModelSpec, tokens: int, act_bytes: int, math_attention: bool) -> float:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
+from pathlib import PurePath
 
 from engine.device.hardware import HardwareProfile
 from engine.models.spec import ModelSpec
@@ -113,6 +114,9 @@ class Plan:
     conv: str = "default"      # the decode's convolution set-up: one of speed.CONV_MODES
     compile: bool = False      # the transformer's repeated blocks are compiled
     attention_backend: str = "native"   # diffusers' attention backend for the transformer
+    # Each expert's single transformer file as (path, bytes, modification time in ns), None for the model's own;
+    # empty when every transformer is the model's own. Another file (or the same one rewritten) is another load.
+    transformer_files: tuple = ()
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -122,7 +126,8 @@ class Plan:
     @property
     def reload_key(self) -> tuple:
         """What cannot change on a loaded pipeline without loading it again."""
-        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load, self.vae_dtype)
+        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load, self.vae_dtype,
+                self.transformer_files)
 
 
 def _round(x: float) -> float:
@@ -190,7 +195,7 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _R
     if req.image_to_video and spec.image_encoder_params:
         names.insert(1, "image_encoder")
     places = {name: "cpu" for name in names}
-    phases = [("load", 0.0), ("text_encode", mem.text_encode_gb(spec))]
+    phases = [("load", mem.staging_gb(spec)), ("text_encode", mem.text_encode_gb(spec))]
     if "image_encoder" in places:
         phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
     phases += [
@@ -243,7 +248,7 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
         load_ram = base_ram + tr_ram + te_ram_idle + ie_ram_idle
     else:
         load_dev = 0.0
-        load_ram = base_ram + te + ie + vae + tr_full
+        load_ram = base_ram + te + ie + vae + tr_full + mem.staging_gb(spec)
     phases = [PhasePlan("load", {k: ("cpu" if rung.load == "cpu" else v) for k, v in places.items()},
                         load_dev, load_ram)]
     if rung.load == "cpu":
@@ -292,7 +297,7 @@ def _fits(phases, vram_budget: float, ram_budget: float, hw: HardwareProfile) ->
     return all(p.peak_vram_gb <= vram_budget and p.peak_ram_gb <= ram_budget for p in phases)
 
 
-def _candidates(name: str, override: Override, hw: HardwareProfile):
+def _candidates(name: str, override: Override, hw: HardwareProfile, spec: ModelSpec):
     """Text-encoder places, tiles and load methods to try for one rung, best first."""
     if name == "all_on_device":
         # On a CPU-only machine the "device" is the CPU: say so.
@@ -313,8 +318,8 @@ def _candidates(name: str, override: Override, hw: HardwareProfile):
     else:
         tiles = [None, *mem.VAE_TILES]
     loads = ["cpu"] if hw.device == "cpu" else ["cpu", "device_map"]
-    if name in ("group_offload", "fp8_group_offload", "leaf_offload"):
-        loads = ["cpu"]   # offloaded weights live in RAM anyway
+    if name in ("group_offload", "fp8_group_offload", "leaf_offload") or spec.transformer_files:
+        loads = ["cpu"]   # offloaded weights live in RAM anyway; a single transformer file is read into RAM whole
     for te in te_places:
         for tile in tiles:
             for load in loads:
@@ -327,11 +332,13 @@ def _choose(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Ov
     ladder = LADDER if hw.device != "cpu" else ("all_on_device",)
     if override.strategy:
         ladder = (override.strategy,)
+    elif spec.quantized_transformer:   # GGUF files stay quantised: storing them in fp8 saves nothing
+        ladder = tuple(name for name in ladder if not name.startswith("fp8"))
     chosen = None
     first = None
     vae_bytes = _vae_bytes(hw, override)
     for name in ladder:
-        for te, tile, load in _candidates(name, override, hw):
+        for te, tile, load in _candidates(name, override, hw, spec):
             rung = _rung(name, te, tile, load, vae_bytes)
             phases = _phases(spec, req, hw, rung)
             first = first or (rung, phases)
@@ -366,8 +373,9 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
         budget_vram_gb=_round(vram_budget), budget_ram_gb=_round(ram_budget),
         predicted_peak_vram_gb=_round(peak_vram), predicted_peak_ram_gb=_round(peak_ram), phases=phases,
         vae_tiled=rung.vae_tile is not None and (rung.vae_tile < req.width or rung.vae_tile < req.height),
-        conv=speed.conv, compile=speed.compile, attention_backend=speed.attention_backend)
-    decisions = _explain(spec, req, hw, plan, override) + list(speed.decisions)
+        conv=speed.conv, compile=speed.compile, attention_backend=speed.attention_backend,
+        transformer_files=tuple(file.source if file else None for file in spec.transformer_files))
+    decisions = _explain(spec, req, hw, plan, override) + _explain_files(spec, hw, plan) + list(speed.decisions)
     suggestions = () if fits_ else _suggest(spec, req, hw, override)
     if not fits_ and not suggestions:
         decisions.append("Neither fewer frames, a smaller size nor a smaller known model makes it fit this "
@@ -378,7 +386,7 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
 def _fallback(spec, req, hw, ladder, override):
     """When nothing fits, the last rung with its smallest settings (so the user sees the closest plan)."""
     name = ladder[-1]
-    options = list(_candidates(name, override, hw))
+    options = list(_candidates(name, override, hw, spec))
     if not options:
         return None
     te, tile, load = options[-1]
@@ -431,6 +439,27 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
     if not plan.fits:
         said.append(f"Nothing fits: even '{plan.strategy}' needs {plan.predicted_peak_vram_gb:.1f} GB on the device "
                     f"and {plan.predicted_peak_ram_gb:.1f} GB of RAM.")
+    return said
+
+
+def _explain_files(spec: ModelSpec, hw: HardwareProfile, plan: Plan) -> list[str]:
+    """What each single transformer file costs once loaded, against the model's own transformer."""
+    _, nbytes = _dtypes(hw)
+    said = []
+    for expert, file in enumerate(spec.transformer_files):
+        if file is None:
+            continue
+        which = "low-noise transformer" if expert else ("high-noise transformer" if spec.experts > 1 else "transformer")
+        name = PurePath(file.source[0]).name
+        own = spec.transformer.params * nbytes / mem.GB
+        if file.quantized:
+            held = (f"it stays quantised once loaded ({file.loaded_bytes(nbytes) / mem.GB:.1f} GB, dequantised layer "
+                    f"by layer as it computes) instead of the model's own {own:.1f} GB in {plan.dtype}")
+            if plan.fp8:
+                held += "; fp8 storage applies to the model's own transformer only"
+        else:
+            held = f"it loads in {plan.dtype} ({file.loaded_bytes(nbytes) / mem.GB:.1f} GB), as the model's own would"
+        said.append(f"The {which} comes from {name} ({file.quantization}): {held}.")
     return said
 
 

@@ -54,6 +54,50 @@ def load_into_ram(folder: Path, names: tuple[str, ...], plan: Plan) -> dict:
     return parts
 
 
+def load_transformer_files(resolved, plan: Plan) -> dict:
+    """Each single transformer file of ``resolved`` loaded on the CPU, by component (for from_pretrained).
+
+    The config is always the base model's own (guessed from the file, diffusers can pick another Wan variant).
+    A GGUF file stays quantised (diffusers dequantises each layer as it computes); a safetensors file loads at
+    the plan's dtype, ComfyUI's fp8 scaled ones with each weight multiplied by its scale first."""
+    from diffusers import GGUFQuantizationConfig, WanTransformer3DModel
+
+    dtype = torch_dtype(plan.dtype)
+    parts = {}
+    for name, file in zip(TRANSFORMERS, resolved.transformer_files):
+        if file is None:
+            continue
+        kwargs = {"config": str(resolved.folder), "subfolder": name, "dtype": dtype, "local_files_only": True}
+        if file.kind == "gguf":
+            kwargs["quantization_config"] = GGUFQuantizationConfig(compute_dtype=dtype)
+        source = _unscaled_fp8(file.path, dtype) if file.scaled_fp8 else file.path
+        parts[name] = WanTransformer3DModel.from_single_file(source, **kwargs)
+    return parts
+
+
+def _unscaled_fp8(path: str, dtype) -> dict:
+    """The tensors of ComfyUI's fp8 scaled file with every weight multiplied by its scale, at ``dtype``
+    (diffusers would load the fp8 values alone: a transformer of wrong weights)."""
+    import torch
+    from safetensors.torch import load_file
+
+    from engine.models.single_file import SCALE_SUFFIXES, SCALED_MARKER
+
+    state = load_file(path)
+    for key in [k for k in state if k.endswith(SCALE_SUFFIXES[0])]:
+        scale, weight = state.pop(key), key[:-len(SCALE_SUFFIXES[0])] + ".weight"
+        if weight in state:
+            state[weight] = (state[weight].to(torch.float32) * scale.to(torch.float32)).to(dtype)
+    for key in [k for k in state if k.endswith((SCALED_MARKER, *SCALE_SUFFIXES))]:
+        del state[key]
+    return state
+
+
+def is_quantized(model) -> bool:
+    """Loaded from a GGUF file: its linear layers hold quantised bytes and dequantise as they compute."""
+    return getattr(model, "hf_quantizer", None) is not None
+
+
 def place_components(pipe, plan: Plan) -> None:
     """Move every component where ``plan`` keeps it between phases, with its hooks."""
     import torch
@@ -63,8 +107,9 @@ def place_components(pipe, plan: Plan) -> None:
         model = getattr(pipe, name, None)
         if model is None:
             continue
-        if plan.fp8:
-            # Only the transformer: UMT5 casts activations to its weights' dtype and breaks in fp8.
+        if plan.fp8 and not is_quantized(model):
+            # Only the transformer: UMT5 casts activations to its weights' dtype and breaks in fp8. A GGUF one is
+            # quantised already: casting its bytes to fp8 would corrupt them.
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute)
         if plan.transformer == "device":
             model.to(plan.device)

@@ -34,8 +34,8 @@ from engine.events import (
 from engine.models.limits import check_model_limits
 from engine.models.refs import ResolvedModel, classify_ref, resolve_model
 from engine.models.selftest import selftest_built
+from engine.models.single_file import read_bytes, use_transformer_files
 from engine.models.spec import TEXT_TOKENS, ModelSpec
-from engine.models.weights import weight_bytes
 from engine.outputs.bundle import Bundle
 from engine.outputs.export import output_stem
 from engine.outputs.kept_inputs import carry_inputs, keep_inputs
@@ -50,6 +50,7 @@ from engine.run.apply_plan import (
     encoder_visiting,
     from_pretrained_kwargs,
     load_into_ram,
+    load_transformer_files,
     loaded_into_ram,
     place_components,
     place_encoders,
@@ -267,12 +268,14 @@ class Engine:
             # No local reference to the old pipeline may survive this point: it would stay in
             # memory beside the new one while that loads.
             old = self.loaded.model.ref
-            why = "a different memory strategy" if old == resolved.ref else resolved.ref
+            same_files = self.loaded.plan.transformer_files == plan.transformer_files
+            why = resolved.ref if old != resolved.ref else ("a different memory strategy" if same_files
+                                                            else "another transformer file")
             job.emit(Info(job.id, f"Unloading {old} to make room for {why}."))
             self.unload()
         with self._phase(job, "load") as phase:
             pipe = self._from_pretrained(resolved, plan)
-            nbytes = weight_bytes(resolved.folder)
+            nbytes = read_bytes(resolved)
             phase.detail = read_rate(nbytes)
         self.timing.loaded(nbytes, job.timings.get("load", 0.0))
         with self._phase(job, "transfer"):
@@ -285,7 +288,7 @@ class Engine:
         import diffusers
 
         pipeline_class = getattr(diffusers, resolved.pipeline_class)
-        in_ram = load_into_ram(resolved.folder, loaded_into_ram(plan), plan)
+        in_ram = load_into_ram(resolved.folder, loaded_into_ram(plan), plan) | load_transformer_files(resolved, plan)
         pipe = pipeline_class.from_pretrained(resolved.folder, **from_pretrained_kwargs(plan), **in_ram)
         pipe.set_progress_bar_config(disable=True)  # progress goes out as events instead
         return pipe
@@ -352,7 +355,8 @@ class Engine:
         if not request.checked:   # the worker client checked it already: once per job is enough
             request = check_request(request)
         reset_peak_vram()
-        resolved = self._resolve(request.settings.model, job)
+        # The settings' transformer files, read and checked against the model before anything loads.
+        resolved = use_transformer_files(self._resolve(request.settings.model, job), request.settings)
         self._check_model_fits_request(resolved, resolved.spec, request)
         self._measure_machine(request, job)
         plan = self.plan_for(request, resolved.spec)

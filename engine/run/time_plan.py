@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from engine.models.weights import weight_bytes
+from engine.models.single_file import read_bytes
 from engine.planning.timing import MeasuredRun, PhaseTimes, learn, predict_times
 
 # A first step this many times the others' mean paid a one-off cost (compiling, warming up): a learned
@@ -108,7 +108,7 @@ class TimePlanner:
         compiled = plan.compile and self._shape(resolved.ref, s) in self._compiled
         times = predict_times(resolved.spec, s.width, s.height, s.frames, s.steps, s.guidance, plan, calibration,
                               s.decoder, image_to_video=s.mode == "i2v", loaded=loaded, compiled=compiled,
-                              weight_bytes=None if loaded else weight_bytes(resolved.folder) or None)
+                              weight_bytes=None if loaded else read_bytes(resolved) or None)
         return learn(times, self._runs.get(self._family(resolved.ref, plan, s), []))
 
     def finished(self, loaded_model, request, timings: dict, step_seconds: list, was_loaded: bool,
@@ -134,7 +134,7 @@ class TimePlanner:
     def _family(ref: str, plan, settings) -> tuple:
         """What makes two runs comparable: the model and every choice that changes a phase's speed."""
         return (ref, plan.strategy, plan.text_encoder, plan.vae_dtype, plan.vae_tile, plan.compile,
-                plan.attention_backend, settings.decoder, settings.step_cache)
+                plan.attention_backend, settings.decoder, settings.step_cache, plan.transformer_files)
 
     @staticmethod
     def _shape(ref: str, settings) -> tuple:

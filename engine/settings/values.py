@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Override, PlanRequest
@@ -33,6 +34,9 @@ MAX_STEPS = 200
 MAX_GUIDANCE = 30.0
 MAX_SHIFT = 50.0
 MAX_FPS = 120
+# A single transformer file in place of the model's own (engine/models/single_file.py reads them).
+TRANSFORMER_FILE_SUFFIXES = (".gguf", ".safetensors")
+TRANSFORMER_FILE_NAMES = {"transformer": "transformer file", "transformer_2": "low-noise transformer file"}
 
 
 class InputError(ValueError):
@@ -279,6 +283,33 @@ def _speed_choices(settings: Settings, problems: list[str]) -> None:
         problems.append(f"VAE precision {settings.vae_dtype!r} is unknown: use auto or one of {', '.join(VAE_DTYPES)}")
 
 
+def _transformer_files(settings: Settings, problems: list[str]) -> dict:
+    """Each single transformer file: text naming a .gguf or .safetensors file that exists (a blank one is none).
+    Whether it fits the model is known once the model is: engine/models/single_file.py checks that."""
+    files = {}
+    for name, words in TRANSFORMER_FILE_NAMES.items():
+        value = getattr(settings, name)
+        if value is not None and not isinstance(value, str):
+            problems.append(f"the {words} must be a path (text), got {type(value).__name__}")
+            continue
+        value = (value or "").strip() or None
+        files[name] = value
+        if value is None:
+            continue
+        path = Path(value).expanduser()
+        if path.suffix.lower() not in TRANSFORMER_FILE_SUFFIXES:
+            problems.append(f"the {words} {value!r} is not a .gguf or .safetensors file: give a single transformer "
+                            "file in one of those formats, or leave it empty to use the model's own")
+        elif path.is_dir():
+            problems.append(f"the {words} {value!r} is a folder: give the file itself")
+        elif not path.is_file():
+            problems.append(f"the {words} {value!r} does not exist: check the path")
+        elif path.suffix.lower() == ".gguf" and (settings.strategy or "").startswith("fp8"):
+            problems.append(f"strategy {settings.strategy} stores the transformer in fp8, but {path.name} is already "
+                            "quantised (GGUF): choose auto or a strategy without fp8")
+    return files
+
+
 def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple[Settings | None, list[str]]:
     """(``settings`` with their numbers normalised, or None; every problem found, each saying what to change).
     ``limits``: what the settings' model can make (engine/models/limits.py), when it is known."""
@@ -291,9 +322,10 @@ def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple
     numbers_ = _numbers(settings, problems)
     _memory_choices(settings, problems)
     _speed_choices(settings, problems)
+    files = _transformer_files(settings, problems)
     if problems:
         return None, problems
-    return replace(settings, **shape, **numbers_), []
+    return replace(settings, **shape, **numbers_, **files), []
 
 
 def check_settings(settings: Settings, limits: Limits | None = None) -> Settings:

@@ -125,7 +125,7 @@ def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: Hardwar
     calibration = Calibration.load(Path(ctx.outputs_dir), hardware)
     if calibration is None or not plan.fits:
         return ""
-    spec = ctx.client.catalog.spec(settings.model)
+    spec = ctx.client.catalog.settings_spec(settings)
     first, loaded = (predict_times(spec, settings.width, settings.height, settings.frames, settings.steps,
                                    settings.guidance, plan, calibration, settings.decoder,
                                    image_to_video=settings.mode == "i2v", loaded=state) for state in (False, True))
