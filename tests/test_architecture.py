@@ -27,8 +27,7 @@ def _imports(path: Path, top_only: bool = False) -> list[tuple[str, int]]:
     ``top_only``, only those at module level."""
     source = path.read_text()
     # A finalizer that the garbage collector runs in the middle of parsing (an earlier test's leftovers) trips
-    # CPython 3.11's "AST constructor recursion depth mismatch": collect first, and not during the parse.
-    gc.collect()
+    # CPython 3.11's "AST constructor recursion depth mismatch": no collection during the parse.
     gc.disable()
     try:
         tree = ast.parse(source)
