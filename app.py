@@ -37,6 +37,20 @@ def _overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--text-encoder", choices=TEXT_ENCODER_PLACES, help="force where the text encoder runs")
     parser.add_argument("--vae-tiling", choices=("on", "off"), help="force VAE tiling on or off")
     _speed_options(parser)
+    parser.add_argument("--lora", action="append", type=_lora_arg, metavar="FILE[:STRENGTH]",
+                        help="a LoRA file (.safetensors) and its strength (default 1.0), applied in order; give it "
+                             "again for more; a bare name is also looked for in the models folder's loras/; "
+                             "replaces the preset's LoRAs")
+
+
+def _lora_arg(text: str) -> tuple[str, float]:
+    from engine.settings.loras import parse_lora
+    from engine.settings.values import InputError
+
+    try:
+        return parse_lora(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _speed_options(parser: argparse.ArgumentParser) -> None:
@@ -166,7 +180,16 @@ def _settings(args):
         strategy=args.strategy, text_encoder=args.text_encoder,
         vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on",
         decoder=args.decoder, step_cache=args.step_cache, attention=args.attention, vae_dtype=args.vae_precision,
-        compile=None if args.compile is None else args.compile == "on")
+        compile=None if args.compile is None else args.compile == "on", loras=_loras(args))
+
+
+def _loras(args) -> tuple | None:
+    """The --lora files, each found (from here, else in the models folder's loras/); None: the preset's."""
+    from engine.settings.loras import find_lora
+
+    if not args.lora:
+        return None
+    return tuple((find_lora(file, args.models_dir), strength) for file, strength in args.lora)
 
 
 def _build_request(args):
