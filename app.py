@@ -46,6 +46,20 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
                              "rest (text encoder, VAE, ...) comes from --model")
     parser.add_argument("--transformer-2", metavar="FILE",
                         help="the same for Wan2.2 A14B's low-noise expert (transformer_2)")
+    parser.add_argument("--lora", action="append", type=_lora_arg, metavar="FILE[:STRENGTH]",
+                        help="a LoRA file (.safetensors) and its strength (default 1.0), applied in order; give it "
+                             "again for more; a bare name is also looked for in the models folder's loras/; "
+                             "replaces the preset's LoRAs")
+
+
+def _lora_arg(text: str) -> tuple[str, float]:
+    from engine.settings.loras import parse_lora
+    from engine.settings.values import InputError
+
+    try:
+        return parse_lora(text)
+    except InputError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _speed_options(parser: argparse.ArgumentParser) -> None:
@@ -176,7 +190,16 @@ def _settings(args):
         vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on",
         decoder=args.decoder, step_cache=args.step_cache, attention=args.attention, vae_dtype=args.vae_precision,
         compile=None if args.compile is None else args.compile == "on", transformer=args.transformer,
-        transformer_2=args.transformer_2)
+        transformer_2=args.transformer_2, loras=_loras(args))
+
+
+def _loras(args) -> tuple | None:
+    """The --lora files, each found (from here, else in the models folder's loras/); None: the preset's."""
+    from engine.settings.loras import find_lora
+
+    if not args.lora:
+        return None
+    return tuple((find_lora(file, args.models_dir), strength) for file, strength in args.lora)
 
 
 def _build_request(args):

@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 # Phase names, in the order a run passes through them. "engine_start" is the time a job waited for a new
-# engine process to load its libraries; "build_model" builds a self-test model the first time it is used.
+# engine process to load its libraries; "build_model" builds a self-test model the first time it is used; "lora"
+# puts a job's LoRAs on the loaded model (reading the files it has not read yet).
 PHASES = (
-    "engine_start", "calibrate", "download", "build_model", "load", "transfer", "text_encode", "image_encode",
-    "denoise", "vae_decode", "export",
+    "engine_start", "calibrate", "download", "build_model", "load", "transfer", "lora", "text_encode",
+    "image_encode", "denoise", "vae_decode", "export",
 )
 
 

@@ -165,3 +165,33 @@ def test_help_lists_the_page_s_options_as_well_as_the_commands():
     for part in ("{serve,generate,plan,decode,doctor}", "--port PORT", "--share", "--auth AUTH", "--max-queue N",
                  "--preview-every SECONDS", "'python app.py [options]' is 'python app.py serve [options]'"):
         assert part in done.stdout, part
+
+
+def test_lora_options_are_files_with_a_strength_each(tmp_path, capsys):
+    import app
+
+    models = tmp_path / "models"
+    (models / "loras").mkdir(parents=True)
+    (models / "loras" / "mine.safetensors").write_bytes(b"")
+    elsewhere = tmp_path / "other.safetensors"
+    common = ["--prompt", "a cat", "--models-dir", str(models), "--user-presets", str(tmp_path / "presets")]
+    args = app.parse_args(["generate", *common, "--lora", "mine.safetensors:0.5", "--lora", str(elsewhere)])
+    assert args.lora == [("mine.safetensors", 0.5), (str(elsewhere), 1.0)]
+    # A bare name is found in the models folder's loras/; in the given order, the preset's replaced.
+    assert app._settings(args)[1].loras == ((str(models / "loras" / "mine.safetensors"), 0.5), (str(elsewhere), 1.0))
+    assert app._settings(app.parse_args(["generate", *common]))[1].loras == ()
+    with pytest.raises(SystemExit) as refused:
+        app.parse_args(["plan", "--preset", "selftest-t2v", "--lora", "mine.safetensors:strong"])
+    assert refused.value.code == 2
+    assert ("argument --lora: LoRA 'mine.safetensors:strong': the strength after the last ':' must be a number; "
+            "write 'detail.safetensors: 0.8'.") in capsys.readouterr().err
+
+
+def test_a_file_that_is_no_lora_is_refused_before_anything_runs(tmp_path):
+    done = subprocess.run(app_command("plan", "--preset", "selftest-t2v", "--lora", "app.py:0.5", "--lora",
+                                      str(tmp_path / "gone.safetensors"), "--models-dir", str(tmp_path)),
+                          capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    assert done.returncode == 2
+    assert done.stderr == (f"error: LoRA file 'app.py' is not a .safetensors file: use the .safetensors version of "
+                           f"the LoRA (other formats can run code when they are read). LoRA file "
+                           f"'{tmp_path / 'gone.safetensors'}' is not there: check its name and folder.\n")

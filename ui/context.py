@@ -9,7 +9,9 @@ from engine.models.refs import REPO_ID, ModelError, check_ref_length
 from engine.models.selftest import SELFTEST_REFS
 from engine.service.jobqueue import JobQueue
 from engine.service.worker import WorkerClient
+from engine.settings.loras import LORAS_FOLDER, lora_folder
 from engine.settings.presets import Preset, UserPresets
+from engine.settings.values import InputError
 
 # The end of the message that refuses a model path from the page or the API.
 ALLOW_PATHS_HINT = "start the app with --allow-model-paths to use folders outside models/"
@@ -70,6 +72,31 @@ def checked_model_ref(ref: str | None, models_dir: str | Path, allow_paths: bool
                          f"'-'), nor {' or '.join(SELFTEST_REFS)}, nor a folder inside the models folder; give one "
                          "of those")
     return ref               # a repo id (one that does not exist is refused by the engine, with its own message)
+
+
+def checked_lora_file(file, models_dir: str | Path, allow_paths: bool = False, trusted: tuple[str, ...] = ()) -> str:
+    """The path of a LoRA file a page or API caller names, or InputError saying why it may not.
+
+    A name (or a relative path) is looked for in the models folder's loras/; an absolute path is taken inside the
+    models folder, or anywhere with ``allow_paths``, or when it is in ``trusted`` (the presets' own LoRAs). As with
+    models, the answer for a path elsewhere is the same whether it exists or not. Touches nothing but ``stat``.
+    """
+    if not isinstance(file, str) or not file.strip():
+        raise InputError(f"a LoRA needs a file: give its name in models/{LORAS_FOLDER}/")
+    file = file.strip()
+    if file in trusted:
+        return file
+    path = Path(file).expanduser()
+    refused = InputError(f"LoRA file {file!r} is a path outside the app's models folder, which the page does not "
+                         f"accept; put the file in models/{LORAS_FOLDER}/ and give its name, or "
+                         f"{ALLOW_PATHS_HINT}")
+    if ".." in file.replace("\\", "/").split("/"):
+        raise refused
+    if path.is_absolute() or file.startswith("~"):
+        if allow_paths or _inside(path, Path(models_dir)):
+            return os.path.abspath(path)
+        raise refused
+    return os.path.abspath(lora_folder(models_dir) / path)
 
 
 def forget_served_copies(served_dir: str | None, names: list[str]) -> list[Path]:
@@ -135,3 +162,18 @@ class AppContext:
         """A model reference from the page or the API, checked (ModelError when refused); see checked_model_ref."""
         trusted = tuple(p.settings.model for p in list(self.presets.values())) + ((self.default_model,) if self.default_model else ())
         return checked_model_ref(ref, self.models_dir or self.client.models_dir, self.allow_model_paths, trusted)
+
+    def lora_files(self, loras) -> tuple[tuple[str, float], ...]:
+        """LoRAs from the page or the API, ``(file, strength)`` pairs as written, with each file's path (see
+        checked_lora_file); InputError naming every file that may not be used."""
+        trusted = tuple(file for preset in list(self.presets.values()) for file, _ in preset.settings.loras)
+        found, problems = [], []
+        for file, strength in loras:
+            try:
+                found.append((checked_lora_file(file, self.models_dir or self.client.models_dir,
+                                                self.allow_model_paths, trusted), strength))
+            except InputError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise InputError(problems)
+        return tuple(found)

@@ -21,7 +21,7 @@ from engine.settings.values import InputError
 from ui.context import AppContext
 from ui.parts.chains import when_ended
 from ui.views.job_view import JobView
-from ui.views.plan_panel import override_fields
+from ui.views.plan_panel import form_overrides
 
 # Every event that runs the engine is in this concurrency group; the JobQueue orders them.
 GPU_QUEUE = "gpu"
@@ -75,7 +75,8 @@ def _preset(ctx: AppContext, name, mode: str):
 def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prompt, model, width, height, frames,
                   steps, guidance, shift, seed, *choices, image=None, last_image=None) -> GenerationRequest:
     """The request for a page or API call, from the values as sent: a field left empty is missing (not the
-    preset's), -1 or no seed is random; ``choices`` are the plan panel's dropdowns (override_fields' order).
+    preset's), -1 or no seed is random; ``choices`` are the plan panel's dropdowns and its LoRA box
+    (override_fields' order).
     Raises InputError or ModelError saying what to change."""
     preset = _preset(ctx, preset_name, mode)
     # The preset's settings with the form's values as sent: a None stays None (missing), it is not the
@@ -83,7 +84,7 @@ def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prom
     settings = replace(preset.settings.changed(steps=steps), mode=mode,
                        model=ctx.model_ref(model or preset.settings.model), width=width, height=height,
                        frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
-                       **override_fields(*choices))
+                       **form_overrides(ctx, *choices))
     return GenerationRequest(
         settings, prompt, negative_prompt=preset.negative_prompt if negative_prompt is None else negative_prompt,
         seed=-1 if seed is None else seed, image=upload_path(image, "image"),

@@ -459,6 +459,7 @@ class Engine:
         loaded = self._ensure_loaded(resolved, plan, job)
         set_vae_tiling(loaded.pipe.vae, plan.vae_tile)
         self._apply_speed(loaded, request, job)
+        self._apply_loras(loaded, request, job)
         self._check_cancel(job)
         with torch.inference_mode():
             embeds = self._encode_text(loaded, request, job)
@@ -596,6 +597,23 @@ class Engine:
         else:
             uncompile_transformer(pipe)
 
+    def _apply_loras(self, loaded: LoadedModel, request: GenerationRequest, job: _Job) -> None:
+        """The request's LoRAs on the loaded transformer(s), each file read once and kept (engine/run/lora.py), in
+        their own phase; without any, the adapters the model holds are turned off (at once: no phase)."""
+        from engine.run.lora import apply_loras, loaded_adapters
+
+        pipe = loaded.for_mode(request.settings.mode)
+        if request.settings.loras:
+            with self._phase(job, "lora") as phase:
+                setup = apply_loras(pipe, request.settings.loras, loaded.model.ref, torch_dtype(loaded.plan.dtype))
+                phase.detail = setup.detail
+        elif loaded_adapters(pipe):
+            setup = apply_loras(pipe, ())
+        else:
+            return
+        for line in setup.sentences():
+            job.emit(Info(job.id, line))
+
     @contextmanager
     def _step_cache(self, loaded: LoadedModel, pipe, request: GenerationRequest, job: _Job):
         """The request's step cache (approximate) on the transformer while it denoises, removed afterwards;
@@ -623,10 +641,11 @@ class Engine:
 
     @staticmethod
     def _cache_key(loaded: LoadedModel, request: GenerationRequest) -> str:
-        """What MagCache's ratios depend on: the model, its version, the scheduler and its shift."""
+        """What MagCache's ratios depend on: the model, its version, the scheduler and its shift, its LoRAs."""
         settings = request.settings
+        loras = tuple((Path(file).name, strength) for file, strength in settings.loras if strength)
         return "-".join(str(part) for part in (loaded.model.ref, loaded.model.revision, settings.scheduler,
-                                                settings.shift, settings.mode))
+                                                settings.shift, settings.mode, *((loras,) if loras else ())))
 
     def _preview_map(self, loaded: LoadedModel) -> PreviewMap | DecoderPreview:
         """How the loaded model's previews are made, chosen once: through its fast decoder on a GPU when one is
@@ -807,7 +826,8 @@ class Engine:
         cache = request.settings.step_cache
         return {"decoder": job.decoder, "step_cache": cache, "step_cache_detail": job.cache,
                 "approximate": job.decoder != "vae" or bool(cache),
-                "vae_dtype": plan.vae_dtype, "conv": plan.conv, "compiled": plan.compile,
+                "vae_dtype": plan.vae_dtype, "conv": plan.conv,
+                "compiled": plan.compile and not any(strength for _, strength in request.settings.loras),
                 "attention": plan.attention_backend,
                 "predicted_seconds": dict(job.predicted.seconds) if job.predicted is not None else None}
 

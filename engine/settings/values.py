@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import math
 import numbers
+import os
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.models.loras import lora_file_problem
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Override, PlanRequest
 from engine.planning.speed import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES, SpeedRequest
 from engine.words import sentence
@@ -37,6 +39,8 @@ MAX_FPS = 120
 # A single transformer file in place of the model's own (engine/models/single_file.py reads them).
 TRANSFORMER_FILE_SUFFIXES = (".gguf", ".safetensors")
 TRANSFORMER_FILE_NAMES = {"transformer": "transformer file", "transformer_2": "low-noise transformer file"}
+# A LoRA's strength: 1 is the LoRA as trained, 0 turns it off, a negative one pushes away from what it learned.
+MAX_LORA_STRENGTH = 4.0
 
 
 class InputError(ValueError):
@@ -308,6 +312,36 @@ def _transformer_files(settings: Settings, problems: list[str]) -> dict:
             problems.append(f"strategy {settings.strategy} stores the transformer in fp8, but {path.name} is already "
                             "quantised (GGUF): choose auto or a strategy without fp8")
     return files
+def _lora_choices(settings: Settings, problems: list[str]) -> tuple[tuple[str, float], ...]:
+    """The LoRA list with each strength a float: every entry a (file, strength) pair, the file a LoRA for Wan that
+    is there (engine/models/loras.py reads its header), the strength in range, no file twice."""
+    loras = () if settings.loras is None else settings.loras
+    if isinstance(loras, (str, bytes)) or not isinstance(loras, (list, tuple)):
+        problems.append(f"LoRAs must be a list of (file, strength) pairs, got {type(loras).__name__}")
+        return ()
+    checked, seen = [], set()
+    for number, entry in enumerate(loras, 1):
+        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
+            problems.append(f"LoRA {number} must be a (file, strength) pair, got {str(entry)[:60]!r}")
+            continue
+        file, strength = entry
+        if not isinstance(file, str) or not file.strip():
+            problems.append(f"LoRA {number} has no file: give the path of a LoRA's .safetensors file")
+            continue
+        name = os.path.basename(file)
+        strength = as_float(f"the strength of LoRA {name}", strength, problems)
+        if strength is not None and not -MAX_LORA_STRENGTH <= strength <= MAX_LORA_STRENGTH:
+            problems.append(f"the strength of LoRA {name} is {strength}: use {-MAX_LORA_STRENGTH:g} to "
+                            f"{MAX_LORA_STRENGTH:g} (1 is the LoRA as trained, 0 turns it off)")
+        problem = lora_file_problem(file)
+        if problem:
+            problems.append(problem)
+        same = os.path.normcase(os.path.abspath(os.path.expanduser(file)))
+        if same in seen:
+            problems.append(f"LoRA {name} is listed twice: give it once, with the strength you want")
+        seen.add(same)
+        checked.append((file, strength))
+    return tuple(checked)
 
 
 def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple[Settings | None, list[str]]:
@@ -323,9 +357,10 @@ def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple
     _memory_choices(settings, problems)
     _speed_choices(settings, problems)
     files = _transformer_files(settings, problems)
+    loras = _lora_choices(settings, problems)
     if problems:
         return None, problems
-    return replace(settings, **shape, **numbers_, **files), []
+    return replace(settings, **shape, **numbers_, **files, loras=loras), []
 
 
 def check_settings(settings: Settings, limits: Limits | None = None) -> Settings:

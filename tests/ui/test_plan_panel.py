@@ -11,7 +11,7 @@ from engine.service.worker import WorkerClient
 from tests.conftest import shown
 from ui.context import AppContext
 from ui.views.job_view import JobView
-from ui.views.plan_panel import AUTO, form_plan_markdown, override_fields, plan_markdown
+from ui.views.plan_panel import AUTO, OFF, form_overrides, form_plan_markdown, lora_text, override_fields, plan_markdown
 
 RTX_3060 = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce RTX 3060", arch="sm_86",
                            vram_total_gb=12.0, vram_free_gb=11.5, ram_total_gb=32.0, ram_available_gb=28.0)
@@ -63,13 +63,45 @@ def test_a_cpu_plan_has_no_device_column():
 
 def test_dropdowns_become_request_overrides():
     defaults = {"strategy": None, "text_encoder": None, "vae_tiling": None, "decoder": "vae", "step_cache": None,
-                "compile": None, "attention": None, "vae_dtype": None}
+                "compile": None, "attention": None, "vae_dtype": None, "loras": ()}
     assert override_fields() == defaults
     assert override_fields(None, None, None, None, None, None, None, None) == override_fields(AUTO, AUTO, AUTO) == defaults
     assert override_fields("group_offload", "cpu", "On", "fast", "mag", "Off", "_native_cudnn", "float32") == {
         "strategy": "group_offload", "text_encoder": "cpu", "vae_tiling": True, "decoder": "fast", "step_cache": "mag",
-        "compile": False, "attention": "_native_cudnn", "vae_dtype": "float32"}
+        "compile": False, "attention": "_native_cudnn", "vae_dtype": "float32", "loras": ()}
     assert override_fields(AUTO, "offload", "Off")["vae_tiling"] is False
+    assert override_fields(*[None] * 8, "a.safetensors: 0.5\n\nb.safetensors")["loras"] == (
+        ("a.safetensors", 0.5), ("b.safetensors", 1.0))
+
+
+def test_the_lora_box_names_files_in_the_models_folder(presets, selftest_models_dir, outputs, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    models = tmp_path / "models"
+    (models / "loras" / "style").mkdir(parents=True)
+    file = models / "loras" / "style" / "ink.safetensors"
+    save_file({"transformer.blocks.0.attn1.to_q.lora_A.weight": torch.zeros(2, 24),
+               "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.zeros(24, 2)}, file)
+    ctx = AppContext(WorkerClient(selftest_models_dir), presets, str(outputs), models_dir=str(models))
+    choices = [AUTO, AUTO, AUTO, "vae", OFF, AUTO, AUTO, AUTO]
+    assert form_overrides(ctx, *choices, "style/ink.safetensors: 0.5")["loras"] == ((str(file), 0.5),)
+    assert lora_text(((str(file), 0.5), ("/elsewhere/x.safetensors", 1.0)), models) == (
+        "style/ink.safetensors: 0.5\n/elsewhere/x.safetensors: 1")
+
+    def plan(text):
+        return shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, *choices, text))
+
+    assert plan("style/ink.safetensors: 0.5").startswith("_For `selftest-t2v`")
+    assert plan("gone.safetensors") == (f"**No plan yet:** LoRA file '{models / 'loras' / 'gone.safetensors'}' is not "
+                                        "there: check its name and folder.")
+    for outside in ("/etc/x.safetensors", "../x.safetensors", "~/x.safetensors"):
+        assert plan(outside).startswith(f"**No plan yet:** LoRA file '{outside}' is a path outside the app's models "
+                                        "folder, which the page does not accept; put the file in models/loras/")
+    assert plan("style/ink.safetensors: strong") == (
+        "**No plan yet:** LoRA 'style/ink.safetensors: strong': the strength after the last ':' must be a number; "
+        "write 'detail.safetensors: 0.8'.")
+    assert "The strength of LoRA ink.safetensors is 5.0: use -4 to 4" in plan("style/ink.safetensors: 5")
 
 
 def test_form_values_plan_the_selftest_model(ctx):

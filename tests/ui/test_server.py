@@ -26,11 +26,14 @@ def server(tmp_path_factory, selftest_models_dir):
 def test_api_names_are_stable(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/text_to_video", "/text_to_image", "/image_to_video", "/cancel", "/plan"} <= set(endpoints)
-    # The plan's choices are the last inputs and default to the planner's, so callers may leave them out.
-    last = endpoints["/text_to_video"]["parameters"][-8:]
-    assert [(p["parameter_name"], p["parameter_default"]) for p in last] == [
-        ("strategy", "Auto"), ("text_encoder", "Auto"), ("vae_tiling", "Auto"), ("decoder", "vae"),
-        ("step_cache", "Off"), ("compile", "Auto"), ("attention", "Auto"), ("vae_precision", "Auto")]
+    # The plan's choices and the LoRAs are the last inputs and default to the planner's and none, so callers may
+    # leave them out.
+    for name in ("/text_to_video", "/text_to_image", "/image_to_video"):
+        last = endpoints[name]["parameters"][-9:]
+        assert [(p["parameter_name"], p["parameter_default"]) for p in last] == [
+            ("strategy", "Auto"), ("text_encoder", "Auto"), ("vae_tiling", "Auto"), ("decoder", "vae"),
+            ("step_cache", "Off"), ("compile", "Auto"), ("attention", "Auto"), ("vae_precision", "Auto"),
+            ("loras", "")], name
 
 
 def test_plan_endpoint_shows_the_plan_for_the_settings(client):
@@ -85,6 +88,23 @@ def test_the_system_panel_tells_of_a_job_shorter_than_its_refresh(client):
 def test_text_to_image_returns_a_png(client):
     image, status, _, seed, *_ = client.predict(*T2V, api_name="/text_to_image")
     assert Path(image).suffix == ".png" and seed == 7
+
+
+def test_a_lora_in_the_models_folder_is_applied_and_recorded(client, server, selftest_models_dir):
+    from safetensors.torch import save_file
+
+    from tests.engine.test_lora import diffusers_lora
+
+    (selftest_models_dir / "loras").mkdir(exist_ok=True)
+    save_file(diffusers_lora(), selftest_models_dir / "loras" / "page.safetensors")
+    image, status, *_ = client.predict(*T2V, loras="page.safetensors: 0.5", api_name="/text_to_image")
+    assert "LoRAs on: page.safetensors at 0.5 (1 file read from disk)." in status
+    written = next(server["outputs"].rglob(Path(image).name))
+    parameters = json.loads(written.with_suffix(".json").read_text())["parameters"]
+    assert parameters["loras"] == [[os.path.abspath(selftest_models_dir / "loras" / "page.safetensors"), 0.5]]
+    with pytest.raises(Exception, match=re.escape("LoRA file '../page.safetensors' is a path outside the app's "
+                                                  "models folder, which the page does not accept")):
+        client.predict(*T2V, loras="../page.safetensors", api_name="/text_to_image")
 
 
 def test_image_to_video_with_an_upload(client, image_file):

@@ -21,6 +21,7 @@ from ui.views.plan_panel import (
     VAE_PRECISION_CHOICES,
     VAE_TILING_CHOICES,
     form_plan_markdown,
+    lora_text,
 )
 
 CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strategy or text-encoder place to choose, "
@@ -74,10 +75,12 @@ class PlanPanel:
     vae_tiling: gr.Dropdown
     speed: list      # decoder, step cache, compile, attention, VAE precision (override_fields' order)
     plan: gr.Markdown
+    loras: gr.Textbox   # one "file: strength" a line
 
     def overrides(self) -> list:
-        """The plan's dropdowns, in the order build_request takes them (after the form's settings)."""
-        return [self.strategy, self.text_encoder, self.vae_tiling, *self.speed]
+        """The plan's dropdowns and the LoRA box, in the order build_request takes them (after the form's
+        settings)."""
+        return [self.strategy, self.text_encoder, self.vae_tiling, *self.speed, self.loras]
 
 
 def preset_choices(ctx: AppContext, mode: str) -> list[tuple[str, str]]:
@@ -166,8 +169,9 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
                                      elem_id=f"{prefix}-vae-tiling", scale=1)
         cpu_note = gr.Markdown(CPU_NOTE, visible=False, elem_id=f"{prefix}-plan-cpu-note")
         speed = _speed_row(prefix)
+        loras = _lora_box(ctx, form, mode, prefix)
         plan = gr.Markdown("Working out the memory plan...", elem_id=f"{prefix}-plan")
-    panel = PlanPanel(strategy, text_encoder, vae_tiling, speed, plan)
+    panel = PlanPanel(strategy, text_encoder, vae_tiling, speed, plan, loras)
 
     def for_this_machine():
         """On a CPU-only engine, Strategy, Text encoder, Compile and Attention mean nothing: they are hidden, and
@@ -196,6 +200,18 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
     gr.on(None, show_plan, inputs, plan, api_name=api_name, api_visibility="public" if api_name else "private",
           concurrency_id="plan", trigger_mode="always_last", show_progress="hidden", preprocess=False)
     return panel
+
+
+def _lora_box(ctx: AppContext, form: Form, mode: str, prefix: str) -> gr.Textbox:
+    """The run's LoRAs, one ``file: strength`` a line: the preset's when one is chosen (none for the built-in
+    ones); a bare name is a file in the models folder's loras/."""
+    models = ctx.models_dir or ctx.client.models_dir
+    box = gr.Textbox(lora_text(ctx.preset_or_default(None, mode).settings.loras, models), lines=2, max_lines=8,
+                     label="LoRAs: one 'file: strength' a line (files in models/loras/; strength 1 as trained, "
+                           "0 off)", placeholder="detail.safetensors: 0.8", elem_id=f"{prefix}-loras")
+    form.preset.input(lambda name: lora_text(ctx.preset_or_default(name, mode).settings.loras, models), form.preset,
+                      box, api_visibility="private", queue=False)
+    return box
 
 
 def _speed_row(prefix: str) -> list:

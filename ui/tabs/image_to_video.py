@@ -67,13 +67,14 @@ def build(ctx: AppContext, after_job) -> Form:
                     aspect_btn = gr.Button("Use the image's aspect", size="sm", elem_id="i2v-use-aspect")
             job = build_job_panel("i2v")
 
-    # The plan overrides come last, so callers that leave them out get Auto.
+    # The plan overrides and the LoRAs come last, so callers that leave them out get Auto and none.
     def image_to_video(image, last_image, preset, prompt, negative_prompt, model, width, height, frames, steps,
                        guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae",
-                       step_cache=OFF, compile=AUTO, attention=AUTO, vae_precision=AUTO, session: gr.Request = None):
+                       step_cache=OFF, compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
+                       session: gr.Request = None):
         yield from run_job(ctx, session, "image to video", engine_job(ctx, lambda: build_request(
             ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
-            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision,
+            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
             image=image, last_image=last_image)), job.show())
 
     run = start_job(run_btn, cancel_btn, image_to_video, [image, last_image, *form.settings(), *panel.overrides()],

@@ -25,21 +25,21 @@ def build(ctx: AppContext, after_job) -> Form:
         with gr.Column(scale=1):
             job = build_job_panel("t2v", still=True)
 
-    # The plan overrides come last, so callers that leave them out get Auto.
+    # The plan overrides and the LoRAs come last, so callers that leave them out get Auto and none.
     def text_to_video(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
-                      compile=AUTO, attention=AUTO, vae_precision=AUTO, session: gr.Request = None):
+                      compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="", session: gr.Request = None):
         yield from run_job(ctx, session, "text to video", engine_job(ctx, lambda: build_request(
             ctx, "t2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
-            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision)),
+            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras)),
             job.show())
 
     def text_to_image(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
-                      compile=AUTO, attention=AUTO, vae_precision=AUTO, session: gr.Request = None):
+                      compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="", session: gr.Request = None):
         yield from run_job(ctx, session, "text to image", engine_job(ctx, lambda: build_request(
             ctx, "t2i", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
-            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision)),
+            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras)),
             job.show(job.still))
 
     inputs = [*form.settings(), *panel.overrides()]

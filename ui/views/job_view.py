@@ -34,7 +34,7 @@ from ui.views.timing_chart import timing_chart_html
 # How the page and the command line name each phase of events.PHASES (which gives their order).
 PHASE_LABELS = {
     "engine_start": "Engine start (libraries)", "calibrate": "Measure this machine (once)", "download": "Download", "build_model": "Build self-test model",
-    "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "text_encode": "Text encode",
+    "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "lora": "LoRAs", "text_encode": "Text encode",
     "image_encode": "Image encode", "denoise": "Denoise", "vae_decode": "VAE decode", "export": "Export",
 }
 

@@ -11,6 +11,7 @@ from engine.device.hardware import HardwareProfile
 from engine.planning.ahead import plan_settings
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES
+from engine.settings.loras import lora_folder, parse_lora_lines
 from engine.settings.values import Settings, check_settings
 from engine.words import plural
 from ui.context import AppContext
@@ -35,8 +36,10 @@ PLACES = ("device", "streamed", "cpu", "absent")
 
 def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO,
                     decoder: str | None = "vae", step_cache: str | None = OFF, compile: str | None = AUTO,
-                    attention: str | None = AUTO, vae_precision: str | None = AUTO) -> dict:
-    """The plan dropdowns as Settings fields; Auto, Off (or nothing) leaves each choice to the planner."""
+                    attention: str | None = AUTO, vae_precision: str | None = AUTO, loras: str | None = "") -> dict:
+    """The plan dropdowns as Settings fields; Auto, Off (or nothing) leaves each choice to the planner. ``loras``:
+    the LoRA box's text, one ``file: strength`` a line, as written (form_overrides finds the files); InputError
+    when a line does not read."""
     def chosen(value):
         return None if value in (None, "", AUTO) else value
 
@@ -47,7 +50,24 @@ def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO
 
     return {"strategy": chosen(strategy), "text_encoder": chosen(text_encoder), "vae_tiling": on_off(vae_tiling),
             "decoder": decoder or "vae", "step_cache": None if step_cache in (None, "", OFF) else step_cache,
-            "compile": on_off(compile), "attention": chosen(attention), "vae_dtype": chosen(vae_precision)}
+            "compile": on_off(compile), "attention": chosen(attention), "vae_dtype": chosen(vae_precision),
+            "loras": parse_lora_lines(loras)}
+
+
+def form_overrides(ctx: AppContext, *choices) -> dict:
+    """override_fields with each LoRA file's path (a name is looked for in the models folder's loras/)."""
+    fields = override_fields(*choices)
+    return {**fields, "loras": ctx.lora_files(fields["loras"])}
+
+
+def lora_text(loras, models_dir) -> str:
+    """Settings' LoRAs as the LoRA box shows them: one ``file: strength`` a line, a file in models/loras/ by name."""
+    folder = lora_folder(models_dir).resolve()
+    lines = []
+    for file, strength in loras:
+        path = Path(file).resolve()
+        lines.append(f"{path.relative_to(folder).as_posix() if folder in path.parents else file}: {strength:g}")
+    return "\n".join(lines)
 
 
 def plan_markdown(plan: Plan) -> str:
@@ -103,7 +123,7 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, pr
     """The plan for a generation tab's current values (``choices``: the plan dropdowns' values, in
     override_fields' order), or one line saying why there is none."""
     try:
-        settings = _form_settings(ctx, mode, preset, model, width, height, frames, override_fields(*choices))
+        settings = _form_settings(ctx, mode, preset, model, width, height, frames, form_overrides(ctx, *choices))
         plan = plan_settings(settings, hardware, ctx.client.catalog)
     except ValueError as exc:   # InputError, ModelError and a bad override are all ValueErrors
         problems = getattr(exc, "problems", ())

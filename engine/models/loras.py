@@ -1,0 +1,61 @@
+"""LoRA files, judged from their safetensors header alone (no tensor is read, nothing is imported).
+
+diffusers reads three layouts of Wan LoRA (``WanLoraLoaderMixin.lora_state_dict``): its own and PEFT's
+(``transformer.blocks.0.attn1.to_q.lora_A.weight``), the original Wan names that Kijai, ComfyUI and lightx2v
+save (``diffusion_model.blocks.0.self_attn.q.lora_down.weight`` with ``.alpha`` and ``.diff_b``), and
+musubi-tuner's (``lora_unet_blocks_0_self_attn_q.lora_down.weight``). A file in none of them, or no LoRA at
+all (a model, a VAE), is refused here with a sentence, before any job loads anything. Whether its layers
+fit the chosen model is known only once the model is loaded (engine/run/lora.py).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from engine.models.weights import WeightFileError, read_header
+
+LORA_SUFFIX = ".safetensors"
+# The tensor names of a LoRA's factors, and the ends of its alphas and of the differences some layouts add.
+_LORA_PARTS = ("lora_A", "lora_B", "lora_down", "lora_up")
+_LORA_ENDS = (".alpha", ".diff", ".diff_b")
+# Each layout diffusers converts for Wan: (its first key's prefix, what a key of a Wan layer starts with).
+LAYOUTS = {
+    "diffusers": ("transformer.", "transformer."),
+    "Wan original (Kijai, ComfyUI, lightx2v)": ("diffusion_model.", "diffusion_model.blocks."),
+    "musubi-tuner": ("lora_unet_", "lora_unet_blocks_"),
+}
+MADE_FOR_WAN = "pick a LoRA made for Wan (in diffusers', ComfyUI's or musubi-tuner's layout)"
+
+
+def lora_layout(keys: list[str]) -> str | None:
+    """The name of the layout ``keys`` are in (a LAYOUTS key), or None when diffusers reads none of them for Wan."""
+    for name, (prefix, wan) in LAYOUTS.items():
+        if any(k.startswith(prefix) for k in keys):
+            # musubi's converter takes every key for a block of Wan's: an SDXL file (lora_unet_down_blocks_...)
+            # would break it, so all of them must be; the others need one layer of Wan's at least.
+            ours = [k.startswith(wan) for k in keys if k.startswith(prefix)]
+            return name if (all(ours) if name == "musubi-tuner" else any(ours)) else None
+    return None
+
+
+def lora_file_problem(file: str) -> str | None:
+    """What is wrong with ``file`` as a Wan LoRA (a clause saying what to change), or None when it reads as one."""
+    path = Path(file).expanduser()
+    name = path.name
+    if path.suffix.lower() != LORA_SUFFIX:
+        return (f"LoRA file {name!r} is not a {LORA_SUFFIX} file: use the {LORA_SUFFIX} version of the LoRA "
+                "(other formats can run code when they are read)")
+    if not path.is_file():
+        return f"LoRA file {str(path)!r} is not there: check its name and folder"
+    try:
+        header = read_header(path)
+    except (WeightFileError, OSError) as exc:
+        return f"LoRA file {name!r} cannot be read: {exc}; download it again"
+    keys = [key for key in header if key != "__metadata__"]
+    if not any(key.endswith(_LORA_ENDS) or any(part in key for part in _LORA_PARTS) for key in keys):
+        return (f"{name!r} is not a LoRA (none of its {len(keys)} tensors is a lora_A/lora_B or lora_down/lora_up "
+                "weight): give a LoRA file, not a model")
+    if lora_layout(keys) is None:
+        example = min(keys, key=len) if keys else ""
+        return (f"{name!r} is not a LoRA for Wan (its layers, such as {example!r}, are not a Wan transformer's): "
+                f"{MADE_FOR_WAN}")
+    return None

@@ -1,0 +1,204 @@
+"""A request's LoRAs on the loaded pipeline, with diffusers' own adapters (its PEFT backend).
+
+Each LoRA file becomes one adapter of the transformer (of both experts on Wan2.2 A14B), named after the file's
+path, size and modification time: an adapter stays on the pipeline between jobs, so changing which LoRAs are on,
+or their strengths, reads at most the new files and never reloads the model; a file changed on disk gets a new
+name, and its old adapter is deleted. Adapters a run does not use stay loaded but off (up to KEEP_IDLE of them).
+
+Exactness: a run without LoRAs (or with every strength 0) turns the adapters off (``disable_lora``), which makes
+each adapted layer call its base layer alone: the output is the model's own, bit for bit. (A weight of 0 through
+``set_adapters`` is exact too, since it adds zeros, but still computes every LoRA product; an adapter at 0 is
+not even loaded here.)
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.models.loras import MADE_FOR_WAN
+from engine.run.apply_plan import TRANSFORMERS
+from engine.run.failures import is_out_of_memory
+from engine.settings.values import InputError
+from engine.words import plural
+
+ADAPTER_PREFIX = "lora_"
+# Adapters a run leaves off are kept loaded, at most this many (the oldest loaded go first): switching back to
+# one is free, yet they hold memory (a rank-64 LoRA of a 14B model is about 0.3 GB in bfloat16).
+KEEP_IDLE = 4
+# Why a LoRA runs with the transformer uncompiled (diffusers' LoRA guide, "torch.compile" and "hotswapping").
+COMPILE_NOTE = ("The transformer runs uncompiled while LoRAs are on: diffusers recompiles it whenever an adapter is "
+                "loaded or a strength changes, which would cost more than compiling saves.")
+
+
+@dataclass(frozen=True)
+class LoraSetup:
+    """What ``apply_loras`` did: the LoRAs on and their strengths, the files read from disk this time, the ones
+    left off (strength 0), the adapters deleted, and the transformers it had to uncompile."""
+    on: tuple[tuple[str, float], ...] = ()
+    read: tuple[str, ...] = ()
+    off: tuple[str, ...] = ()
+    idle: int = 0
+    deleted: int = 0
+    uncompiled: tuple[str, ...] = ()
+
+    @property
+    def detail(self) -> str:
+        """The phase row's words: '2 on, 1 read from disk'."""
+        if not self.on:
+            return "none on"
+        return f"{len(self.on)} on, {len(self.read)} read from disk"
+
+    def sentences(self) -> list[str]:
+        """What the job's log says about its LoRAs."""
+        said = []
+        if self.on:
+            names = ", ".join(f"{Path(file).name} at {strength:g}" for file, strength in self.on)
+            kept = len(self.on) - len(self.read)
+            how = ([f"{plural(len(self.read), 'file')} read from disk"] if self.read else []) + \
+                  ([f"{kept} already loaded"] if kept else [])
+            said.append(f"LoRAs on: {names} ({', '.join(how)}).")
+        for name in self.off:
+            said.append(f"LoRA {name} has strength 0: it is off for this run.")
+        if not self.on and self.idle:
+            said.append(f"No LoRA on in this run: the {plural(self.idle, 'adapter')} kept loaded "
+                        f"{'is' if self.idle == 1 else 'are'} off, so the output is the model's own.")
+        if self.uncompiled:
+            said.append(COMPILE_NOTE)
+        return said
+
+
+def adapter_name(file: str) -> str:
+    """The adapter's name for ``file``: its path, then its size and modification time (a changed file differs)."""
+    path = os.path.realpath(os.path.expanduser(file))
+    stat = os.stat(path)
+    where = hashlib.sha256(path.encode()).hexdigest()[:12]
+    version = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:8]
+    return f"{ADAPTER_PREFIX}{where}_{version}"
+
+
+def _same_file(a: str, b: str) -> bool:
+    return a.rsplit("_", 1)[0] == b.rsplit("_", 1)[0]
+
+
+def _transformers(pipe) -> list:
+    return [model for model in (getattr(pipe, name, None) for name in TRANSFORMERS) if model is not None]
+
+
+def loaded_adapters(pipe) -> list[str]:
+    """This app's adapters on the pipeline's transformer, oldest first."""
+    config = getattr(pipe.transformer, "peft_config", None) or {}
+    return [name for name in config if name.startswith(ADAPTER_PREFIX)]
+
+
+def apply_loras(pipe, loras, model: str = "the model", dtype=None) -> LoraSetup:
+    """Put ``loras`` ((file, strength) pairs, in order) on ``pipe``: each file not yet loaded is read into the
+    transformer (both experts when there are two), then exactly these adapters are on, at these strengths; none
+    on turns the adapters off. ``dtype``: the plan's compute dtype, which the adapters take when the weights are
+    stored in fp8. InputError (the adapter left out again) when a file does not fit ``model``."""
+    on = [(file, float(strength)) for file, strength in loras if strength]
+    off = tuple(Path(file).name for file, strength in loras if not strength)
+    present = loaded_adapters(pipe)
+    if not on:
+        if present:
+            pipe.disable_lora()
+        return LoraSetup(off=off, idle=len(present))
+    from engine.run.speedups import uncompile_transformer
+
+    uncompiled = uncompile_transformer(pipe)   # adapters change the blocks' code: see COMPILE_NOTE
+    names = [adapter_name(file) for file, _ in on]
+    deleted = _delete_unwanted(pipe, present, names)
+    read = []
+    for (file, _), name in zip(on, names):
+        if name not in present:
+            _load(pipe, file, name, model, dtype)
+            read.append(Path(file).name)
+    pipe.enable_lora()
+    pipe.set_adapters(names, adapter_weights=[strength for _, strength in on])
+    return LoraSetup(on=tuple(on), read=tuple(read), off=off, deleted=deleted, uncompiled=uncompiled)
+
+
+def _delete_unwanted(pipe, present: list[str], wanted: list[str]) -> int:
+    """Delete the adapters of files changed on disk since they were read, and the oldest idle ones beyond KEEP_IDLE
+    (before anything is read, so their memory is free for it)."""
+    stale = [name for name in present if name not in wanted and any(_same_file(name, w) for w in wanted)]
+    idle = [name for name in present if name not in wanted and name not in stale]
+    unwanted = stale + idle[:max(0, len(idle) - KEEP_IDLE)]
+    if unwanted:
+        pipe.delete_adapters(unwanted)
+    return len(unwanted)
+
+
+def _load(pipe, file: str, name: str, model: str, dtype) -> None:
+    """Read ``file`` into each transformer as adapter ``name``; InputError saying why when it does not fit."""
+    shown = Path(file).name
+    try:
+        for index, transformer in enumerate(_transformers(pipe)):
+            into_second = {"load_into_transformer_2": True} if index else {}
+            pipe.load_lora_weights(file, adapter_name=name, **into_second)
+            if name not in (getattr(transformer, "peft_config", None) or {}):
+                raise InputError(f"LoRA {shown} has no weights for the Wan transformer (diffusers found none of its "
+                                 f"layers in it): {MADE_FOR_WAN}")
+            if _settle(transformer, name, dtype):   # fp8 weights: the adapter's values again, in the compute dtype
+                pipe.load_lora_weights(file, adapter_name=name, hotswap=True, **into_second)
+    except InputError:
+        _forget(pipe, name)
+        raise
+    except Exception as exc:
+        _forget(pipe, name)
+        if is_out_of_memory(exc):
+            raise
+        raise InputError(f"LoRA {shown} does not fit {model}: {_why(exc)}; pick a LoRA made for this model") from None
+
+
+def _why(exc: Exception) -> str:
+    text = str(exc)
+    if "size mismatch" in text:
+        return ("its layers have other sizes than the model's (a LoRA for another Wan model, such as a 14B one "
+                "on the 1.3B)")
+    if "not found in the base model" in text or type(exc).__name__ == "NoMatchingPeftModuleError":
+        return "none of its layers is in this model"
+    first = text.strip().splitlines()[0][:160] if text.strip() else ""
+    return f"diffusers could not load it ({type(exc).__name__}{': ' + first if first else ''})"
+
+
+def _forget(pipe, name: str) -> None:
+    """Whatever a failed load left of adapter ``name``, deleted."""
+    if any(name in (getattr(model, "peft_config", None) or {}) for model in _transformers(pipe)):
+        pipe.delete_adapters([name])
+
+
+def _settle(transformer, name: str, dtype) -> bool:
+    """Make adapter ``name`` runnable on ``transformer``; True when its values must be read again.
+
+    diffusers leaves a LoRA bias on the "meta" device (no data) for the layers a file gives no bias (``diff_b``)
+    while it gives others one: those are zeros. And PEFT gives an adapter its base layer's dtype, fp8 when the
+    plan stores the weights in fp8 (layerwise casting), in which nothing computes: the adapter takes the compute
+    ``dtype`` instead, and its values, rounded to fp8 meanwhile, are read again.
+    """
+    import torch
+    from peft.tuners.lora import LoraLayer
+
+    changed = requantised = False
+    for module in transformer.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        for part in (module.lora_A, module.lora_B):
+            layer = part[name] if name in part else None
+            if layer is None:
+                continue
+            if layer.bias is not None and layer.bias.is_meta:
+                layer.bias = torch.nn.Parameter(torch.zeros(layer.out_features, device=layer.weight.device,
+                                                            dtype=layer.weight.dtype), requires_grad=False)
+                changed = True
+            if dtype is not None and layer.weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
+                layer.to(dtype)
+                changed = requantised = True
+    if changed:
+        # Group offloading keeps its own record of each weight: it is made again with the adapter's (diffusers'
+        # loaders do the same after loading one).
+        from diffusers.hooks.group_offloading import _maybe_remove_and_reapply_group_offloading
+
+        _maybe_remove_and_reapply_group_offloading(transformer)
+    return requantised

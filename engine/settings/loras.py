@@ -1,0 +1,76 @@
+"""LoRAs as people write them: ``file: strength`` (the command line's ``--lora``, one line each on the page).
+
+The text becomes ``Settings.loras``, (file, strength) pairs; the files are found here (the page's in the models
+folder's ``loras/``), and ``values.check_settings`` then checks each file and strength.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+from engine.settings.values import InputError
+
+LORAS_FOLDER = "loras"        # inside the models folder: where the page (and a bare file name) finds LoRA files
+DEFAULT_STRENGTH = 1.0
+EXAMPLE = "'detail.safetensors: 0.8'"
+
+
+def parse_lora(text: str) -> tuple[str, float]:
+    """(file, strength) from ``FILE[:STRENGTH]``; the strength is what follows the last ':' when it is a number
+    (so a Windows path such as C:\\loras\\a.safetensors needs none), else 1.0. InputError when a strength is
+    written but is no number."""
+    text = text.strip()
+    head, colon, tail = text.rpartition(":")
+    strength = _number(tail) if colon else None
+    if strength is not None:
+        if not head.strip():
+            raise InputError(f"LoRA {text[:80]!r} has a strength but no file: write {EXAMPLE}")
+        return head.strip(), strength
+    if colon and not text.lower().endswith(".safetensors"):
+        raise InputError(f"LoRA {text[:80]!r}: the strength after the last ':' must be a number; write {EXAMPLE}")
+    if not text:
+        raise InputError(f"a LoRA needs a file: write {EXAMPLE}")
+    return text, DEFAULT_STRENGTH
+
+
+def _number(text: str) -> float | None:
+    try:
+        number = float(text.strip())
+    except ValueError:
+        return None
+    return number + 0.0 if math.isfinite(number) else None
+
+
+def parse_lora_lines(text) -> tuple[tuple[str, float], ...]:
+    """The page's LoRA box: one ``file: strength`` a line; empty lines and lines starting with '#' are skipped.
+    InputError naming every line that does not read."""
+    if text is None:
+        return ()
+    if not isinstance(text, str):
+        raise InputError(f"the LoRAs must be text, one {EXAMPLE} a line; got {type(text).__name__}")
+    pairs, problems = [], []
+    for line in text.splitlines():
+        if not line.strip() or line.strip().startswith("#"):
+            continue
+        try:
+            pairs.append(parse_lora(line))
+        except InputError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise InputError(problems)
+    return tuple(pairs)
+
+
+def lora_folder(models_dir: str | Path) -> Path:
+    return Path(models_dir) / LORAS_FOLDER
+
+
+def find_lora(file: str, models_dir: str | Path) -> str:
+    """The command line's LoRA file as an absolute path: as given (from the working folder), else by that name in
+    the models folder's loras/; a file in neither is returned as given, for the check to say it is not there."""
+    path = Path(file).expanduser()
+    if path.is_absolute() or path.exists():
+        return os.path.abspath(path)
+    in_folder = lora_folder(models_dir) / path
+    return str(in_folder.resolve()) if in_folder.is_file() else os.path.abspath(path)
