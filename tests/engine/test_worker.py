@@ -225,6 +225,7 @@ def test_a_stopped_engine_is_declared_hung_replaced_and_the_next_job_runs(client
         if event.step == 2 and not frozen:
             os.kill(client.pid, signal.SIGSTOP)
             frozen.append((client.pid, time.monotonic()))
+            _wait_until_stopped(client.pid)   # the signal takes effect when the kernel next schedules it
             assert isinstance(client.memory(timeout=1.0), EngineSilent)   # what the system panel sees
             if cancel:
                 client.cancel()
@@ -239,6 +240,14 @@ def test_a_stopped_engine_is_declared_hung_replaced_and_the_next_job_runs(client
     assert not psutil_alive(frozen[0][0]), "the frozen engine process is still there"
     after = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
     assert isinstance(after[-1], JobFinished) and client.pid != frozen[0][0]
+
+
+def _wait_until_stopped(pid: int, limit_s: float = 5.0) -> None:
+    import psutil
+
+    deadline = time.monotonic() + limit_s
+    while psutil.Process(pid).status() != psutil.STATUS_STOPPED and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def psutil_alive(pid: int) -> bool:
