@@ -136,7 +136,6 @@ def detect_hardware() -> HardwareProfile:
         ram_total_gb=round(mem.total / GIB, 2), ram_available_gb=round(mem.available / GIB, 2),
         os=_os_name(), cpu_count=os.cpu_count() or 1, torch_version=torch.__version__,
     )
-    triton = importlib.util.find_spec("triton") is not None
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info(0)
@@ -149,7 +148,7 @@ def detect_hardware() -> HardwareProfile:
         return HardwareProfile(
             backend=backend, device_name=props.name, arch=arch,
             vram_total_gb=round(total / GIB, 2), vram_free_gb=round(free / GIB, 2),
-            unified_memory=unified, triton=triton and can_compile(backend, common["os"])[0], **common)
+            unified_memory=unified, triton=can_compile(backend, common["os"])[0], **common)
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return HardwareProfile(
             backend="mps", device_name=platform.processor() or "Apple GPU", arch="apple",

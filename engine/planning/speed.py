@@ -72,8 +72,9 @@ def conv_mode_for(backend: str) -> str:
     return {"cuda": "benchmark", "rocm": "no_miopen"}.get(backend, "default")
 
 
-def can_compile(backend: str, os_name: str, triton: bool) -> tuple[bool, str]:
-    """(whether the transformer can be compiled here, why not)."""
+def compile_possible(backend: str, os_name: str, triton: bool) -> tuple[bool, str]:
+    """(whether the transformer can be compiled on a machine so described, why not): the planner's reading of
+    the hardware profile, whose ``triton`` the engine process set with hardware.can_compile."""
     if backend not in ("cuda", "rocm"):
         return False, "compiling needs a CUDA or ROCm GPU"
     if backend == "rocm" and os_name == "windows":
@@ -111,7 +112,7 @@ def choose_speed(hw, speed: SpeedRequest, transformer: str, fp8: bool, forced_va
 
 
 def _compile(hw, speed: SpeedRequest, transformer: str, fp8: bool, forced: bool | None, said: list) -> bool:
-    possible, why_not = can_compile(hw.backend, hw.os, hw.triton)
+    possible, why_not = compile_possible(hw.backend, hw.os, hw.triton)
     blocker = (why_not if not possible else
                "the transformer streams from RAM (offload hooks and compiling don't mix)" if transformer != "device"
                else "its weights are stored in fp8 (layerwise casting hooks)" if fp8

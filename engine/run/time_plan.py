@@ -52,8 +52,10 @@ def _attention_seconds(device: str, dtype: str) -> dict:
 
 def fastest_attention(calibration) -> str:
     """The quickest attention backend measured here ("" when none was)."""
+    from engine.run.speedups import fastest_attention as quickest
+
     seconds = getattr(calibration, "attention_seconds", None) or {}
-    return min(seconds, key=seconds.get) if seconds else ""
+    return quickest(seconds) if seconds else ""
 
 
 @dataclass
