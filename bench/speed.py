@@ -339,6 +339,7 @@ def decode(setup: Setup, folder: Path, latents) -> None:
 
     from engine.outputs.export import to_uint8
     from engine.run.decoding import decode_latents, decode_stream, denormalize
+    from engine.run.engine import FAST_DECODE_CHUNK
     from engine.run.fast_decoder import load_fast_decoder, random_fast_decoder_state, write_fast_decoder
 
     results = setup.results.setdefault("decode", {})
@@ -386,6 +387,9 @@ def decode(setup: Setup, folder: Path, latents) -> None:
     fast = load_fast_decoder(path, setup.device, torch.float32 if setup.tiny else torch.bfloat16)
     frames = timed("fast decoder", lambda: fast.decode(latents).cpu().numpy(), repeats=3)
     results["fast decoder frames"] = list(frames.shape)
+    streamed_fast = timed("fast decoder, streamed as the engine does",
+                          lambda: _concat(b.cpu().numpy() for b in fast.stream(latents, FAST_DECODE_CHUNK)), repeats=3)
+    results["fast decoder streamed equals whole"] = _frame_difference(streamed_fast, frames)
 
 
 def _concat(batches):
@@ -451,7 +455,8 @@ def in_memory(setup: Setup, key: str) -> None:
     case = {"preset": preset_name, "model": preset.settings.model, "steps": steps, "guidance": preset.settings.guidance,
             "shift": preset.settings.shift}
     size = replace(setup, width=preset.settings.width, height=preset.settings.height, frames=preset.settings.frames)
-    results = setup.results.setdefault(key, {"preset": preset_name, "steps": steps})
+    results = setup.results.setdefault(key, {"preset": preset_name, "steps": steps,
+                                             "size": [size.width, size.height, size.frames]})
     pipe = plain_in_memory({"14b": "14b", "5b": "5b"}[key], preset)
     pipe.to("cuda")
     rows, reference = [], {}

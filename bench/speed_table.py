@@ -28,8 +28,9 @@ def tables(paths: list[Path]) -> str:
     for path in paths:   # the first file's machine facts and calibration stand (a later run's has learned more)
         for key, value in json.loads(Path(path).read_text()).items():
             data.setdefault(key, value)
+    size = f"; {'x'.join(str(n) for n in data['size'])} (width x height x frames)" if "warm" in data else ""
     out = [f"Machine: {data.get('machine')}, torch {data.get('torch')}, diffusers {data.get('diffusers')}, "
-           f"{data.get('date')}; {'x'.join(str(n) for n in data.get('size', []))} (width x height x frames)."]
+           f"{data.get('date')}{size}."]
     if "cold" in data:
         out += ["", _cold(data["cold"])]
     if "warm" in data:
@@ -40,9 +41,80 @@ def tables(paths: list[Path]) -> str:
         out += ["", _caches(data["caches"])]
     if "attention" in data:
         out += ["", _attention(data["attention"])]
+    for key in ("14b", "5b"):
+        if key in data:
+            out += ["", _in_memory(key, data[key])]
     if "warm" in data and "calibration" in data:
         out += ["", _predicted(data)]
+    rows = [(case, row) for case, runs in _engine_runs(data) for row in runs if row.get("predicted")]
+    if rows:
+        out += ["", _engine_predicted(rows)]
     return "\n".join(out)
+
+
+def _engine_runs(data: dict):
+    """(case name, the engine's rows) of every warm case in ``data``."""
+    for case in ("fastwan", "long"):
+        if case in data.get("warm", {}):
+            yield case, data["warm"][case]["engine"]
+    for key in ("14b", "5b"):
+        if key in data:
+            yield f"{key} {data[key]['preset']}", data[key].get("engine", [])
+
+
+def _in_memory(key: str, result: dict) -> str:
+    """A model built in memory (the 14B and 5B): plain diffusers against the engine, model loaded."""
+    plain = result.get("plain", [])
+    base = min((r["seconds"] for r in plain), default=None)
+    title = f"{result['preset']} at {'x'.join(str(n) for n in _size(result))}, {result['steps']} steps"
+    lines = ["| case | side | request to mp4, s | step, s | VAE decode, s | export (after the last frame), s "
+             "| peak VRAM GiB | latents vs plain (max abs) | time / plain |",
+             "|---|---|--:|--:|--:|--:|--:|--:|--:|"]
+    for row in plain:
+        lines.append(f"| {title} | diffusers, run {row['run']} | {_s(row['seconds'])} | {row['step_s']:.3f} | "
+                     f"{_s(row['decode_s'])} | {_s(row['export_s'])} | {_s(row['peak_vram_gb'])} | - | "
+                     f"{_ratio(row['seconds'], base)} |")
+    for row in result.get("engine", []):
+        first = " (model load)" if "load" in row["timings"] else ""
+        diff = row.get("latents_vs_plain")
+        diff = "identical" if diff == 0 else f"{diff:.3f}"
+        lines.append(f"| {title} | engine, run {row['run']}{first} | {_s(row['seconds'])} | {row['step_s']:.3f} | "
+                     f"{_s(row['timings'].get('vae_decode'))} | {_s(row['timings'].get('export'))} | "
+                     f"{_s(row['peak_vram_gb'])} | {diff} | {_ratio(row['seconds'], base)} |")
+    return "\n".join(lines)
+
+
+def _size(result: dict) -> tuple:
+    """A model built in memory runs at its preset's size (recorded since; read from the preset before)."""
+    if "size" in result:
+        return tuple(result["size"])
+    from engine.settings.presets import load_presets
+
+    settings = load_presets()[result["preset"]].settings
+    return settings.width, settings.height, settings.frames
+
+
+def _engine_predicted(rows: list) -> str:
+    """What the engine itself told the page before each run (calibration and what it learned from the runs
+    before), against what the run took."""
+    shown = [p for p in PHASES if p != "load"]
+    lines = ["| case, run | " + " | ".join(f"{p} (said / took)" for p in shown) + " |",
+             "|---|" + "--:|" * len(shown)]
+    worst = []
+    for case, row in rows:
+        cells = []
+        for phase in shown:
+            took, said = row["timings"].get(phase), row["predicted"].get(phase)
+            cells.append("-" if took is None or said is None else f"{said:.2f} / {took:.2f}")
+            if took and said and took > 0.3:
+                worst.append((abs(said / took - 1), f"{case} {row.get('variant', row.get('run'))} {phase}"))
+        lines.append(f"| {case}, {row.get('variant', row.get('run'))} | " + " | ".join(cells) + " |")
+    if worst:
+        error, where = max(worst)
+        within = sum(e <= 0.25 for e, _ in worst)
+        lines.append(f"\nPhases over 0.3 s within 25% of what the engine said: {within} of {len(worst)}; "
+                     f"the largest miss {100 * error:.0f}% ({where}).")
+    return "\n".join(lines)
 
 
 def _cold(cold: dict) -> str:

@@ -48,6 +48,7 @@ STEPS = 2   # memory does not depend on the step count; FastWan keeps its 3 fixe
 def build_parts(key: str, device: str) -> dict:
     """Every component of one model, random weights at full size, built on the GPU then moved to ``device``."""
     _, transformer, pipeline, wan22 = MODELS[key]
+    torch.manual_seed(0)   # the same weights every time: the engine's run compares with plain diffusers'
     parts = {"transformer": realsize.transformer(transformer), "vae": realsize.vae(wan22),
              "text_encoder": realsize.text_encoder()}
     if pipeline == "WanImageToVideoPipeline":
@@ -89,6 +90,10 @@ class BenchEngine(Engine):
             for name in loaded_into_ram(plan):      # as the engine's loader does (engine/run/apply_plan.py)
                 if name in parts:
                     parts[name].to("cpu")
+            vae, dtype = parts["vae"], getattr(torch, plan.vae_dtype)   # as the engine loads and places it:
+            vae.decoder.to(dtype), vae.post_quant_conv.to(dtype)         # the decoder in the plan's dtype,
+            if "image_encoder" not in parts:                              # the encoder float32 for image to video
+                vae.encoder.to(dtype), vae.quant_conv.to(dtype)
         finally:
             gc.collect()
             torch.cuda.empty_cache()

@@ -59,7 +59,8 @@ def plain_pipeline(key: str, preset):
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                         flow_shift=preset.settings.shift)
     cls = WanImageToVideoPipeline if "image_encoder" in parts else WanPipeline
-    pipe = cls(tokenizer=realsize.tokenizer(), scheduler=scheduler, **parts)
+    extra = {"expand_timesteps": True} if key == "5b" else {}   # as Wan2.2-TI2V-5B's model_index.json says
+    pipe = cls(tokenizer=realsize.tokenizer(), scheduler=scheduler, **parts, **extra)
     pipe.set_progress_bar_config(disable=True)
     return pipe
 

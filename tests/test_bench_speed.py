@@ -26,3 +26,10 @@ def test_the_speed_bench_runs_every_part_on_the_self_test_model(tmp_path):
     assert results["decode"]["fast decoder frames"] == [9, 64, 64, 3]
     assert {"none", "first_block", "taylor", "mag", "mag (calibrated)"} <= set(results["caches"])
     assert results["calibration"]["backend"] == "cpu"
+    assert results["decode"]["fast decoder, streamed as the engine does"]["seconds"] > 0
+    assert results["decode"]["fast decoder streamed equals whole"]["within_2"] == 1.0
+
+    from bench.speed_table import tables
+
+    table = tables([out])
+    assert "said / took" in table and "| fastwan, default |" in table   # the engine's own predictions, per run

@@ -21,6 +21,7 @@ import numpy as np
 
 from engine.outputs.atomic import temporary_path, write_atomically
 from engine.outputs.bundle import Bundle
+from engine.outputs.mp4_boxes import video_frame_count
 
 _SLUG = re.compile(r"[^a-z0-9]+")
 
@@ -297,12 +298,11 @@ def _checked_frame(frame: np.ndarray, index: int, width: int, height: int) -> np
 
 
 def _check_written(path: Path, count: int) -> None:
-    """OSError unless the video ffmpeg closed at ``path`` holds ``count`` frames."""
-    import imageio_ffmpeg
-
-    written, _ = imageio_ffmpeg.count_frames_and_secs(str(path))
+    """OSError unless the video ffmpeg closed at ``path`` holds ``count`` frames (read from the file's index,
+    which ffmpeg writes last)."""
+    written = video_frame_count(path)
     if written != count:
-        raise OSError(f"the video encoder wrote {written} of {count} frames; nothing was saved")
+        raise OSError(f"the video encoder wrote {written or 0} of {count} frames; nothing was saved")
 
 
 def write_png(frame: np.ndarray, path: Path) -> Path:

@@ -181,7 +181,17 @@ def _weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _R
     return {"transformer": mem.transformer_weights_gb(spec, nbytes, rung.fp8),
             "text_encoder": spec.text_encoder_params * nbytes / mem.GB,
             "image_encoder": spec.image_encoder_params * nbytes / mem.GB if req.image_to_video else 0.0,
-            "vae": spec.vae_params * rung.vae_bytes / mem.GB}
+            "vae": spec.vae_params * rung.vae_bytes / mem.GB + (_encoder_in_float32_gb(spec, rung.vae_bytes)
+                                                                  if req.image_to_video else 0.0)}
+
+
+# The Wan VAE's encoder holds this share of its weights; an image-to-video run keeps it in float32 when the
+# decoder runs in bfloat16 (engine/run/apply_plan.py's keep_encoder_exact).
+VAE_ENCODER_SHARE = 0.42   # Wan2.1 VAE: 53.6 of 126.9 M parameters
+
+
+def _encoder_in_float32_gb(spec: ModelSpec, vae_bytes: int) -> float:
+    return spec.vae_params * VAE_ENCODER_SHARE * (4 - vae_bytes) / mem.GB
 
 
 def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> tuple[PhasePlan, ...]:

@@ -15,11 +15,13 @@ ATTENTION_BACKENDS = ("native", "_native_cudnn", "_native_flash", "_native_effic
 STEP_CACHES = ("first_block", "mag", "taylor")
 DECODERS = ("vae", "fast")
 # How the decode's convolutions are set up, per backend:
-#   benchmark:  cuDNN tries its algorithms once per shape and keeps the fastest (CUDA; 2.2 s instead of 2.8 s
-#               for a Wan2.1 decode of 81 frames at 832x480 on an H200, FACTS.md);
+#   benchmark:  cuDNN tries its algorithms once per shape and keeps the fastest. Not chosen on CUDA: on an
+#               H200 it gained nothing once tuned (a Wan2.1 decode of 832x480x81 in 2.42 s against 2.38 s in
+#               bfloat16, 3.55 against 3.53 s in float32) and the tuning cost the first decode after every load
+#               or new size 1.2-2.8 s (docs/speed.md);
 #   no_miopen:  MIOpen off for the decode (ROCm): it picks naive kernels for the Wan VAE's 3-D convolutions
 #               (the source article's decode took 86% of the run); torch's own convolutions run instead;
-#   default:    the backend's defaults (CPU, Apple).
+#   default:    the backend's defaults (CUDA, CPU, Apple).
 CONV_MODES = ("benchmark", "no_miopen", "default")
 # A compiled transformer earns its one-off compile (about 11-16 s on an H200 for the 1.3B model, FACTS.md)
 # back at about 0.15 s a pass: compiling by itself pays from this many transformer passes in one run.
@@ -69,7 +71,7 @@ def vae_dtype_for(backend: str, arch: str, forced: str | None = None) -> str:
 
 
 def conv_mode_for(backend: str) -> str:
-    return {"cuda": "benchmark", "rocm": "no_miopen"}.get(backend, "default")
+    return "no_miopen" if backend == "rocm" else "default"
 
 
 def compile_possible(backend: str, os_name: str, triton: bool) -> tuple[bool, str]:

@@ -126,6 +126,30 @@ def place_components(pipe, plan: Plan) -> None:
     set_vae_tiling(pipe.vae, plan.vae_tile)
 
 
+def keep_encoder_exact(pipe, folder: Path | None) -> None:
+    """An image-to-video pipeline's VAE encodes the first frame, which conditions every step: when the plan
+    decodes in bfloat16 its encoder is read again in float32 from the model's ``folder`` (the weights cast back
+    from bfloat16 would stay rounded), so the run's latents are those of diffusers' float32 VAE (a bfloat16
+    encode moved a 14B run's final latents by up to 0.1). The encoder runs once per video and holds 42% of the
+    VAE's weights; text-to-video pipelines never encode and keep it in the plan's dtype. Without the folder's
+    VAE (weights built in memory) the encoder is cast."""
+    import torch
+
+    if type(pipe).__name__ != "WanImageToVideoPipeline":
+        return
+    vae = pipe.vae
+    if next(vae.encoder.parameters()).dtype == torch.float32:
+        return
+    device = next(vae.decoder.parameters()).device
+    source = Path(folder) / "vae" if folder is not None else None
+    if source is not None and source.is_dir():
+        exact = type(vae).from_pretrained(source, torch_dtype=torch.float32)
+        vae.encoder, vae.quant_conv = exact.encoder.to(device), exact.quant_conv.to(device)
+    else:
+        for part in (vae.encoder, vae.quant_conv):
+            part.to(torch.float32)
+
+
 def place_encoders(pipe, plan: Plan) -> None:
     """Put the text and image encoders where ``plan`` keeps them between phases; also when a loaded
     pipeline is reused under a plan that places them differently."""

@@ -15,6 +15,12 @@ def denormalize(vae, latents):
     return latents / inv_std + mean
 
 
+def decoder_dtype(vae):
+    """The dtype the VAE decodes in: its decoder's (``vae.dtype`` is the encoder's, which an image-to-video
+    pipeline keeps in float32: engine/run/apply_plan.py's ``keep_encoder_exact``)."""
+    return vae.post_quant_conv.weight.dtype
+
+
 def decode_attempts(vae_tile: int | None, device: str, tiles: tuple[int, ...]) -> list[tuple[str, int | None, str]]:
     """(how, tile, device) to try in order: as planned, then a smaller tile, then on the CPU.
 
@@ -37,7 +43,7 @@ def decode_latents(vae, video_processor, latents, tile: int | None, device: str)
     if device != str(vae.device.type):
         vae.to(device)
     with torch.inference_mode():
-        latents = latents.to(device, dtype=vae.dtype)
+        latents = latents.to(device, dtype=decoder_dtype(vae))
         video = vae.decode(denormalize(vae, latents), return_dict=False)[0]
         frames = video_processor.postprocess_video(video, output_type="np")[0]
     return to_uint8(frames)
@@ -71,7 +77,7 @@ def decode_stream(vae, latents, device: str, chunk: int = 1):
         vae.to(device)
     _onload(vae)
     with torch.inference_mode():
-        latents = latents[:1].to(device, dtype=vae.dtype)
+        latents = latents[:1].to(device, dtype=decoder_dtype(vae))
         vae.clear_cache()
         hidden = vae.post_quant_conv(denormalize(vae, latents))
     try:

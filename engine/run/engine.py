@@ -49,6 +49,7 @@ from engine.run.apply_plan import (
     encoder_device,
     encoder_visiting,
     from_pretrained_kwargs,
+    keep_encoder_exact,
     load_into_ram,
     load_transformer_files,
     loaded_into_ram,
@@ -114,6 +115,7 @@ class LoadedModel:
             self.image_pipe = WanImageToVideoPipeline(**parts, boundary_ratio=self.pipe.config.get("boundary_ratio"),
                                                       expand_timesteps=True)
             self.image_pipe.set_progress_bar_config(disable=True)
+            keep_encoder_exact(self.image_pipe, self.model.folder)
         return self.image_pipe
 
 
@@ -280,6 +282,7 @@ class Engine:
         self.timing.loaded(nbytes, job.timings.get("load", 0.0))
         with self._phase(job, "transfer"):
             place_components(pipe, plan)
+            keep_encoder_exact(pipe, resolved.folder)
         self.loaded = LoadedModel(resolved, pipe, plan, dict(pipe.scheduler.config))
         return self.loaded
 

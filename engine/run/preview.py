@@ -25,7 +25,7 @@ import numpy as np
 
 from engine.device.runtime import clock
 from engine.events import Info, PreviewReady
-from engine.run.decoding import denormalize
+from engine.run.decoding import decoder_dtype, denormalize
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def derive_map(vae, latent_frames: int = DERIVE_LATENT_FRAMES, latent_size: int 
     generator = torch.Generator("cpu").manual_seed(seed)
     latents = torch.randn((1, z_dim, latent_frames, latent_size, latent_size), generator=generator)
     with torch.inference_mode():
-        video = vae.decode(denormalize(vae, latents.to(vae.device, vae.dtype)), return_dict=False)[0]
+        video = vae.decode(denormalize(vae, latents.to(vae.device, decoder_dtype(vae))), return_dict=False)[0]
         colours = pool_to_latent_grid(video.float().cpu(), latent_frames, latent_size)
     return fit_map(latents, colours)
 

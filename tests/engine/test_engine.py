@@ -116,6 +116,27 @@ def test_image_to_video_crops_the_image_and_times_image_encoding(engine, model_d
     assert "image_encode" in sidecar["timings"] and sidecar["model"]["pipeline"] == "WanImageToVideoPipeline"
 
 
+def test_a_bfloat16_decode_leaves_the_first_frames_encode_in_float32(engine, model_dirs, presets, outputs, image_file):
+    """The VAE's encoder conditions every step of an image-to-video run: it stays float32 when the plan decodes
+    in bfloat16, so the latents are the float32 VAE's (diffusers' own) bit for bit."""
+    import torch
+
+    from engine.events import LatentsSaved
+    from engine.outputs.latents import load_latents
+
+    latents = {}
+    for precision in ("float32", "bfloat16"):
+        request = tiny_request(presets, model_dirs["tiny-i2v"], outputs, mode="i2v", image=str(image_file), width=64,
+                               height=48, frames=9, vae_dtype=precision, keep_latents=True)
+        result, events = run_engine(engine, request)
+        assert isinstance(result, JobFinished), result
+        latents[precision] = load_latents(Path(next(e.path for e in events if isinstance(e, LatentsSaved))))[0]
+        assert read_video(result.paths[0])[0].shape == (9, 48, 64, 3)
+    vae = engine.loaded.pipe.vae
+    assert vae.decoder.conv_in.weight.dtype == torch.bfloat16 and vae.encoder.conv_in.weight.dtype == torch.float32
+    assert torch.equal(latents["float32"], latents["bfloat16"])
+
+
 def test_a_last_frame_needs_a_first_and_last_frame_model(engine, model_dirs, presets, outputs, image_file,
                                                          tmp_path):
     from engine.models.selftest import SELFTEST_I2V, build_selftest_pipeline

@@ -129,3 +129,20 @@ def test_a_process_killed_mid_stream_leaves_nothing_under_the_final_name(tmp_pat
     assert not final.exists()
     discard_temporary(final)   # what the worker does once it sees its engine died
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_frame_count_comes_from_the_files_index_and_a_cut_file_has_none(tmp_path):
+    import imageio_ffmpeg
+
+    from engine.outputs.mp4_boxes import video_frame_count
+
+    rng = np.random.default_rng(0)
+    path = write_mp4(rng.integers(0, 256, (13, 32, 48, 3), dtype=np.uint8), tmp_path / "clip.mp4", fps=16)
+    assert video_frame_count(path) == 13 == imageio_ffmpeg.count_frames_and_secs(str(path))[0]
+    data = path.read_bytes()
+    for cut in (len(data) - 1, len(data) // 2, 40, 0):   # the index is at the front (faststart): the cut is in mdat
+        (tmp_path / "cut.mp4").write_bytes(data[:cut])
+        assert video_frame_count(tmp_path / "cut.mp4") is None
+    (tmp_path / "text.mp4").write_text("not a video at all")
+    assert video_frame_count(tmp_path / "text.mp4") is None
+    assert video_frame_count(tmp_path / "missing.mp4") is None
