@@ -11,6 +11,7 @@ from ui.parts import system_panel
 from ui.tabs import decode_again as decode_tab
 from ui.tabs import history as history_tab
 from ui.tabs import image_to_video as i2v_tab
+from ui.tabs import models as models_tab
 from ui.tabs import presets as presets_tab
 from ui.tabs import text_to_video as t2v_tab
 from ui.tabs.ids import TAB_IDS
@@ -58,6 +59,8 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                 history_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form})
             with gr.Tab("Decode again", id=TAB_IDS["decode"]) as decode:
                 decode_tab.build(ctx, decode.select)
+            with gr.Tab("Models", id=TAB_IDS["models"]) as models:
+                models_tab.build(ctx, models.select)
         with gr.Row():
             unload_btn = gr.Button("Unload model (free its memory)", size="sm", elem_id="unload", scale=0,
                                    min_width=260)

@@ -176,6 +176,8 @@ class WorkerClient:
         self.restarts = 0
         self.hung = 0     # engine processes stopped because they stopped answering
         self._hardware_profile: HardwareProfile | None = None
+        # The settings of the job that runs now (None: none runs): the Models tab deletes none of its models.
+        self.running_settings = None
 
     # ----- process management -------------------------------------------
     def _ensure_worker(self) -> _Worker:
@@ -344,7 +346,11 @@ class WorkerClient:
         job_id = job_id or self.new_job_id()
         for note in notes:   # cleaned prompts, converted images: said before the job starts
             yield Info(job_id, note)
-        yield from self._exchange(lambda timings: ("run", request, job_id, timings), job_id)
+        self.running_settings = request.settings   # the models it uses may not be deleted meanwhile
+        try:
+            yield from self._exchange(lambda timings: ("run", request, job_id, timings), job_id)
+        finally:
+            self.running_settings = None
 
     def submit(self, request: GenerationRequest, job_id: str | None = None) -> Iterator[Event]:
         """``check`` then ``run``: bad input ends in a JobFailed event, before the engine does anything."""

@@ -73,6 +73,22 @@ def test_text_to_video_returns_a_video_and_timings(client, server):
     assert len(list(server["outputs"].rglob("*.mp4"))) >= 1
 
 
+def test_the_models_tab_lists_models_and_refuses_to_delete_the_loaded_one(client, server, selftest_models_dir):
+    client.predict(*T2V, api_name="/text_to_video")          # the self-test model is loaded from now on
+    table, _ = client.predict(api_name="/models")
+    rows = {row[0]: row for row in table["data"]}
+    assert rows["selftest-t2v"][1:3] == ["self-test model", "models folder"]
+    assert rows["selftest-t2v"][3].endswith(("kB", "MB")) and "selftest-t2v" in rows["selftest-t2v"][4]
+    said, *_ = client.predict("models:selftest-t2v", True, api_name="/delete_model")
+    assert said.startswith("Not deleted: selftest-t2v is in use by the engine")
+    said, *_ = client.predict("models:../../etc", True, api_name="/delete_model")
+    assert "is not in the list of models" in said
+    said, *_ = client.predict("models:selftest-i2v", False, api_name="/delete_model")
+    assert said.startswith("Tick")
+    assert (selftest_models_dir / "selftest-t2v" / "model_index.json").is_file()
+    assert (selftest_models_dir / "selftest-i2v" / "model_index.json").is_file()
+
+
 def test_the_system_panel_tells_of_a_job_shorter_than_its_refresh(client):
     """A job may start and end between two refreshes of the panel: idle, it says how the last one ended."""
     client.predict(*T2V, api_name="/text_to_image")

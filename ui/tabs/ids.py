@@ -4,7 +4,7 @@ from __future__ import annotations
 import gradio as gr
 
 TAB_IDS = {"t2v": "t2v-tab", "i2v": "i2v-tab", "presets": "presets-tab", "history": "history-tab",
-           "decode": "decode-tab"}
+           "decode": "decode-tab", "models": "models-tab"}
 
 
 def tab_by_id(tabs: gr.Tabs, key: str) -> gr.Tab | None:

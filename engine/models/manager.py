@@ -1,0 +1,195 @@
+"""The models on this machine, for the Models tab: what the Hugging Face cache and the app's models folder hold,
+each with its size on disk, its kind and the presets that use it; and deleting one, never outside those two
+folders and never one that the engine uses.
+
+Reads only names, sizes and small JSON files: no weights, no network.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from engine.models.download import size_words
+from engine.models.refs import WEIGHT_SUFFIXES, ModelError, hub_cache_dir
+from engine.models.selftest import SELFTEST_REFS
+from engine.run.fast_decoder import FAST_DECODER_FOLDER, FAST_DECODER_SUFFIXES
+from engine.settings.loras import LORAS_FOLDER
+from engine.settings.values import Settings
+
+HUB, LOCAL = "hub", "models"          # the two places, as the first part of an entry's key
+# What an entry is, as the tab shows it.
+HUB_MODEL = "diffusers model (Hub)"
+HUB_REPO = "Hub repo"
+MODEL_FOLDER = "diffusers model folder"
+SELFTEST_MODEL = "self-test model"
+TRANSFORMER_FILE = "transformer file"
+LORA = "LoRA"
+FAST_DECODER = "fast decoder"
+OTHER = "other"
+# Single transformer files the engine takes in place of a model's own (engine/models/single_file.py).
+TRANSFORMER_SUFFIXES = (".gguf", ".safetensors")
+
+
+class DeleteRefused(ModelError):
+    """A delete that may not happen; the message says why."""
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    key: str                    # "hub:org/name" or "models:<path inside the models folder>", unique
+    name: str                   # a repo id, or the path inside the models folder
+    kind: str
+    path: Path                  # the folder or file on disk
+    size_bytes: int
+    presets: tuple[str, ...] = ()
+
+    @property
+    def place(self) -> str:
+        return self.key.split(":", 1)[0]
+
+
+def disk_size(path: Path) -> int:
+    """Bytes on disk under ``path`` (a file or a folder), links not followed (the Hub cache's snapshots link to
+    its blobs, which count once)."""
+    if path.is_symlink() or path.is_file():
+        return 0 if path.is_symlink() else path.stat().st_size
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            file = Path(root, name)
+            if not file.is_symlink():
+                total += file.stat().st_size
+    return total
+
+
+def hub_entries(cache_dir: Path | None = None) -> list[ModelEntry]:
+    """The model repos in the Hugging Face cache (HF_HUB_CACHE, else HF_HOME/hub, read at call time)."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+    try:
+        scanned = scan_cache_dir(cache)
+    except CacheNotFound:
+        return []
+    entries = []
+    for repo in sorted(scanned.repos, key=lambda r: r.repo_id.lower()):
+        if repo.repo_type != "model":
+            continue
+        diffusers = any((rev.snapshot_path / "model_index.json").is_file() for rev in repo.revisions)
+        entries.append(ModelEntry(f"{HUB}:{repo.repo_id}", repo.repo_id, HUB_MODEL if diffusers else HUB_REPO,
+                                  Path(repo.repo_path), repo.size_on_disk))
+    return entries
+
+
+def _kind_of(path: Path, inside: str) -> str | None:
+    """What a thing in the models folder is (None: not a model, such as the engine's own notes)."""
+    if inside == LORAS_FOLDER:
+        return LORA if path.suffix in WEIGHT_SUFFIXES else None
+    if inside == FAST_DECODER_FOLDER:
+        return FAST_DECODER if path.suffix in FAST_DECODER_SUFFIXES else None
+    if path.is_dir():
+        if (path / "model_index.json").is_file():
+            return SELFTEST_MODEL if path.name in SELFTEST_REFS else MODEL_FOLDER
+        return None
+    return TRANSFORMER_FILE if path.suffix in TRANSFORMER_SUFFIXES else None
+
+
+def local_entries(models_dir: Path) -> list[ModelEntry]:
+    """The models folder's diffusers folders, single transformer files, LoRAs (loras/) and fast decoders
+    (fast_decoders/); hidden names (the engine's calibration) and unfinished downloads are left out."""
+    models = Path(models_dir)
+    found = []
+    places = [(models, "")] + [(models / sub, sub) for sub in (LORAS_FOLDER, FAST_DECODER_FOLDER)]
+    for folder, inside in places:
+        if not folder.is_dir():
+            continue
+        for path in sorted(folder.iterdir()):
+            if path.name.startswith(".") or (not inside and path.name in (LORAS_FOLDER, FAST_DECODER_FOLDER)):
+                continue
+            kind = _kind_of(path, inside)
+            if kind is not None:
+                name = path.relative_to(models).as_posix()
+                found.append(ModelEntry(f"{LOCAL}:{name}", name, kind, path, disk_size(path)))
+    return found
+
+
+def names_in(settings: Settings) -> tuple[str, ...]:
+    """Every model, transformer file and LoRA file that ``settings`` names."""
+    files = (settings.transformer, settings.transformer_2, *(file for file, _ in settings.loras or ()))
+    return tuple(name for name in (settings.model, *files) if name)
+
+
+def named_by(entry: ModelEntry, name: str, models_dir: Path) -> bool:
+    """Whether ``name`` (a repo id, a self-test model, a folder or file by its path or its name in the models
+    folder or its loras/) means ``entry``."""
+    if not isinstance(name, str) or not name.strip():
+        return False
+    name = name.strip()
+    if entry.place == HUB:
+        return name == entry.name
+    if name == entry.name:
+        return True
+    candidates = (Path(name).expanduser(), Path(models_dir) / name, Path(models_dir) / LORAS_FOLDER / name)
+    target = os.path.abspath(entry.path)
+    return any(os.path.abspath(c) == target for c in candidates)
+
+
+def list_models(models_dir: Path, presets: dict | None = None, cache_dir: Path | None = None) -> list[ModelEntry]:
+    """The Hub cache's models, then the models folder's, each with the names of the presets that use it."""
+    presets = presets or {}
+    entries = hub_entries(cache_dir) + local_entries(models_dir)
+    return [ModelEntry(e.key, e.name, e.kind, e.path, e.size_bytes,
+                       tuple(p for p, preset in presets.items()
+                             if any(named_by(e, n, models_dir) for n in names_in(preset.settings))))
+            for e in entries]
+
+
+def find_entry(entries: Iterable[ModelEntry], key: object) -> ModelEntry:
+    """The listed entry whose key is ``key``; DeleteRefused for anything else (a path typed in, ../.., ...)."""
+    for entry in entries:
+        if entry.key == key:
+            return entry
+    raise DeleteRefused(f"{str(key)[:80]!r} is not in the list of models on this machine; refresh the list and pick "
+                        "one from it")
+
+
+def _inside(path: Path, root: Path) -> bool:
+    """``path`` is strictly below ``root``, both as written and once links are followed."""
+    pairs = ((Path(os.path.abspath(path)), Path(os.path.abspath(root))), (path.resolve(), root.resolve()))
+    return all(r in p.parents for p, r in pairs)
+
+
+def check_deletable(entry: ModelEntry, models_dir: Path, in_use: Iterable[str], cache_dir: Path | None = None) -> None:
+    """DeleteRefused when ``entry`` lies outside the models folder and the Hub cache, or the running job or the
+    loaded pipeline uses it (``in_use``: the names they give)."""
+    root = Path(models_dir) if entry.place == LOCAL else (Path(cache_dir) if cache_dir else hub_cache_dir())
+    if not _inside(entry.path, root):
+        folder = "the models folder" if entry.place == LOCAL else "the Hugging Face cache"
+        raise DeleteRefused(f"{entry.name} is not inside {folder} ({root}); the app deletes nothing elsewhere")
+    users = [name for name in in_use if named_by(entry, name, models_dir)]
+    if users:
+        raise DeleteRefused(f"{entry.name} is in use by the engine (the loaded model or the running job); wait for "
+                            "the job to end, or unload the model, then delete it")
+
+
+def delete_entry(entry: ModelEntry, models_dir: Path, in_use: Iterable[str], cache_dir: Path | None = None) -> str:
+    """Delete ``entry`` from disk once check_deletable lets it; what was freed, in words."""
+    check_deletable(entry, models_dir, tuple(in_use), cache_dir)
+    if entry.place == HUB:
+        from huggingface_hub import scan_cache_dir
+
+        cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
+        repos = [r for r in scan_cache_dir(cache).repos if r.repo_type == "model" and r.repo_id == entry.name]
+        hashes = [rev.commit_hash for repo in repos for rev in repo.revisions]
+        scan_cache_dir(cache).delete_revisions(*hashes).execute()
+        if entry.path.exists():   # blobs of unfinished downloads, refs with no snapshot
+            shutil.rmtree(entry.path)
+    elif entry.path.is_dir() and not entry.path.is_symlink():
+        shutil.rmtree(entry.path)
+    else:
+        entry.path.unlink()
+    return f"Deleted {entry.name} ({entry.kind}, {size_words(entry.size_bytes)} freed)."

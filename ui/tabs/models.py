@@ -1,0 +1,172 @@
+"""Models tab: what the Hugging Face cache and the models folder hold (size, kind, the presets that use each);
+download a repo or one file of it, with its progress; delete one after a confirmation.
+
+A download checks the free disk space before its first byte. A delete takes only an entry of the list (never a
+path typed in), only inside the models folder or the Hub cache, and never one that the running job or the loaded
+pipeline uses: the worker client says what runs, the engine's status channel what is loaded.
+"""
+from __future__ import annotations
+
+import html
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import gradio as gr
+
+from engine.device.usage import EngineMemory, EngineSilent
+from engine.models.download import DownloadError, download_file, download_snapshot, size_words
+from engine.models.manager import DeleteRefused, ModelEntry, delete_entry, find_entry, list_models, names_in
+from engine.models.refs import REPO_ID, ModelError
+from engine.run.fast_decoder import FAST_DECODER_FOLDER
+from engine.settings.loras import LORAS_FOLDER
+from ui.context import AppContext
+
+COLUMNS = ["Name", "Kind", "Where", "Size", "Used by presets"]
+# Where one file of a repo may go, inside the models folder (a transformer file at its top).
+FILE_FOLDERS = {"models/ (a transformer file)": "", f"models/{LORAS_FOLDER}/ (a LoRA)": LORAS_FOLDER,
+                f"models/{FAST_DECODER_FOLDER}/ (a fast decoder)": FAST_DECODER_FOLDER}
+# Seconds between two progress lines of a download.
+PROGRESS_EVERY_S = 0.5
+CONFIRM_FIRST = "Tick “Yes, delete it from disk” first: a delete cannot be undone."
+
+
+def models_dir(ctx: AppContext) -> Path:
+    return Path(ctx.models_dir or ctx.client.models_dir)
+
+
+def entries(ctx: AppContext) -> list[ModelEntry]:
+    return list_models(models_dir(ctx), dict(ctx.presets))
+
+
+def table_rows(found: list[ModelEntry]) -> list[list[str]]:
+    return [[e.name, e.kind, "Hub cache" if e.place == "hub" else "models folder", size_words(e.size_bytes),
+             ", ".join(e.presets) or "-"] for e in found]
+
+
+def names_in_use(ctx: AppContext) -> tuple[str, ...]:
+    """The names of what the running job and the loaded pipeline use; DeleteRefused when the engine does not say
+    (it is hung: what it holds is not known)."""
+    running = ctx.client.running_settings
+    names = names_in(running) if running is not None else ()
+    memory = ctx.client.memory(timeout=2.0)
+    if isinstance(memory, EngineSilent):
+        raise DeleteRefused("the engine is not answering, so what it uses is not known; try again in a minute")
+    if isinstance(memory, EngineMemory) and memory.model:
+        names += (memory.model,)
+    return names
+
+
+def delete_model(ctx: AppContext, key, confirmed) -> str:
+    """Delete the listed entry ``key`` when ``confirmed``; what happened, in words."""
+    if confirmed is not True:
+        return CONFIRM_FIRST
+    try:
+        entry = find_entry(entries(ctx), key)
+        return delete_entry(entry, models_dir(ctx), names_in_use(ctx))
+    except ModelError as exc:
+        return f"Not deleted: {html.escape(str(exc), quote=False)}"
+
+
+@dataclass
+class _Transfer:
+    """One download running in its own thread: its progress, and how it ended."""
+    done: int = 0
+    total: int = 0
+    result: str | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def progress(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+
+    def line(self, what: str) -> str:
+        if not self.total:
+            return f"Downloading {what}: asking the Hub for its files..."
+        rate = self.done / max(time.monotonic() - self.started, 1e-6)
+        return (f"Downloading {what}: {size_words(self.done)} of {size_words(self.total)} "
+                f"({100 * self.done / self.total:.0f} %, {size_words(int(rate))}/s)")
+
+
+def download(ctx: AppContext, repo, path, into, free_bytes: int | None = None):
+    """Download ``repo`` (or its file ``path`` into the models folder's ``into``), yielding progress lines."""
+    repo = repo.strip() if isinstance(repo, str) else ""
+    path = path.strip() if isinstance(path, str) else ""
+    if not REPO_ID.match(repo):
+        yield f"Not downloaded: {html.escape(repo[:80])!r} is not a Hugging Face repo id; write it as org/name."
+        return
+    if path and into not in FILE_FOLDERS:
+        yield "Not downloaded: pick where the file goes from the list."
+        return
+    what = f"{repo}/{path}" if path else repo
+    transfer = _Transfer()
+
+    def work():
+        try:
+            if path:
+                folder = models_dir(ctx) / FILE_FOLDERS[into]
+                where = download_file(repo, path, folder, transfer.progress, free_bytes)
+            else:
+                where = download_snapshot(repo, transfer.progress, free_bytes)
+            transfer.result = f"Downloaded {what} into {where}."
+        except DownloadError as exc:
+            transfer.result = f"Not downloaded: {html.escape(str(exc), quote=False)}"
+        except Exception as exc:   # the page says what went wrong instead of an empty error
+            transfer.result = f"Not downloaded: {type(exc).__name__}: {html.escape(str(exc), quote=False)}"
+
+    thread = threading.Thread(target=work, name="model-download", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(PROGRESS_EVERY_S)
+        if thread.is_alive():
+            yield transfer.line(what)
+    yield transfer.result
+
+
+def _hub_models(ctx: AppContext) -> list[str]:
+    return sorted({p.settings.model for p in ctx.presets.values() if REPO_ID.match(p.settings.model or "")})
+
+
+def build(ctx: AppContext, tabs_select=None) -> None:
+    """The tab; ``tabs_select`` (the tab's own select event) refreshes its list whenever it is opened."""
+    gr.Markdown("What the Hugging Face cache and the models folder hold, with their size on disk and the presets "
+                "that use them. Download a preset's model (a whole repo, into the Hugging Face cache) or one file "
+                "of a repo (into the models folder); delete what you no longer need.")
+    table = gr.Dataframe(headers=COLUMNS, value=[], interactive=False, elem_id="models-table", wrap=True)
+    refresh = gr.Button("Refresh", size="sm", elem_id="models-refresh")
+    gr.Markdown("### Download")
+    with gr.Row():
+        repo = gr.Dropdown(choices=_hub_models(ctx), allow_custom_value=True, label="Repo id (org/name)",
+                           elem_id="models-repo", scale=3)
+        path = gr.Textbox(label="One file of it (empty: the whole repo)", elem_id="models-file", scale=3,
+                          placeholder="folder/name.safetensors")
+        into = gr.Dropdown(choices=list(FILE_FOLDERS), value=next(iter(FILE_FOLDERS)), label="A file goes into",
+                           elem_id="models-into", scale=2)
+    download_btn = gr.Button("Download", variant="primary", elem_id="models-download")
+    progress = gr.Markdown(elem_id="models-progress", elem_classes=["wan-status"])
+    gr.Markdown("### Delete")
+    with gr.Row():
+        # Any value is taken here and looked up in the list on the server (find_entry): nothing else is deleted.
+        choice = gr.Dropdown(choices=[], label="Model", elem_id="models-choice", scale=4, allow_custom_value=True)
+        confirm = gr.Checkbox(label="Yes, delete it from disk", value=False, elem_id="models-confirm", scale=1)
+    delete_btn = gr.Button("Delete", variant="stop", elem_id="models-delete")
+    deleted = gr.Markdown(elem_id="models-deleted", elem_classes=["wan-status"])
+
+    def listing():
+        found = entries(ctx)
+        return table_rows(found), gr.Dropdown(choices=[(f"{e.name} ({e.kind})", e.key) for e in found], value=None)
+
+    def delete(key, confirmed):
+        said = delete_model(ctx, key, confirmed)
+        return (said, gr.Checkbox(value=False), *listing())
+
+    def fetch(repo_id, file, folder):
+        yield from download(ctx, repo_id, file, folder)
+
+    refresh.click(listing, None, [table, choice], api_name="models", show_progress="hidden")
+    if tabs_select is not None:
+        tabs_select(listing, None, [table, choice], api_visibility="private", show_progress="hidden")
+    download_btn.click(fetch, [repo, path, into], progress, api_name="download_model",
+                       concurrency_id="model-download", concurrency_limit=1).then(listing, None, [table, choice])
+    delete_btn.click(delete, [choice, confirm], [deleted, confirm, table, choice], api_name="delete_model",
+                     concurrency_id="model-delete", concurrency_limit=1)
