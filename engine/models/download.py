@@ -133,14 +133,15 @@ def _bytes_progress(on_progress: Progress, total: int):
     class Reporting(hub_tqdm):
         def __init__(self, *args, **kwargs):
             self.reports = kwargs.get("unit") == "B" and not str(kwargs.get("name", "")).endswith(".transfer")
-            kwargs["disable"] = True
+            self.done = int(kwargs.get("initial") or 0)
+            kwargs["disable"] = True    # counted here: a disabled bar counts nothing and prints nothing
             super().__init__(*args, **kwargs)
 
         def update(self, n=1):
-            result = super().update(n)
+            self.done += int(n or 0)
             if self.reports:
-                on_progress(int(self.n), total)
-            return result
+                on_progress(min(self.done, total), total)
+            return super().update(n)
 
     return Reporting
 
@@ -208,9 +209,11 @@ def plan_file(repo: str, path: str, folder: Path, endpoint: str | None = None) -
     _offline_check(where)
     remote = _remote_file(repo, path, endpoint, where)
     target = Path(folder) / PurePosixPath(path).name
+    if target.exists() and not (target.is_file() and target.stat().st_size == remote.size):
+        raise DownloadError(f"{target} exists already and is not this file; delete or rename it first")
     part = partial_file(target, remote.etag)
     have = part.stat().st_size if part.is_file() else 0
-    missing = 0 if target.is_file() and target.stat().st_size == remote.size else max(remote.size - have, 0)
+    missing = 0 if target.is_file() else max(remote.size - have, 0)
     return DownloadPlan(repo, ((path, missing),) if missing else (), Path(folder)), remote
 
 

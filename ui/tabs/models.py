@@ -67,6 +67,9 @@ def delete_model(ctx: AppContext, key, confirmed) -> str:
         return delete_entry(entry, models_dir(ctx), names_in_use(ctx))
     except ModelError as exc:
         return f"Not deleted: {html.escape(str(exc), quote=False)}"
+    except OSError as exc:   # a file another program holds open (Windows), a folder without write permission
+        return (f"Not deleted: {html.escape(str(key), quote=False)} could not be removed ({exc.strerror or exc}); "
+                "close what uses it, or check the folder's permissions")
 
 
 @dataclass
@@ -136,7 +139,7 @@ def build(ctx: AppContext, tabs_select=None) -> None:
     refresh = gr.Button("Refresh", size="sm", elem_id="models-refresh")
     gr.Markdown("### Download")
     with gr.Row():
-        repo = gr.Dropdown(choices=_hub_models(ctx), allow_custom_value=True, label="Repo id (org/name)",
+        repo = gr.Dropdown(choices=_hub_models(ctx), value=None, allow_custom_value=True, label="Repo id (org/name)",
                            elem_id="models-repo", scale=3)
         path = gr.Textbox(label="One file of it (empty: the whole repo)", elem_id="models-file", scale=3,
                           placeholder="folder/name.safetensors")
