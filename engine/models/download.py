@@ -1,11 +1,12 @@
 """Downloads from the Hugging Face Hub for the Models tab: a repo's snapshot into the Hub cache, or one file of a
 repo into the models folder; each checked against the free disk space before its first byte.
 
-A snapshot goes through huggingface_hub's ``snapshot_download``, as the engine's own downloads do
-(engine/models/refs.py): the files a try finished are kept, and the next try fetches only the others. One file
-goes through ``transfer_file``: huggingface_hub (2.x) deletes a broken download's partial file, so a file the
-models folder keeps is written to a ``.part`` file that stays when a try is cut, and the next try asks the Hub only
-for the bytes after it (an HTTP Range request).
+Resuming: huggingface_hub (2.x) writes each file to a temporary name of its own and deletes it when a try fails, so
+an interrupted try would start every unfinished file again. Large files therefore go through ``transfer_file``: its
+``.part`` file stays when a try is cut, and the next try asks the Hub only for the bytes after it (an HTTP Range
+request). A snapshot's large files are fetched that way straight into the Hub cache's blob store (the cache's
+documented layout: ``blobs/<etag>``), and then ``snapshot_download``, as the engine's own downloads use it
+(engine/models/refs.py), links them into the snapshot and fetches the small files; files a try finished are kept.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from engine.models.refs import REPO_ID, ModelError, hub_cache_dir, hub_offline
 SPARE_BYTES = 256 << 20
 # Seconds without a byte from the Hub before a try gives up (the next try resumes).
 READ_TIMEOUT_S = 60.0
+# A snapshot's files from this size on are fetched so that a cut try resumes (smaller ones start again: cheap).
+RESUMABLE_BYTES = 64 << 20
 
 Progress = Callable[[int, int], None]   # (bytes done, bytes in all)
 
@@ -43,6 +46,7 @@ class DownloadPlan:
     repo: str
     files: tuple[tuple[str, int], ...]    # (path in the repo, size in bytes) of the files still to fetch
     target: Path                          # the folder they go to (the Hub cache, or a folder in models/)
+    revision: str = ""                    # the commit they belong to (a snapshot)
 
     @property
     def needed_bytes(self) -> int:
@@ -123,7 +127,8 @@ def plan_snapshot(repo: str, endpoint: str | None = None, cache_dir: Path | None
         infos = snapshot_download(repo, cache_dir=cache, endpoint=endpoint, dry_run=True)
     except Exception as exc:   # the Hub's errors and the network's, worded by _hub_failure
         raise _hub_failure(exc, repo, where) from exc
-    return DownloadPlan(repo, tuple((i.filename, i.file_size or 0) for i in infos if i.will_download), cache)
+    commit = next((i.commit_hash for i in infos), "")
+    return DownloadPlan(repo, tuple((i.filename, i.file_size or 0) for i in infos if i.will_download), cache, commit)
 
 
 def _bytes_progress(on_progress: Progress, total: int):
@@ -146,18 +151,42 @@ def _bytes_progress(on_progress: Progress, total: int):
     return Reporting
 
 
+def _prefetch_blob(plan: DownloadPlan, path: str, endpoint: str | None, on_progress: Progress | None) -> None:
+    """Fetch one large file of a snapshot into the Hub cache's blob store, resuming a cut try's ``.part`` file."""
+    from huggingface_hub.file_download import repo_folder_name
+
+    where = f"{plan.target} (the Hugging Face cache)"
+    remote = _remote_file(plan.repo, path, endpoint, where, plan.revision)
+    blobs = plan.target / repo_folder_name(repo_id=plan.repo, repo_type="model") / "blobs"
+    if remote.etag and not (blobs / remote.etag).is_file():
+        blobs.mkdir(parents=True, exist_ok=True)
+        transfer_file(remote, blobs / remote.etag, on_progress, f"{plan.repo}/{path}")
+
+
 def download_snapshot(repo: str, on_progress: Progress | None = None, free_bytes: int | None = None,
-                      endpoint: str | None = None, cache_dir: Path | None = None) -> Path:
+                      endpoint: str | None = None, cache_dir: Path | None = None,
+                      resumable_bytes: int = RESUMABLE_BYTES) -> Path:
     """Download ``repo`` into the Hub cache (where the engine finds it by its repo id) and return its folder;
-    DownloadError, before any byte, when it does not fit, the Hub cannot be reached or the repo is unknown."""
+    DownloadError, before any byte, when it does not fit, the Hub cannot be reached or the repo is unknown.
+    Files of ``resumable_bytes`` or more resume where a cut try stopped."""
     from huggingface_hub import snapshot_download
 
     plan = plan_snapshot(repo, endpoint, cache_dir)
     check_space(plan, free_bytes)
     where = f"{plan.target} (the Hugging Face cache)"
-    progress = _bytes_progress(on_progress, plan.needed_bytes) if on_progress else None
+    total, before = plan.needed_bytes, 0
+    for path, size in plan.files:
+        if size >= resumable_bytes:
+            def said(done: int, _: int, start: int = before) -> None:
+                if on_progress:
+                    on_progress(start + done, total)
+            _prefetch_blob(plan, path, endpoint, said)
+            before += size
+    progress = _bytes_progress(lambda done, _: on_progress(min(before + done, total), total), total) \
+        if on_progress else None
     try:
-        folder = snapshot_download(plan.repo, cache_dir=plan.target, endpoint=endpoint, tqdm_class=progress)
+        folder = snapshot_download(plan.repo, cache_dir=plan.target, endpoint=endpoint, tqdm_class=progress,
+                                   revision=plan.revision or None)
     except Exception as exc:   # the files finished so far stay in the cache: the next try fetches the others
         failure = _hub_failure(exc, plan.repo, where)
         raise DownloadError(f"{failure}. The files finished so far are kept: Download again fetches the others") \
@@ -185,11 +214,12 @@ class _Remote:
     etag: str
 
 
-def _remote_file(repo: str, path: str, endpoint: str | None, where: str) -> _Remote:
+def _remote_file(repo: str, path: str, endpoint: str | None, where: str, revision: str | None = None) -> _Remote:
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
 
     try:
-        meta = get_hf_file_metadata(hf_hub_url(repo, path, endpoint=endpoint), endpoint=endpoint)
+        url = hf_hub_url(repo, path, revision=revision or None, endpoint=endpoint)
+        meta = get_hf_file_metadata(url, endpoint=endpoint)
     except Exception as exc:   # the Hub's errors and the network's, worded by _hub_failure
         raise _hub_failure(exc, repo, where) from exc
     if meta.size is None:
@@ -231,11 +261,13 @@ def download_file(repo: str, path: str, folder: Path, on_progress: Progress | No
     return target
 
 
-def transfer_file(remote: _Remote, target: Path, on_progress: Progress | None = None) -> None:
-    """Fetch ``remote`` into ``target`` through its partial file, from where the last try stopped."""
+def transfer_file(remote: _Remote, target: Path, on_progress: Progress | None = None, label: str = "") -> None:
+    """Fetch ``remote`` into ``target`` through its partial file, from where the last try stopped; ``label`` names
+    it in messages (default: the target's name)."""
     import httpx2
     from huggingface_hub.utils import build_hf_headers, get_session
 
+    label = label or target.name
     part = partial_file(target, remote.etag)
     done = part.stat().st_size if part.is_file() else 0
     if done > remote.size:    # not this version's bytes: start again
@@ -257,9 +289,9 @@ def transfer_file(remote: _Remote, target: Path, on_progress: Progress | None = 
                     if on_progress:
                         on_progress(done, remote.size)
     except httpx2.HTTPError as exc:   # a cut connection, a timeout, an error status: the partial file stays
-        raise DownloadError(f"the download of {target.name} stopped after {size_words(done)} of "
+        raise DownloadError(f"the download of {label} stopped after {size_words(done)} of "
                             f"{size_words(remote.size)} ({type(exc).__name__}: {exc}); Download again continues from there") from exc
     if done != remote.size:
-        raise DownloadError(f"the download of {target.name} ended after {done} of {remote.size} bytes; "
+        raise DownloadError(f"the download of {label} ended after {done} of {remote.size} bytes; "
                             "Download again continues from there")
     os.replace(part, target)

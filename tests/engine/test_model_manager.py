@@ -64,6 +64,27 @@ def test_a_file_cut_halfway_continues_on_the_next_try_with_a_range_request(hub, 
     assert not list(folder.glob("*.part"))
 
 
+def test_a_snapshot_s_large_file_cut_halfway_continues_on_the_next_try_with_a_range_request(hub, tmp_path):
+    cache = tmp_path / "hub"
+    hub.cut.add((REPO, "transformer/weights.bin"))
+    with pytest.raises(DownloadError, match=f"the download of {REPO}/transformer/weights.bin stopped after .*"
+                                            "Download again continues from there"):
+        download_snapshot(REPO, endpoint=hub.url, cache_dir=cache, resumable_bytes=100_000)
+    said = []
+    folder = download_snapshot(REPO, lambda done, total: said.append((done, total)), endpoint=hub.url,
+                               cache_dir=cache, resumable_bytes=100_000)
+    first, second = hub.gets("transformer/weights.bin")
+    assert first.range is None and second.range == f"bytes={len(WEIGHTS) // 2}-"
+    assert (folder / "transformer" / "weights.bin").read_bytes() == WEIGHTS
+    assert (folder / "transformer" / "weights.bin").is_symlink()          # linked from the cache's blob store
+    assert (folder / "model_index.json").read_bytes() == INDEX
+    total = len(WEIGHTS) + len(INDEX)
+    assert said[-1] == (total, total) and all(done <= t == total for done, t in said)
+    assert not list(cache.rglob("*.part"))
+    (entry,) = list_models(tmp_path / "models", {}, cache)
+    assert entry.size_bytes == total
+
+
 def test_a_file_of_that_name_is_never_overwritten_and_the_same_file_is_not_fetched_again(hub, tmp_path):
     folder = tmp_path / "loras"
     folder.mkdir()
