@@ -290,7 +290,8 @@ def transfer_file(remote: _Remote, target: Path, on_progress: Progress | None = 
                         on_progress(done, remote.size)
     except httpx2.HTTPError as exc:   # a cut connection, a timeout, an error status: the partial file stays
         raise DownloadError(f"the download of {label} stopped after {size_words(done)} of "
-                            f"{size_words(remote.size)} ({type(exc).__name__}: {exc}); Download again continues from there") from exc
+                            f"{size_words(remote.size)} ({type(exc).__name__}: {exc}); Download again continues "
+                            "from there") from exc
     if done != remote.size:
         raise DownloadError(f"the download of {label} ended after {done} of {remote.size} bytes; "
                             "Download again continues from there")

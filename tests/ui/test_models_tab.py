@@ -7,7 +7,7 @@ import dataclasses
 from engine.service.worker import WorkerClient
 from tests.engine.test_model_manager import INDEX
 from ui.context import AppContext
-from ui.tabs.models import CONFIRM_FIRST, delete_model, download, entries, table_rows
+from ui.tabs.models import CONFIRM_FIRST, delete_model, download, entries, summary, table_rows
 
 
 def _ctx(presets, tmp_path) -> AppContext:
@@ -35,3 +35,9 @@ def test_a_download_with_a_bad_repo_id_or_folder_says_what_to_write(presets, tmp
     assert list(download(ctx, "../../etc", "", None)) == [
         "Not downloaded: '../../etc' is not a Hugging Face repo id; write it as org/name."]
     assert list(download(ctx, "org/x", "a.gguf", "/etc")) == ["Not downloaded: pick where the file goes from the list."]
+
+
+def test_the_summary_counts_the_models_and_says_the_free_space(presets, tmp_path):
+    found = entries(_ctx(presets, tmp_path))
+    assert summary(found, {"the models folder": 2_500_000_000}) == (
+        f"**2 on disk, {2 * len(INDEX)} B in all** · 2.5 GB free for the models folder")

@@ -75,8 +75,9 @@ def test_text_to_video_returns_a_video_and_timings(client, server):
 
 def test_the_models_tab_lists_models_and_refuses_to_delete_the_loaded_one(client, server, selftest_models_dir):
     client.predict(*T2V, api_name="/text_to_video")          # the self-test model is loaded from now on
-    table, _ = client.predict(api_name="/models")
+    table, total, _ = client.predict(api_name="/models")
     rows = {row[0]: row for row in table["data"]}
+    assert total.startswith(f"**{len(rows)} on disk, ") and "free for the models folder" in total
     assert rows["selftest-t2v"][1:3] == ["self-test model", "models folder"]
     assert rows["selftest-t2v"][3].endswith(("kB", "MB")) and "selftest-t2v" in rows["selftest-t2v"][4]
     said, *_ = client.predict("models:selftest-t2v", True, api_name="/delete_model")

@@ -16,9 +16,9 @@ from pathlib import Path
 import gradio as gr
 
 from engine.device.usage import EngineMemory, EngineSilent
-from engine.models.download import DownloadError, download_file, download_snapshot, size_words
+from engine.models.download import DownloadError, download_file, download_snapshot, free_space, size_words
 from engine.models.manager import DeleteRefused, ModelEntry, delete_entry, find_entry, list_models, names_in
-from engine.models.refs import REPO_ID, ModelError
+from engine.models.refs import REPO_ID, ModelError, hub_cache_dir
 from engine.run.fast_decoder import FAST_DECODER_FOLDER
 from engine.settings.loras import LORAS_FOLDER
 from ui.context import AppContext
@@ -43,6 +43,16 @@ def entries(ctx: AppContext) -> list[ModelEntry]:
 def table_rows(found: list[ModelEntry]) -> list[list[str]]:
     return [[e.name, e.kind, "Hub cache" if e.place == "hub" else "models folder", size_words(e.size_bytes),
              ", ".join(e.presets) or "-"] for e in found]
+
+
+def summary(found: list[ModelEntry], free: dict[str, int]) -> str:
+    """One line under the table: how many, how much disk they take, and the free space where downloads go."""
+    room = ", ".join(f"{size_words(bytes_free)} free for {place}" for place, bytes_free in free.items())
+    return f"**{len(found)} on disk, {size_words(sum(e.size_bytes for e in found))} in all** · {room}"
+
+
+def free_where_downloads_go(ctx: AppContext) -> dict[str, int]:
+    return {"the models folder": free_space(models_dir(ctx)), "the Hugging Face cache": free_space(hub_cache_dir())}
 
 
 def names_in_use(ctx: AppContext) -> tuple[str, ...]:
@@ -107,10 +117,12 @@ def download(ctx: AppContext, repo, path, into, free_bytes: int | None = None):
     def work():
         try:
             if path:
-                folder = models_dir(ctx) / FILE_FOLDERS[into]
-                where = download_file(repo, path, folder, transfer.progress, free_bytes)
+                sub = FILE_FOLDERS[into]
+                file = download_file(repo, path, models_dir(ctx) / sub, transfer.progress, free_bytes)
+                where = "/".join(("models", *([sub] if sub else []), file.name))
             else:
-                where = download_snapshot(repo, transfer.progress, free_bytes)
+                download_snapshot(repo, transfer.progress, free_bytes)
+                where = "the Hugging Face cache (a preset finds it by its repo id)"
             transfer.result = f"Downloaded {what} into {where}."
         except DownloadError as exc:
             transfer.result = f"Not downloaded: {html.escape(str(exc), quote=False)}"
@@ -136,7 +148,9 @@ def build(ctx: AppContext, tabs_select=None) -> None:
                 "that use them. Download a preset's model (a whole repo, into the Hugging Face cache) or one file "
                 "of a repo (into the models folder); delete what you no longer need.")
     table = gr.Dataframe(headers=COLUMNS, value=[], interactive=False, elem_id="models-table", wrap=True)
-    refresh = gr.Button("Refresh", size="sm", elem_id="models-refresh")
+    with gr.Row():
+        total = gr.Markdown(elem_id="models-summary")
+        refresh = gr.Button("Refresh", size="sm", elem_id="models-refresh", scale=0, min_width=120)
     gr.Markdown("### Download")
     with gr.Row():
         repo = gr.Dropdown(choices=_hub_models(ctx), value=None, allow_custom_value=True, label="Repo id (org/name)",
@@ -157,7 +171,8 @@ def build(ctx: AppContext, tabs_select=None) -> None:
 
     def listing():
         found = entries(ctx)
-        return table_rows(found), gr.Dropdown(choices=[(f"{e.name} ({e.kind})", e.key) for e in found], value=None)
+        return (table_rows(found), summary(found, free_where_downloads_go(ctx)),
+                gr.Dropdown(choices=[(f"{e.name} ({e.kind})", e.key) for e in found], value=None))
 
     def delete(key, confirmed):
         said = delete_model(ctx, key, confirmed)
@@ -166,10 +181,10 @@ def build(ctx: AppContext, tabs_select=None) -> None:
     def fetch(repo_id, file, folder):
         yield from download(ctx, repo_id, file, folder)
 
-    refresh.click(listing, None, [table, choice], api_name="models", show_progress="hidden")
+    refresh.click(listing, None, [table, total, choice], api_name="models", show_progress="hidden")
     if tabs_select is not None:
-        tabs_select(listing, None, [table, choice], api_visibility="private", show_progress="hidden")
+        tabs_select(listing, None, [table, total, choice], api_visibility="private", show_progress="hidden")
     download_btn.click(fetch, [repo, path, into], progress, api_name="download_model",
-                       concurrency_id="model-download", concurrency_limit=1).then(listing, None, [table, choice])
-    delete_btn.click(delete, [choice, confirm], [deleted, confirm, table, choice], api_name="delete_model",
+                       concurrency_id="model-download", concurrency_limit=1).then(listing, None, [table, total, choice])
+    delete_btn.click(delete, [choice, confirm], [deleted, confirm, table, total, choice], api_name="delete_model",
                      concurrency_id="model-delete", concurrency_limit=1)
