@@ -162,6 +162,7 @@ def test_too_little_room_is_refused_before_any_byte_saying_what_is_needed_and_fr
         download_file(LORA_REPO, "styles/ink.safetensors", tmp_path / "loras", free_bytes=100, endpoint=hub.url)
     assert hub.gets("") == []            # sizes were asked (HEAD, the file tree), no file was fetched
     assert not list(cache.rglob("weights.bin")) and not (tmp_path / "loras").exists()
+    assert list_models(tmp_path / "models", {}, cache) == []      # nor is anything listed
 
 
 def test_the_space_check_counts_only_the_files_still_to_fetch(tmp_path):
