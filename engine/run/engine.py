@@ -60,8 +60,8 @@ from engine.run.apply_plan import (
 )
 from engine.run.decoding import decode_attempts, decode_latents, decode_stream, decoded_shape
 from engine.run.failures import failure_event, is_out_of_memory
-from engine.run.lora import lora_files
 from engine.run.faults import NO_FAULTS, PhaseHook
+from engine.run.lora import lora_files
 from engine.run.preview import PREVIEW_EVERY_SECONDS, DecoderPreview, LivePreview, PreviewMap, preview_map_for
 from engine.run.schedulers import make_scheduler
 from engine.run.time_plan import TimePlanner, calibration_enabled, fastest_attention

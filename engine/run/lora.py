@@ -2,14 +2,17 @@
 
 Each LoRA file becomes one adapter of the transformer (of both experts on Wan2.2 A14B, or of the one its
 ``expert`` names: ``high`` the high-noise ``transformer``, ``low`` the low-noise ``transformer_2``), named after
-the file's path, size and modification time and its expert: an adapter stays on the pipeline between jobs, so changing which LoRAs are on,
-or their strengths, reads at most the new files and never reloads the model; a file changed on disk gets a new
-name, and its old adapter is deleted. Adapters a run does not use stay loaded but off (up to KEEP_IDLE of them).
+the file's path, size and modification time and its expert: an adapter stays on the pipeline between jobs, so
+changing which LoRAs are on, or their strengths, reads at most the new files and never reloads the model; a file
+changed on disk gets a new name, and its old adapter is deleted. Adapters a run does not use stay loaded but off (up to KEEP_IDLE of them).
 
 Exactness: a run without LoRAs (or with every strength 0) turns the adapters off (``disable_lora``), which makes
 each adapted layer call its base layer alone: the output is the model's own, bit for bit. (A weight of 0 through
 ``set_adapters`` is exact too, since it adds zeros, but still computes every LoRA product; an adapter at 0 is
 not even loaded here.)
+
+A run's LoRA files are found (or fetched once from the Hub, for a preset's published LoRA) and checked against
+the model's experts before the model loads (``lora_files``).
 """
 from __future__ import annotations
 

@@ -347,7 +347,8 @@ def _lora_choices(settings: Settings, problems: list[str]) -> tuple[Lora, ...]:
         if lora.expert not in EXPERTS:
             problems.append(f"LoRA {name} is for expert {lora.expert!r}: use high (the high-noise expert), low (the "
                             "low-noise one) or both")
-        if not all(isinstance(v, (str, type(None))) for v in (lora.repo, lora.path)) or bool(lora.repo) != bool(lora.path):
+        sources = (lora.repo, lora.path)
+        if not all(isinstance(v, (str, type(None))) for v in sources) or bool(lora.repo) != bool(lora.path):
             problems.append(f"LoRA {name} needs both a Hub repo and the file's path in it to be fetched, or neither")
         problem = lora_file_problem(file, lora.fetchable)
         if problem:
