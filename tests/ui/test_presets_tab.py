@@ -114,6 +114,26 @@ def test_a_saved_preset_keeps_its_loras(ctx, selftest_models_dir):
     assert ctx.presets["fast-14b"].settings.loras == saved.preset.settings.loras
 
 
+def test_reuse_settings_puts_the_output_s_loras_back_in_the_lora_box(ctx, presets, selftest_models_dir):
+    import gradio as gr
+
+    from engine.models.loras import Lora
+    from engine.outputs.history import ReuseValues
+    from ui.parts.form import Form
+    from ui.tabs.history import form_updates
+
+    with gr.Blocks():
+        form = Form(*(gr.Textbox() for _ in range(11)))
+        form.loras = gr.Textbox()
+    loras = (Lora(str(selftest_models_dir / "loras" / "mine.safetensors"), 0.5, "high"), Lora("/x/y.safetensors"))
+    values = ReuseValues("t2v", presets["selftest-t2v"].settings.changed(loras=loras), "selftest-t2v", "a fox", "", 7)
+    updates, _ = form_updates(ctx, {"t2v": form, "i2v": form}, values)
+    assert updates[form.loras] == "mine.safetensors: 0.5@high\n/x/y.safetensors: 1"
+    none, _ = form_updates(ctx, {"t2v": form, "i2v": form}, ReuseValues("t2v", presets["selftest-t2v"].settings,
+                                                                        "selftest-t2v", "a fox", "", 7))
+    assert none[form.loras] == ""   # an output made without LoRAs empties the box
+
+
 @pytest.mark.parametrize("args, expected", [
     (("x", "t2v", "selftest-t2v", "", "", 70, 64, 9, 4, 5.0, 3.0), "Width 70 is not a multiple of 16, which "
                                                                     "selftest-t2v needs: try 64 or 80"),
