@@ -46,13 +46,14 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
                              "rest (text encoder, VAE, ...) comes from --model")
     parser.add_argument("--transformer-2", metavar="FILE",
                         help="the same for Wan2.2 A14B's low-noise expert (transformer_2)")
-    parser.add_argument("--lora", action="append", type=_lora_arg, metavar="FILE[:STRENGTH]",
+    parser.add_argument("--lora", action="append", type=_lora_arg, metavar="FILE[:STRENGTH][@high|@low]",
                         help="a LoRA file (.safetensors) and its strength (default 1.0), applied in order; give it "
                              "again for more; a bare name is also looked for in the models folder's loras/; "
+                             "@high or @low puts it into one expert of a two-expert model (Wan2.2 A14B) only; "
                              "replaces the preset's LoRAs")
 
 
-def _lora_arg(text: str) -> tuple[str, float]:
+def _lora_arg(text: str):
     from engine.settings.loras import parse_lora
     from engine.settings.values import InputError
 
@@ -195,11 +196,13 @@ def _settings(args):
 
 def _loras(args) -> tuple | None:
     """The --lora files, each found (from here, else in the models folder's loras/); None: the preset's."""
+    from dataclasses import replace
+
     from engine.settings.loras import find_lora
 
     if not args.lora:
         return None
-    return tuple((find_lora(file, args.models_dir), strength) for file, strength in args.lora)
+    return tuple(replace(lora, file=find_lora(lora.file, args.models_dir)) for lora in args.lora)
 
 
 def _build_request(args):

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.models.loras import Lora
 from engine.outputs.export import read_video
 from tests.conftest import ROOT, app_command, app_env, said
 
@@ -176,9 +177,9 @@ def test_lora_options_are_files_with_a_strength_each(tmp_path, capsys):
     elsewhere = tmp_path / "other.safetensors"
     common = ["--prompt", "a cat", "--models-dir", str(models), "--user-presets", str(tmp_path / "presets")]
     args = app.parse_args(["generate", *common, "--lora", "mine.safetensors:0.5", "--lora", str(elsewhere)])
-    assert args.lora == [("mine.safetensors", 0.5), (str(elsewhere), 1.0)]
+    assert args.lora == [Lora("mine.safetensors", 0.5), Lora(str(elsewhere), 1.0)]
     # A bare name is found in the models folder's loras/; in the given order, the preset's replaced.
-    assert app._settings(args)[1].loras == ((str(models / "loras" / "mine.safetensors"), 0.5), (str(elsewhere), 1.0))
+    assert app._settings(args)[1].loras == (Lora(str(models / "loras" / "mine.safetensors"), 0.5), Lora(str(elsewhere)))
     assert app._settings(app.parse_args(["generate", *common]))[1].loras == ()
     with pytest.raises(SystemExit) as refused:
         app.parse_args(["plan", "--preset", "selftest-t2v", "--lora", "mine.safetensors:strong"])

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from engine.models.loras import Lora, as_lora
 from engine.models.refs import REPO_ID, ModelError, check_ref_length
 from engine.models.selftest import SELFTEST_REFS
 from engine.service.jobqueue import JobQueue
@@ -163,17 +164,21 @@ class AppContext:
         trusted = tuple(p.settings.model for p in list(self.presets.values())) + ((self.default_model,) if self.default_model else ())
         return checked_model_ref(ref, self.models_dir or self.client.models_dir, self.allow_model_paths, trusted)
 
-    def lora_files(self, loras) -> tuple[tuple[str, float], ...]:
-        """LoRAs from the page or the API, ``(file, strength)`` pairs as written, with each file's path (see
-        checked_lora_file); InputError naming every file that may not be used."""
-        trusted = tuple(file for preset in list(self.presets.values()) for file, _ in preset.settings.loras)
+    def lora_files(self, loras) -> tuple[Lora, ...]:
+        """LoRAs from the page or the API, as written, with each file's path (see checked_lora_file), and where a
+        preset's LoRA is published (so a missing one is fetched); InputError naming every file that may not be used."""
+        own = [lora for preset in list(self.presets.values()) for lora in preset.settings.loras]
+        trusted, published = tuple(lora.file for lora in own), {lora.name: lora for lora in own if lora.fetchable}
         found, problems = [], []
-        for file, strength in loras:
+        for lora in map(as_lora, loras):
             try:
-                found.append((checked_lora_file(file, self.models_dir or self.client.models_dir,
-                                                self.allow_model_paths, trusted), strength))
+                file = checked_lora_file(lora.file, self.models_dir or self.client.models_dir,
+                                         self.allow_model_paths, trusted)
             except InputError as exc:
                 problems.extend(exc.problems)
+                continue
+            source = published.get(lora.name) if not lora.fetchable else None
+            found.append(replace(lora, file=file, **({"repo": source.repo, "path": source.path} if source else {})))
         if problems:
             raise InputError(problems)
         return tuple(found)

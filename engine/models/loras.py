@@ -9,6 +9,7 @@ fit the chosen model is known only once the model is loaded (engine/run/lora.py)
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from engine.models.weights import WeightFileError, read_header
@@ -24,6 +25,53 @@ LAYOUTS = {
     "musubi-tuner": ("lora_unet_", "lora_unet_blocks_"),
 }
 MADE_FOR_WAN = "pick a LoRA made for Wan (in diffusers', ComfyUI's or musubi-tuner's layout)"
+# Which transformer of a two-expert model (Wan2.2 A14B) a LoRA goes into: both, the high-noise one
+# (``transformer``: the first steps) or the low-noise one (``transformer_2``: the last steps).
+EXPERTS = ("both", "high", "low")
+
+
+@dataclass(frozen=True)
+class Lora:
+    """One LoRA of a run: its file, its strength, the expert it goes into, and where it is published.
+
+    ``file``: a path, or a name in the models folder's ``loras/``. ``repo`` and ``path``: a Hugging Face Hub
+    repository and the file's path in it, from which a missing file is fetched once (a preset's LoRAs).
+    """
+    file: str
+    strength: float = 1.0
+    expert: str = "both"
+    repo: str | None = None
+    path: str | None = None
+
+    @property
+    def name(self) -> str:
+        return Path(self.file.replace("\\", "/")).name
+
+    @property
+    def shown(self) -> str:
+        """How a message names it: 'detail.safetensors' or 'detail.safetensors (high-noise expert)'."""
+        return self.name if self.expert == "both" else f"{self.name} ({self.expert}-noise expert)"
+
+    @property
+    def fetchable(self) -> bool:
+        return bool(self.repo and self.path)
+
+
+def as_lora(entry) -> Lora:
+    """A Lora from what settings hold (a Lora), what older files and callers give (a (file, strength) pair, a
+    (file, strength, expert) triple) or a preset's JSON object; ValueError saying what to write otherwise.
+    The values themselves are checked by ``values.check_settings``."""
+    if isinstance(entry, Lora):
+        return entry
+    if isinstance(entry, dict):
+        unknown = sorted(set(entry) - {"file", "strength", "expert", "repo", "path"})
+        if unknown or "file" not in entry:
+            raise ValueError(f"a LoRA is an object with 'file' and optionally 'strength', 'expert', 'repo' and "
+                             f"'path'; got {', '.join(unknown) or 'no file'}")
+        return Lora(**{"strength": 1.0, **entry})
+    if isinstance(entry, (list, tuple)) and len(entry) in (2, 3):
+        return Lora(*entry)
+    raise ValueError(f"a LoRA is a (file, strength) pair, got {str(entry)[:60]!r}")
 
 
 def lora_layout(keys: list[str]) -> str | None:
@@ -37,13 +85,16 @@ def lora_layout(keys: list[str]) -> str | None:
     return None
 
 
-def lora_file_problem(file: str) -> str | None:
-    """What is wrong with ``file`` as a Wan LoRA (a clause saying what to change), or None when it reads as one."""
+def lora_file_problem(file: str, fetchable: bool = False) -> str | None:
+    """What is wrong with ``file`` as a Wan LoRA (a clause saying what to change), or None when it reads as one.
+    ``fetchable``: the file may be missing yet, since the engine fetches it before the run (a preset's LoRA)."""
     path = Path(file).expanduser()
     name = path.name
     if path.suffix.lower() != LORA_SUFFIX:
         return (f"LoRA file {name!r} is not a {LORA_SUFFIX} file: use the {LORA_SUFFIX} version of the LoRA "
                 "(other formats can run code when they are read)")
+    if fetchable and not path.exists():
+        return None
     if not path.is_file():
         return f"LoRA file {str(path)!r} is not there: check its name and folder"
     try:

@@ -123,6 +123,8 @@ _T13 = TransformerShape(30, 12, 128, 8960, 16, 1_418_996_800, 46_440_704)
 _T14 = TransformerShape(40, 40, 128, 13824, 16, 14_288_491_584, 351_394_304)
 _T14_I2V = TransformerShape(40, 40, 128, 13824, 36, 16_394_878_784, 403_838_464)
 _T5B = TransformerShape(30, 24, 128, 14336, 48, 4_999_787_712, 163_656_704)
+# FLF2V: the I2V transformer with a position embedding for its two images' tokens (2 x 257 rows of 1280).
+_T14_FLF = replace(_T14_I2V, params=_T14_I2V.params + 514 * 1280)
 _TA14_I2V = TransformerShape(40, 40, 128, 13824, 36, 14_288_901_184, 351_394_304)
 
 KNOWN_MODELS: dict[str, ModelSpec] = {
@@ -131,6 +133,8 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
     "Wan-AI/Wan2.1-T2V-14B-Diffusers": ModelSpec("Wan2.1 T2V 14B", _T14),
     "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers": ModelSpec("Wan2.1 I2V 14B 480P", _T14_I2V, image_encoder_params=CLIP_VIT_H_PARAMS),
     "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": ModelSpec("Wan2.1 I2V 14B 720P", _T14_I2V, image_encoder_params=CLIP_VIT_H_PARAMS),
+    "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers": ModelSpec("Wan2.1 FLF2V 14B 720P", _T14_FLF,
+                                                        image_encoder_params=CLIP_VIT_H_PARAMS),
     "Wan-AI/Wan2.2-TI2V-5B-Diffusers": ModelSpec("Wan2.2 TI2V 5B", _T5B, vae_params=VAE22_PARAMS, vae_spatial=16, vae_z=48,
                                                  expand_timesteps=True),
     "Wan-AI/Wan2.2-T2V-A14B-Diffusers": ModelSpec("Wan2.2 T2V A14B", _T14, experts=2),

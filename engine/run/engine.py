@@ -61,6 +61,7 @@ from engine.run.apply_plan import (
 from engine.run.decoding import decode_attempts, decode_latents, decode_stream, decoded_shape
 from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
+from engine.run.lora import lora_files
 from engine.run.preview import PREVIEW_EVERY_SECONDS, DecoderPreview, LivePreview, PreviewMap, preview_map_for
 from engine.run.schedulers import make_scheduler
 from engine.run.time_plan import TimePlanner, calibration_enabled, fastest_attention
@@ -368,6 +369,9 @@ class Engine:
         request = replace(request, seed=request.seed if request.seed >= 0 else secrets.randbelow(2**32))
         if request.settings.decoder == "fast":   # found (or fetched) before any heavy work
             job.fast_decoder = self._fast_decoder_file(resolved, job)
+        if request.settings.loras:   # each file found (or fetched once), for the model's experts, before any load
+            request = replace(request, settings=replace(request.settings, loras=lora_files(
+                request.settings.loras, self.models_dir, resolved, lambda: self._phase(job, "download"))))
         loaded, latents = self._denoise_stepping_down(resolved, plan, request, job)
         return self._finish(loaded, request, latents, job)
 
@@ -646,7 +650,7 @@ class Engine:
     def _cache_key(loaded: LoadedModel, request: GenerationRequest) -> str:
         """What MagCache's ratios depend on: the model, its version, the scheduler and its shift, its LoRAs."""
         settings = request.settings
-        loras = tuple((Path(file).name, strength) for file, strength in settings.loras if strength)
+        loras = tuple((lora.shown, lora.strength) for lora in settings.loras if lora.strength)
         return "-".join(str(part) for part in (loaded.model.ref, loaded.model.revision, settings.scheduler,
                                                 settings.shift, settings.mode, *((loras,) if loras else ())))
 
@@ -830,7 +834,7 @@ class Engine:
         return {"decoder": job.decoder, "step_cache": cache, "step_cache_detail": job.cache,
                 "approximate": job.decoder != "vae" or bool(cache),
                 "vae_dtype": plan.vae_dtype, "conv": plan.conv,
-                "compiled": plan.compile and not any(strength for _, strength in request.settings.loras),
+                "compiled": plan.compile and not any(lora.strength for lora in request.settings.loras),
                 "attention": plan.attention_backend,
                 "predicted_seconds": dict(job.predicted.seconds) if job.predicted is not None else None}
 

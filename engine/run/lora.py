@@ -1,23 +1,28 @@
 """A request's LoRAs on the loaded pipeline, with diffusers' own adapters (its PEFT backend).
 
-Each LoRA file becomes one adapter of the transformer (of both experts on Wan2.2 A14B), named after the file's
-path, size and modification time: an adapter stays on the pipeline between jobs, so changing which LoRAs are on,
-or their strengths, reads at most the new files and never reloads the model; a file changed on disk gets a new
-name, and its old adapter is deleted. Adapters a run does not use stay loaded but off (up to KEEP_IDLE of them).
+Each LoRA file becomes one adapter of the transformer (of both experts on Wan2.2 A14B, or of the one its
+``expert`` names: ``high`` the high-noise ``transformer``, ``low`` the low-noise ``transformer_2``), named after
+the file's path, size and modification time and its expert: an adapter stays on the pipeline between jobs, so
+changing which LoRAs are on, or their strengths, reads at most the new files and never reloads the model; a file
+changed on disk gets a new name, and its old adapter is deleted. Adapters a run does not use stay loaded but off (up to KEEP_IDLE of them).
 
 Exactness: a run without LoRAs (or with every strength 0) turns the adapters off (``disable_lora``), which makes
 each adapted layer call its base layer alone: the output is the model's own, bit for bit. (A weight of 0 through
 ``set_adapters`` is exact too, since it adds zeros, but still computes every LoRA product; an adapter at 0 is
 not even loaded here.)
+
+A run's LoRA files are found (or fetched once from the Hub, for a preset's published LoRA) and checked against
+the model's experts before the model loads (``lora_files``).
 """
 from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
+from contextlib import nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from engine.models.loras import MADE_FOR_WAN
+from engine.models.loras import MADE_FOR_WAN, Lora, as_lora, lora_file_problem
 from engine.run.apply_plan import TRANSFORMERS
 from engine.run.failures import is_out_of_memory
 from engine.settings.values import InputError
@@ -34,9 +39,9 @@ COMPILE_NOTE = ("The transformer runs uncompiled while LoRAs are on: diffusers r
 
 @dataclass(frozen=True)
 class LoraSetup:
-    """What ``apply_loras`` did: the LoRAs on and their strengths, the files read from disk this time, the ones
-    left off (strength 0), the adapters deleted, and the transformers it had to uncompile."""
-    on: tuple[tuple[str, float], ...] = ()
+    """What ``apply_loras`` did: the LoRAs on, the files read from disk this time, the ones left off (strength 0),
+    the adapters deleted, and the transformers it had to uncompile."""
+    on: tuple[Lora, ...] = ()
     read: tuple[str, ...] = ()
     off: tuple[str, ...] = ()
     idle: int = 0
@@ -54,7 +59,7 @@ class LoraSetup:
         """What the job's log says about its LoRAs."""
         said = []
         if self.on:
-            names = ", ".join(f"{Path(file).name} at {strength:g}" for file, strength in self.on)
+            names = ", ".join(f"{lora.shown} at {lora.strength:g}" for lora in self.on)
             kept = len(self.on) - len(self.read)
             how = ([f"{plural(len(self.read), 'file')} read from disk"] if self.read else []) + \
                   ([f"{kept} already loaded"] if kept else [])
@@ -69,11 +74,12 @@ class LoraSetup:
         return said
 
 
-def adapter_name(file: str) -> str:
-    """The adapter's name for ``file``: its path, then its size and modification time (a changed file differs)."""
+def adapter_name(file: str, expert: str = "both") -> str:
+    """The adapter's name for ``file`` put into ``expert``: its path (and the expert, when it is one), then its size
+    and modification time (a changed file differs)."""
     path = os.path.realpath(os.path.expanduser(file))
     stat = os.stat(path)
-    where = hashlib.sha256(path.encode()).hexdigest()[:12]
+    where = hashlib.sha256((path if expert == "both" else f"{path}@{expert}").encode()).hexdigest()[:12]
     version = hashlib.sha256(f"{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:8]
     return f"{ADAPTER_PREFIX}{where}_{version}"
 
@@ -87,18 +93,85 @@ def _transformers(pipe) -> list:
 
 
 def loaded_adapters(pipe) -> list[str]:
-    """This app's adapters on the pipeline's transformer, oldest first."""
-    config = getattr(pipe.transformer, "peft_config", None) or {}
-    return [name for name in config if name.startswith(ADAPTER_PREFIX)]
+    """This app's adapters on the pipeline's transformers, oldest first."""
+    names = []
+    for model in _transformers(pipe):
+        names += [name for name in (getattr(model, "peft_config", None) or {})
+                  if name.startswith(ADAPTER_PREFIX) and name not in names]
+    return names
+
+
+def check_experts(loras, experts: int, model: str = "the model") -> None:
+    """InputError when a LoRA asks for one expert (``@high`` / ``@low``) of a model that has only one transformer."""
+    one = [lora.shown for lora in map(as_lora, loras) if lora.expert != "both" and lora.strength]
+    if one and experts < 2:
+        raise InputError(f"{model} has one transformer, so LoRA {', '.join(one)} cannot go into "
+                         f"{'an expert' if len(one) == 1 else 'experts'} of its own: remove '@high' / '@low' "
+                         "(they are for two-expert models such as Wan2.2 A14B)")
+
+
+def locate_loras(loras, models_dir, offline: bool = False, download_phase=nullcontext) -> tuple[Lora, ...]:
+    """``loras`` with each file's path: as given, else by name in the models folder's loras/, else fetched once
+    from its Hub ``repo`` into that folder (inside ``download_phase()``, the engine's timed phase). InputError
+    saying which file to put where when one is missing and cannot be fetched (offline: nothing is tried), or
+    when a fetched file is no LoRA for Wan. Nothing here loads a model: the engine calls it before any load."""
+    from engine.settings.loras import find_lora, lora_folder
+
+    located, fetch = [], []
+    for lora in map(as_lora, loras):
+        found = find_lora(lora.file, models_dir)
+        if not Path(found).is_file() and lora.fetchable and lora.strength:
+            fetch.append(len(located))
+        located.append(replace(lora, file=found) if Path(found).is_file() else lora)
+    if fetch:
+        folder = lora_folder(models_dir)
+        if offline:
+            raise InputError([_where(located[i], folder) + ", or go online so the app fetches it" for i in fetch])
+        with download_phase():
+            for i in fetch:
+                located[i] = replace(located[i], file=str(_download(located[i], folder)))
+    problems = [problem for lora in located if lora.strength and (problem := lora_file_problem(lora.file))]
+    if problems:
+        raise InputError(problems)
+    return tuple(located)
+
+
+def _where(lora: Lora, folder: Path) -> str:
+    return (f"LoRA file {lora.name} is not in {folder} and the app is offline: download {lora.path} from "
+            f"{lora.repo} on the Hugging Face Hub and put it in {folder} as {lora.name}")
+
+
+def _download(lora: Lora, folder: Path) -> Path:
+    """Fetch ``lora``'s file from its Hub repo into ``folder`` under its own name; InputError when that fails."""
+    target = folder / lora.name
+    try:
+        from huggingface_hub import hf_hub_download
+
+        folder.mkdir(parents=True, exist_ok=True)
+        got = Path(hf_hub_download(lora.repo, lora.path, local_dir=folder))
+        if got.resolve() != target.resolve():
+            os.replace(got, target)
+            for parent in got.parents:   # the repo's folders it came in, now empty
+                if parent.resolve() == folder.resolve() or any(parent.iterdir()):
+                    break
+                parent.rmdir()
+        return target
+    except Exception as exc:   # no network, no such file: the user can still place it by hand
+        raise InputError(f"LoRA file {lora.name} could not be downloaded ({type(exc).__name__}): download "
+                         f"{lora.path} from {lora.repo} on the Hugging Face Hub and put it in {folder} as "
+                         f"{lora.name}") from exc
 
 
 def apply_loras(pipe, loras, model: str = "the model", dtype=None) -> LoraSetup:
-    """Put ``loras`` ((file, strength) pairs, in order) on ``pipe``: each file not yet loaded is read into the
-    transformer (both experts when there are two), then exactly these adapters are on, at these strengths; none
-    on turns the adapters off. ``dtype``: the plan's compute dtype, which the adapters take when the weights are
-    stored in fp8. InputError (the adapter left out again) when a file does not fit ``model``."""
-    on = [(file, float(strength)) for file, strength in loras if strength]
-    off = tuple(Path(file).name for file, strength in loras if not strength)
+    """Put ``loras`` (Lora values or (file, strength) pairs, in order) on ``pipe``: each file not yet loaded is
+    read into the transformer (both experts when there are two, or the one its ``expert`` names), then exactly
+    these adapters are on, at these strengths; none on turns the adapters off. ``dtype``: the plan's compute
+    dtype, which the adapters take when the weights are stored in fp8. InputError (the adapter left out again)
+    when a file does not fit ``model``, or names an expert ``model`` does not have."""
+    loras = [as_lora(entry) for entry in loras]
+    on = [replace(lora, strength=float(lora.strength)) for lora in loras if lora.strength]
+    off = tuple(lora.shown for lora in loras if not lora.strength)
+    check_experts(on, len(_transformers(pipe)), model)
     present = loaded_adapters(pipe)
     if not on:
         if present:
@@ -107,15 +180,16 @@ def apply_loras(pipe, loras, model: str = "the model", dtype=None) -> LoraSetup:
     from engine.run.speedups import uncompile_transformer
 
     uncompiled = uncompile_transformer(pipe)   # adapters change the blocks' code: see COMPILE_NOTE
-    names = [adapter_name(file) for file, _ in on]
+    names = [adapter_name(lora.file, lora.expert) for lora in on]
     deleted = _delete_unwanted(pipe, present, names)
     read = []
-    for (file, _), name in zip(on, names):
+    for lora, name in zip(on, names):
         if name not in present:
-            _load(pipe, file, name, model, dtype)
-            read.append(Path(file).name)
+            _load(pipe, lora, name, model, dtype)
+            read.append(lora.name)
     pipe.enable_lora()
-    pipe.set_adapters(names, adapter_weights=[strength for _, strength in on])
+    # Each transformer is given every name: PEFT's layers skip the adapters they do not hold (an expert's own).
+    pipe.set_adapters(names, adapter_weights=[lora.strength for lora in on])
     return LoraSetup(on=tuple(on), read=tuple(read), off=off, deleted=deleted, uncompiled=uncompiled)
 
 
@@ -130,11 +204,14 @@ def _delete_unwanted(pipe, present: list[str], wanted: list[str]) -> int:
     return len(unwanted)
 
 
-def _load(pipe, file: str, name: str, model: str, dtype) -> None:
-    """Read ``file`` into each transformer as adapter ``name``; InputError saying why when it does not fit."""
-    shown = Path(file).name
+def _load(pipe, lora: Lora, name: str, model: str, dtype) -> None:
+    """Read ``lora``'s file into each transformer it is for as adapter ``name``; InputError saying why when it
+    does not fit."""
+    file, shown = lora.file, lora.name
     try:
         for index, transformer in enumerate(_transformers(pipe)):
+            if lora.expert != "both" and index != ("high", "low").index(lora.expert):
+                continue
             into_second = {"load_into_transformer_2": True} if index else {}
             pipe.load_lora_weights(file, adapter_name=name, **into_second)
             if name not in (getattr(transformer, "peft_config", None) or {}):
@@ -202,3 +279,14 @@ def _settle(transformer, name: str, dtype) -> bool:
 
         _maybe_remove_and_reapply_group_offloading(transformer)
     return requantised
+
+
+def lora_files(loras, models_dir, model, download_phase=nullcontext) -> tuple[Lora, ...]:
+    """The run's LoRAs, checked against ``model`` (a ResolvedModel: a LoRA for one expert needs two) and each
+    file located (fetched once when missing and published, unless the app is offline): what the engine does
+    before it loads anything."""
+    from engine.models.refs import hub_offline
+
+    experts = model.spec.experts if model.spec else 1 + ("transformer_2" in model.components)
+    check_experts(loras, experts, model.ref)
+    return locate_loras(loras, models_dir, hub_offline(), download_phase)

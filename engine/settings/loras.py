@@ -1,7 +1,8 @@
-"""LoRAs as people write them: ``file: strength`` (the command line's ``--lora``, one line each on the page).
+"""LoRAs as people write them: ``file: strength``, and ``@high`` or ``@low`` for one expert of a two-expert model
+(the command line's ``--lora``, one line each on the page).
 
-The text becomes ``Settings.loras``, (file, strength) pairs; the files are found here (the page's in the models
-folder's ``loras/``), and ``values.check_settings`` then checks each file and strength.
+The text becomes ``Settings.loras``, Lora values (engine/models/loras.py); the files are found here (the page's
+in the models folder's ``loras/``), and ``values.check_settings`` then checks each file, strength and expert.
 """
 from __future__ import annotations
 
@@ -9,29 +10,50 @@ import math
 import os
 from pathlib import Path
 
+from engine.models.loras import EXPERTS, Lora
 from engine.settings.values import InputError
 
 LORAS_FOLDER = "loras"        # inside the models folder: where the page (and a bare file name) finds LoRA files
 DEFAULT_STRENGTH = 1.0
 EXAMPLE = "'detail.safetensors: 0.8'"
+# What ends a LoRA's text to put it into one expert only (Wan2.2 A14B): '@high' or '@low' ('@both' is the default).
+EXPERT_MARK = "@"
 
 
-def parse_lora(text: str) -> tuple[str, float]:
-    """(file, strength) from ``FILE[:STRENGTH]``; the strength is what follows the last ':' when it is a number
-    (so a Windows path such as C:\\loras\\a.safetensors needs none), else 1.0. InputError when a strength is
-    written but is no number."""
-    text = text.strip()
+def parse_lora(text: str) -> Lora:
+    """The Lora ``FILE[:STRENGTH][@high|@low]`` names; the strength is what follows the last ':' when it is a number
+    (so a Windows path such as C:\\loras\\a.safetensors needs none), else 1.0; without '@' the LoRA goes into every
+    expert. InputError when a strength is written but is no number."""
+    text, expert = _expert(text.strip())
     head, colon, tail = text.rpartition(":")
     strength = _number(tail) if colon else None
     if strength is not None:
         if not head.strip():
             raise InputError(f"LoRA {text[:80]!r} has a strength but no file: write {EXAMPLE}")
-        return head.strip(), strength
+        return Lora(head.strip(), strength, expert)
     if colon and not text.lower().endswith(".safetensors"):
         raise InputError(f"LoRA {text[:80]!r}: the strength after the last ':' must be a number; write {EXAMPLE}")
     if not text:
         raise InputError(f"a LoRA needs a file: write {EXAMPLE}")
-    return text, DEFAULT_STRENGTH
+    return Lora(text, DEFAULT_STRENGTH, expert)
+
+
+def _expert(text: str) -> tuple[str, str]:
+    """(the text without its '@high' / '@low' / '@both' end, the expert it names: 'both' without one)."""
+    head, mark, tail = text.rpartition(EXPERT_MARK)
+    if mark and tail.strip().lower() in EXPERTS:
+        return head.strip(), tail.strip().lower()
+    if mark and not tail.lower().endswith(".safetensors") and ":" not in tail and "\\" not in tail and "/" not in tail:
+        raise InputError(f"LoRA {text[:80]!r}: after '@' write high (the high-noise expert) or low (the low-noise "
+                         "one), as in 'detail.safetensors: 0.8@low'")
+    return text, "both"
+
+
+def lora_line(lora: Lora, file: str | None = None) -> str:
+    """How the page's LoRA box (and parse_lora) writes ``lora``: 'file: strength', then '@high' or '@low';
+    ``file``: the file as shown (a name for one in the models folder's loras/)."""
+    target = "" if lora.expert == "both" else f"{EXPERT_MARK}{lora.expert}"
+    return f"{file or lora.file}: {lora.strength:g}{target}"
 
 
 def _number(text: str) -> float | None:
@@ -42,7 +64,7 @@ def _number(text: str) -> float | None:
     return number + 0.0 if math.isfinite(number) else None
 
 
-def parse_lora_lines(text) -> tuple[tuple[str, float], ...]:
+def parse_lora_lines(text) -> tuple[Lora, ...]:
     """The page's LoRA box: one ``file: strength`` a line; empty lines and lines starting with '#' are skipped.
     InputError naming every line that does not read."""
     if text is None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import re
 import threading
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+
+from engine.models.loras import Lora, as_lora
 
 from engine.settings.values import (MEMORY_CHOICES, PRESET_MODES, REQUIRED_SETTINGS, SCHEDULERS, SETTING_TYPES,
                                     SOURCE_CHOICES, SPEED_CHOICES, InputError, Settings, check_settings, split_values)
@@ -29,6 +31,7 @@ CHAR_NAMES = {" ": "a space", ".": "a dot", "/": "a slash", "\\": "a backslash",
 MAX_USER_PRESETS = 200
 # The defaults of the optional choices: a preset file leaves out a choice that is at its default.
 _DEFAULTS = {f.name: f.default for f in fields(Settings)}
+_LORA_DEFAULTS = {f.name: f.default for f in fields(Lora)}
 
 
 class PresetError(ValueError):
@@ -90,12 +93,37 @@ def parse_preset(data: object, source: str) -> Preset:
         values["sigmas"] = tuple(float(s) for s in sigmas)
     values["guidance"] = float(values["guidance"])
     values["shift"] = float(values["shift"])
+    if "loras" in values:
+        values["loras"] = _preset_loras(values["loras"], source)
     settings, own = split_values(values)
     try:
         checked = check_settings(Settings.from_dict(settings))
     except InputError as exc:
         raise PresetError(f"{source}: {exc}") from None
     return Preset(settings=checked, **own)
+
+
+def _preset_loras(loras: list, source: str) -> tuple[Lora, ...]:
+    """A preset's LoRAs: a JSON object each, {"file", "strength", "expert", "repo", "path"} (or an older
+    [file, strength] pair). A LoRA published on the Hub (``repo`` and ``path``) is named by its file name in the
+    models folder's loras/, where the engine fetches it the first time."""
+    read = []
+    for number, entry in enumerate(loras, 1):
+        try:
+            lora = as_lora(entry)
+        except (TypeError, ValueError) as exc:
+            raise PresetError(f"{source}: LoRA {number}: {exc}") from None
+        if lora.repo and (not isinstance(lora.file, str) or re.search(r"[\\/]", lora.file)):
+            raise PresetError(f"{source}: LoRA {number} is fetched from {lora.repo}: give its 'file' as a bare name "
+                              f"(it is kept in the models folder's loras/), got {lora.file!r}")
+        read.append(lora)
+    return tuple(read)
+
+
+def _lora_json(lora: Lora) -> dict:
+    """A LoRA as a preset file holds it: what is not at its default."""
+    data = asdict(lora)
+    return {key: value for key, value in data.items() if key in ("file", "strength") or value != _LORA_DEFAULTS[key]}
 
 
 def load_preset_file(path: Path) -> Preset:
@@ -161,7 +189,9 @@ def preset_json(preset: Preset) -> dict:
     data = {**own, **preset.settings.to_dict()}
     if data["sigmas"] is not None:
         data["sigmas"] = list(data["sigmas"])
-    left_out = {key for key in (*MEMORY_CHOICES, *SPEED_CHOICES, *SOURCE_CHOICES) if data[key] == _DEFAULTS[key]}
+    data["loras"] = [_lora_json(lora) for lora in preset.settings.loras]
+    left_out = {key for key in (*MEMORY_CHOICES, *SPEED_CHOICES, *SOURCE_CHOICES)
+                if data[key] == _DEFAULTS[key] or (key == "loras" and not data[key])}
     return {key: data[key] for key in _TYPES if key not in left_out}
 
 

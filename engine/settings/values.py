@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.models.loras import lora_file_problem
+from engine.models.loras import EXPERTS, Lora, as_lora, lora_file_problem
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Override, PlanRequest
 from engine.planning.speed import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES, SpeedRequest
 from engine.words import sentence
@@ -81,11 +81,11 @@ class Settings:
     attention: str | None = None        # one of ATTENTION_BACKENDS
     vae_dtype: str | None = None        # one of VAE_DTYPES
     # Model sources and adapters: a single transformer file in place of the model's own (GGUF or safetensors;
-    # A14B's low-noise expert in ``transformer_2``), LoRA files with a strength each, and A14B's low-noise
-    # guidance (None: the same as ``guidance``).
+    # A14B's low-noise expert in ``transformer_2``), LoRA files with a strength each (and the expert each goes
+    # into, where it is published: engine/models/loras.py), and A14B's low-noise guidance (None: as ``guidance``).
     transformer: str | None = None
     transformer_2: str | None = None
-    loras: tuple[tuple[str, float], ...] = ()
+    loras: tuple[Lora, ...] = ()
     guidance_2: float | None = None
 
     def to_dict(self) -> dict:
@@ -97,8 +97,8 @@ class Settings:
         keys only, a sigma list as a tuple (an empty one as none); what it lacks takes the defaults."""
         settings = {k: v for k, v in values.items() if k in _FIELD_NAMES}
         settings["sigmas"] = tuple(settings["sigmas"]) if settings.get("sigmas") else None
-        if "loras" in settings:
-            settings["loras"] = tuple(tuple(pair) for pair in settings["loras"] or ())
+        if "loras" in settings:   # a JSON object each (or an older file's [file, strength] pairs)
+            settings["loras"] = tuple(_read_lora(entry) for entry in settings["loras"] or ())
         return cls(**settings)
 
     def changed(self, **changes) -> "Settings":
@@ -118,6 +118,14 @@ class Settings:
         """The memory and speed choices these settings force on the planner."""
         return Override(self.strategy, self.text_encoder, self.vae_tiling, self.vae_dtype, self.compile,
                         self.attention)
+
+
+def _read_lora(entry):
+    """A Lora when ``entry`` reads as one, else ``entry`` as it is, for check_settings to say what is wrong."""
+    try:
+        return as_lora(entry)
+    except (TypeError, ValueError):
+        return entry
 
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
@@ -312,35 +320,44 @@ def _transformer_files(settings: Settings, problems: list[str]) -> dict:
             problems.append(f"strategy {settings.strategy} stores the transformer in fp8, but {path.name} is already "
                             "quantised (GGUF): choose auto or a strategy without fp8")
     return files
-def _lora_choices(settings: Settings, problems: list[str]) -> tuple[tuple[str, float], ...]:
-    """The LoRA list with each strength a float: every entry a (file, strength) pair, the file a LoRA for Wan that
-    is there (engine/models/loras.py reads its header), the strength in range, no file twice."""
+def _lora_choices(settings: Settings, problems: list[str]) -> tuple[Lora, ...]:
+    """The LoRA list as Lora values with each strength a float: every file a LoRA for Wan that is there
+    (engine/models/loras.py reads its header) or one the engine fetches from its ``repo``, the strength in range,
+    the expert one of EXPERTS, no file twice for the same expert."""
     loras = () if settings.loras is None else settings.loras
     if isinstance(loras, (str, bytes)) or not isinstance(loras, (list, tuple)):
         problems.append(f"LoRAs must be a list of (file, strength) pairs, got {type(loras).__name__}")
         return ()
     checked, seen = [], set()
     for number, entry in enumerate(loras, 1):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-            problems.append(f"LoRA {number} must be a (file, strength) pair, got {str(entry)[:60]!r}")
+        try:
+            lora = as_lora(entry)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"LoRA {number}: {exc}")
             continue
-        file, strength = entry
+        file = lora.file
         if not isinstance(file, str) or not file.strip():
             problems.append(f"LoRA {number} has no file: give the path of a LoRA's .safetensors file")
             continue
         name = os.path.basename(file)
-        strength = as_float(f"the strength of LoRA {name}", strength, problems)
+        strength = as_float(f"the strength of LoRA {name}", lora.strength, problems)
         if strength is not None and not -MAX_LORA_STRENGTH <= strength <= MAX_LORA_STRENGTH:
             problems.append(f"the strength of LoRA {name} is {strength}: use {-MAX_LORA_STRENGTH:g} to "
                             f"{MAX_LORA_STRENGTH:g} (1 is the LoRA as trained, 0 turns it off)")
-        problem = lora_file_problem(file)
+        if lora.expert not in EXPERTS:
+            problems.append(f"LoRA {name} is for expert {lora.expert!r}: use high (the high-noise expert), low (the "
+                            "low-noise one) or both")
+        sources = (lora.repo, lora.path)
+        if not all(isinstance(v, (str, type(None))) for v in sources) or bool(lora.repo) != bool(lora.path):
+            problems.append(f"LoRA {name} needs both a Hub repo and the file's path in it to be fetched, or neither")
+        problem = lora_file_problem(file, lora.fetchable)
         if problem:
             problems.append(problem)
-        same = os.path.normcase(os.path.abspath(os.path.expanduser(file)))
+        same = (os.path.normcase(os.path.abspath(os.path.expanduser(file))), lora.expert)
         if same in seen:
             problems.append(f"LoRA {name} is listed twice: give it once, with the strength you want")
         seen.add(same)
-        checked.append((file, strength))
+        checked.append(Lora(file, strength if strength is not None else 0.0, lora.expert, lora.repo, lora.path))
     return tuple(checked)
 
 

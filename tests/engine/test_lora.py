@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from engine.events import Info, JobFailed, JobFinished, LatentsSaved, PhaseStarted
 from engine.outputs.latents import load_latents
+from engine.models.loras import Lora
 from engine.run.engine import Engine
 from engine.run.lora import ADAPTER_PREFIX, KEEP_IDLE, apply_loras, loaded_adapters
 from engine.settings.loras import find_lora, parse_lora, parse_lora_lines
@@ -148,7 +149,8 @@ def test_each_layout_changes_the_output_and_strength_0_or_none_is_the_model_s_ow
     assert not torch.equal(both, half) and not torch.equal(both, made["original"])
     assert "LoRAs on: musubi.safetensors at 0.5, original.safetensors at 1 (2 already loaded)." in said(events)
     sidecar = json.loads(open(events[-1].sidecar).read())   # the output says what it was made with
-    assert sidecar["parameters"]["loras"] == [[loras["musubi"], 0.5], [loras["original"], 1.0]]
+    assert [(e["file"], e["strength"], e["expert"]) for e in sidecar["parameters"]["loras"]] == [
+        (loras["musubi"], 0.5, "both"), (loras["original"], 1.0, "both")]
     assert sidecar["speed"]["compiled"] is False
     assert len(loaded_adapters(engine.loaded.pipe)) == 3   # one per file, kept between runs
 
@@ -201,7 +203,7 @@ def test_files_that_are_no_wan_lora_are_refused_by_the_check(loras, presets, tmp
     with pytest.raises(InputError, match="LoRA diffusers.safetensors is listed twice"):
         check_settings(settings.changed(loras=((loras["diffusers"], 1), (loras["diffusers"], 0.5))))
     checked = check_settings(settings.changed(loras=[[loras["diffusers"], 1]]))
-    assert checked.loras == ((loras["diffusers"], 1.0),)
+    assert checked.loras == (Lora(loras["diffusers"], 1.0),)
 
 
 def test_both_experts_of_a_two_expert_model_take_the_lora(model_dirs, loras):
@@ -257,12 +259,12 @@ def test_idle_adapters_are_kept_up_to_a_limit(model_dirs, loras, tmp_path):
 
 
 def test_lora_text_reads_as_file_and_strength(tmp_path):
-    assert parse_lora("a.safetensors") == ("a.safetensors", 1.0)
-    assert parse_lora(" b.safetensors : -0.5 ") == ("b.safetensors", -0.5)
-    assert parse_lora(r"C:\loras\c.safetensors") == (r"C:\loras\c.safetensors", 1.0)
-    assert parse_lora(r"C:\loras\c.safetensors:2") == (r"C:\loras\c.safetensors", 2.0)
+    assert parse_lora("a.safetensors") == Lora("a.safetensors", 1.0)
+    assert parse_lora(" b.safetensors : -0.5 ") == Lora("b.safetensors", -0.5)
+    assert parse_lora(r"C:\loras\c.safetensors") == Lora(r"C:\loras\c.safetensors", 1.0)
+    assert parse_lora(r"C:\loras\c.safetensors:2") == Lora(r"C:\loras\c.safetensors", 2.0)
     assert parse_lora_lines("a.safetensors: 0.8\n\n# off for now: b.safetensors\nc.safetensors") == (
-        ("a.safetensors", 0.8), ("c.safetensors", 1.0))
+        Lora("a.safetensors", 0.8), Lora("c.safetensors", 1.0))
     with pytest.raises(InputError) as refused:
         parse_lora_lines("a.safetensors:strong\n:1")
     assert refused.value.problems == (

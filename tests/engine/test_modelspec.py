@@ -9,6 +9,9 @@ SHAPES = {
     "Wan-AI/Wan2.1-T2V-1.3B-Diffusers": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30, in_channels=16),
     "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers": dict(num_attention_heads=40, ffn_dim=13824, num_layers=40,
                                                  in_channels=36, image_dim=1280, added_kv_proj_dim=5120),
+    "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers": dict(num_attention_heads=40, ffn_dim=13824, num_layers=40,
+                                                   in_channels=36, image_dim=1280, added_kv_proj_dim=5120,
+                                                   pos_embed_seq_len=514),
     "Wan-AI/Wan2.2-TI2V-5B-Diffusers": dict(num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48,
                                             out_channels=48),
 }

@@ -5,6 +5,7 @@ import pytest
 
 from engine.device.hardware import HardwareProfile
 from engine.events import Info, PlanReady
+from engine.models.loras import Lora
 from engine.models.spec import KNOWN_MODELS
 from engine.planning.planner import PlanRequest, plan_memory
 from engine.service.worker import WorkerClient
@@ -71,7 +72,7 @@ def test_dropdowns_become_request_overrides():
         "compile": False, "attention": "_native_cudnn", "vae_dtype": "float32", "loras": ()}
     assert override_fields(AUTO, "offload", "Off")["vae_tiling"] is False
     assert override_fields(*[None] * 8, "a.safetensors: 0.5\n\nb.safetensors")["loras"] == (
-        ("a.safetensors", 0.5), ("b.safetensors", 1.0))
+        Lora("a.safetensors", 0.5), Lora("b.safetensors", 1.0))
 
 
 def test_the_lora_box_names_files_in_the_models_folder(presets, selftest_models_dir, outputs, tmp_path):
@@ -85,7 +86,7 @@ def test_the_lora_box_names_files_in_the_models_folder(presets, selftest_models_
                "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.zeros(24, 2)}, file)
     ctx = AppContext(WorkerClient(selftest_models_dir), presets, str(outputs), models_dir=str(models))
     choices = [AUTO, AUTO, AUTO, "vae", OFF, AUTO, AUTO, AUTO]
-    assert form_overrides(ctx, *choices, "style/ink.safetensors: 0.5")["loras"] == ((str(file), 0.5),)
+    assert form_overrides(ctx, *choices, "style/ink.safetensors: 0.5")["loras"] == (Lora(str(file), 0.5),)
     assert lora_text(((str(file), 0.5), ("/elsewhere/x.safetensors", 1.0)), models) == (
         "style/ink.safetensors: 0.5\n/elsewhere/x.safetensors: 1")
 

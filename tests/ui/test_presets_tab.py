@@ -94,6 +94,46 @@ def test_a_saved_preset_runs_as_the_form_would(ctx):
     assert entry["user"] and "· *your preset*" in card_markdown(entry)
 
 
+def test_a_saved_preset_keeps_its_loras(ctx, selftest_models_dir):
+    from safetensors.torch import save_file
+
+    from engine.models.loras import Lora
+    from tests.engine.test_lora import original_lora
+
+    kept = save_user_preset(ctx, "fast-14b", "t2v", "wan21-t2v-14b-4step", "", "", 832, 480, 81, 4, 1.0, 5.0)
+    (lora,) = kept.preset.settings.loras   # the preset's published LoRA, not on disk yet, with its source
+    assert lora.repo == "Kijai/WanVideo_comfy" and lora.path.startswith("Lightx2v/")
+    (selftest_models_dir / "loras").mkdir(exist_ok=True)
+    save_file(original_lora(), selftest_models_dir / "loras" / "mine.safetensors")
+    box = f"mine.safetensors: 0.5@high\n{lora.file}: 0.8"
+    saved = save_user_preset(ctx, "fast-14b", "t2v", "wan21-t2v-14b-4step", "", "", 832, 480, 81, 4, 1.0, 5.0,
+                             loras=box)
+    mine = str(selftest_models_dir / "loras" / "mine.safetensors")
+    assert saved.preset.settings.loras[0] == Lora(mine, 0.5, "high")
+    assert saved.preset.settings.loras[1].strength == 0.8 and saved.preset.settings.loras[1].repo == lora.repo
+    assert ctx.presets["fast-14b"].settings.loras == saved.preset.settings.loras
+
+
+def test_reuse_settings_puts_the_output_s_loras_back_in_the_lora_box(ctx, presets, selftest_models_dir):
+    import gradio as gr
+
+    from engine.models.loras import Lora
+    from engine.outputs.history import ReuseValues
+    from ui.parts.form import Form
+    from ui.tabs.history import form_updates
+
+    with gr.Blocks():
+        form = Form(*(gr.Textbox() for _ in range(11)))
+        form.loras = gr.Textbox()
+    loras = (Lora(str(selftest_models_dir / "loras" / "mine.safetensors"), 0.5, "high"), Lora("/x/y.safetensors"))
+    values = ReuseValues("t2v", presets["selftest-t2v"].settings.changed(loras=loras), "selftest-t2v", "a fox", "", 7)
+    updates, _ = form_updates(ctx, {"t2v": form, "i2v": form}, values)
+    assert updates[form.loras] == "mine.safetensors: 0.5@high\n/x/y.safetensors: 1"
+    none, _ = form_updates(ctx, {"t2v": form, "i2v": form}, ReuseValues("t2v", presets["selftest-t2v"].settings,
+                                                                        "selftest-t2v", "a fox", "", 7))
+    assert none[form.loras] == ""   # an output made without LoRAs empties the box
+
+
 @pytest.mark.parametrize("args, expected", [
     (("x", "t2v", "selftest-t2v", "", "", 70, 64, 9, 4, 5.0, 3.0), "Width 70 is not a multiple of 16, which "
                                                                     "selftest-t2v needs: try 64 or 80"),

@@ -118,7 +118,8 @@ def test_a_lora_in_the_models_folder_is_applied_and_recorded(client, server, sel
     assert "LoRAs on: page.safetensors at 0.5 (1 file read from disk)." in status
     written = next(server["outputs"].rglob(Path(image).name))
     parameters = json.loads(written.with_suffix(".json").read_text())["parameters"]
-    assert parameters["loras"] == [[os.path.abspath(selftest_models_dir / "loras" / "page.safetensors"), 0.5]]
+    assert parameters["loras"] == [{"file": os.path.abspath(selftest_models_dir / "loras" / "page.safetensors"),
+                                    "strength": 0.5, "expert": "both", "repo": None, "path": None}]
     with pytest.raises(Exception, match=re.escape("LoRA file '../page.safetensors' is a path outside the app's "
                                                   "models folder, which the page does not accept")):
         client.predict(*T2V, loras="../page.safetensors", api_name="/text_to_image")

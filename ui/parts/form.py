@@ -48,6 +48,8 @@ class Form:
     # The Image to Video tab's first and last frame (None on the Text to Video tab).
     image: gr.Image | None = None
     last_image: gr.Image | None = None
+    # The plan panel's LoRA box, once it is built (Reuse settings and Save as preset carry the LoRAs through it).
+    loras: gr.Textbox | None = None
 
     def settings(self) -> list:
         """Components in the order build_request takes them (after mode; the plan overrides follow)."""
@@ -211,6 +213,7 @@ def _lora_box(ctx: AppContext, form: Form, mode: str, prefix: str) -> gr.Textbox
                            "0 off)", placeholder="detail.safetensors: 0.8", elem_id=f"{prefix}-loras")
     form.preset.input(lambda name: lora_text(ctx.preset_or_default(name, mode).settings.loras, models), form.preset,
                       box, api_visibility="private", queue=False)
+    form.loras = box
     return box
 
 

@@ -25,6 +25,7 @@ from ui.context import AppContext, forget_served_copies
 from ui.parts.form import Form, preset_choices
 from ui.tabs.ids import TAB_IDS, tab_by_id
 from ui.views.history_view import NOTHING_CHOSEN, confirm_markdown, entry_markdown, summary_markdown
+from ui.views.plan_panel import lora_text
 
 
 def _error(exc: HistoryError) -> gr.Error:
@@ -44,6 +45,8 @@ def form_updates(ctx: AppContext, forms: dict[str, Form], values: ReuseValues) -
     form = forms[values.tab]
     updates = {**form.settings_updates(values.settings, keep=values.keep), form.prompt: values.prompt,
                form.negative_prompt: values.negative_prompt, form.seed: values.seed}
+    if form.loras is not None:   # the output's LoRAs (none: an empty box), a file in models/loras/ by name
+        updates[form.loras] = lora_text(values.settings.loras, ctx.models_dir or ctx.client.models_dir)
     warnings = []
     choices = preset_choices(ctx, values.tab)
     if values.preset in {name for _, name in choices}:
@@ -159,7 +162,7 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
     parts.gallery.select(show, parts.keys, parts.shown(), api_visibility="private", show_progress="hidden")
     t2v, i2v = forms["t2v"], forms["i2v"]
     reuse_targets = [tabs, *t2v.settings(), *i2v.settings()]
-    reuse_targets += [c for c in (i2v.image, i2v.last_image) if c is not None]
+    reuse_targets += [c for c in (i2v.image, i2v.last_image, t2v.loras, i2v.loras) if c is not None]
 
     def reuse(key):
         """Fill the matching tab's form with the output's settings (its seed included) and switch to it."""

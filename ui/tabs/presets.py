@@ -16,10 +16,11 @@ from ui.context import AppContext
 from ui.parts.form import Form, preset_choices, preset_values
 from ui.preset_saving import delete_user_preset, save_user_preset
 from ui.tabs.ids import TAB_IDS, tab_by_id
+from ui.views.plan_panel import lora_text
 from ui.views.preset_cards import MODE_TITLES, card_markdown, machine_markdown, preset_entries
 
 SAVE_HELP = ("The current values of the chosen tab's form (preset, model, negative prompt, size, frames, steps, "
-             "guidance, shift; not the prompt or the seed) become a preset of your own, listed above and in "
+             "guidance, shift, LoRAs; not the prompt or the seed) become a preset of your own, listed above and in "
              "that tab's Preset list. Names: letters, digits, '-' and '_', up to 64 characters. Saving again "
              "under one of your names replaces that preset; the built-in presets' names are taken.")
 
@@ -27,7 +28,7 @@ SAVE_HELP = ("The current values of the chosen tab's form (preset, model, negati
 def _saved_fields(form: Form) -> list:
     """The components whose values a saved preset holds, in save_user_preset's order (after name and mode)."""
     return [form.preset, form.negative_prompt, form.model, form.width, form.height, form.frames, form.steps,
-            form.guidance, form.shift]
+            form.guidance, form.shift, *([form.loras] if form.loras is not None else [])]
 
 
 def _escaped(exc: Exception) -> str:
@@ -124,9 +125,13 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
             preset = ctx.presets.get(name)
             if preset is None:
                 raise gr.Error(f"The preset {html.escape(name)} was deleted; reload the page.", print_exception=False)
-            return [gr.Tabs(selected=TAB_IDS["i2v" if preset.settings.mode == "i2v" else "t2v"]), name, *preset_values(preset)]
+            models = ctx.models_dir or ctx.client.models_dir
+            box = [lora_text(preset.settings.loras, models)] if form.loras is not None else []
+            return [gr.Tabs(selected=TAB_IDS["i2v" if preset.settings.mode == "i2v" else "t2v"]), name,
+                    *preset_values(preset), *box]
 
-        use.click(apply, None, [tabs, form.preset, *form.preset_fields()], api_visibility="private")
+        filled = [*form.preset_fields(), *([form.loras] if form.loras is not None else [])]
+        use.click(apply, None, [tabs, form.preset, *filled], api_visibility="private")
         if delete is not None:
             def remove(*current):
                 try:
@@ -174,7 +179,9 @@ def _build_save(ctx: AppContext, forms: dict[str, Form], listing: gr.JSON, dropd
             return ["**Not saved:** choose whose settings to save: Text to Video or Image to Video.",
                     gr.skip(), *dropdowns.skip()]
         try:
-            saved = save_user_preset(ctx, name, mode, *by_mode[mode], title=title, description=description)
+            chosen = by_mode[mode]   # the form's values, then its LoRA box's text when it has one
+            saved = save_user_preset(ctx, name, mode, *chosen[:9], title=title, description=description,
+                                     loras=chosen[9] if len(chosen) > 9 else None)
         except ValueError as exc:
             return [f"**Not saved:** {_escaped(exc)}", gr.skip(), *dropdowns.skip()]
         current = [chunk[0] for chunk in by_mode.values()]   # each form's Preset value

@@ -11,7 +11,8 @@ from engine.device.hardware import HardwareProfile
 from engine.planning.ahead import plan_settings
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES
-from engine.settings.loras import lora_folder, parse_lora_lines
+from engine.models.loras import as_lora
+from engine.settings.loras import lora_folder, lora_line, parse_lora_lines
 from engine.settings.values import Settings, check_settings
 from engine.words import plural
 from ui.context import AppContext
@@ -64,9 +65,9 @@ def lora_text(loras, models_dir) -> str:
     """Settings' LoRAs as the LoRA box shows them: one ``file: strength`` a line, a file in models/loras/ by name."""
     folder = lora_folder(models_dir).resolve()
     lines = []
-    for file, strength in loras:
-        path = Path(file).resolve()
-        lines.append(f"{path.relative_to(folder).as_posix() if folder in path.parents else file}: {strength:g}")
+    for lora in map(as_lora, loras):
+        path = Path(lora.file).resolve()
+        lines.append(lora_line(lora, path.relative_to(folder).as_posix() if folder in path.parents else lora.file))
     return "\n".join(lines)
 
 
