@@ -119,7 +119,7 @@ def local_entries(models_dir: Path) -> list[ModelEntry]:
 
 def names_in(settings: Settings) -> tuple[str, ...]:
     """Every model, transformer file and LoRA file that ``settings`` names."""
-    files = (settings.transformer, settings.transformer_2, *(file for file, _ in settings.loras or ()))
+    files = (settings.transformer, settings.transformer_2, *(lora.file for lora in settings.loras or ()))
     return tuple(name for name in (settings.model, *files) if name)
 
 

@@ -15,6 +15,7 @@ import pytest
 
 from engine.models.download import (DownloadError, DownloadPlan, check_space, download_file, download_snapshot,
                                     partial_file)
+from engine.models.loras import Lora
 from engine.models.manager import (DeleteRefused, ModelEntry, check_deletable, delete_entry, find_entry,
                                    list_models)
 from engine.settings.presets import load_presets
@@ -201,7 +202,7 @@ def disk(hub, tmp_path):
     presets = load_presets()
     some = presets["selftest-t2v"]
     presets["mine"] = dataclasses.replace(some, name="mine", settings=dataclasses.replace(
-        some.settings, model=REPO, loras=(("ink.safetensors", 1.0),)))
+        some.settings, model=REPO, loras=(Lora("ink.safetensors"),)))
     presets["folder"] = dataclasses.replace(some, name="folder", settings=dataclasses.replace(
         some.settings, model=str(models / "my-wan"), transformer="wan-q4.gguf"))
     return cache, models, presets
