@@ -35,7 +35,8 @@ from ui.views.timing_chart import timing_chart_html
 PHASE_LABELS = {
     "engine_start": "Engine start (libraries)", "calibrate": "Measure this machine (once)", "download": "Download", "build_model": "Build self-test model",
     "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "lora": "LoRAs", "text_encode": "Text encode",
-    "image_encode": "Image encode", "denoise": "Denoise", "vae_decode": "VAE decode", "export": "Export",
+    "image_encode": "Image encode", "denoise": "Denoise", "expert_swap": "Expert swap (high to low noise)",
+    "vae_decode": "VAE decode", "export": "Export",
 }
 
 
