@@ -17,6 +17,8 @@ PHASES = (
     "engine_start", "calibrate", "download", "build_model", "load", "transfer", "lora", "text_encode",
     "image_encode", "denoise", "expert_swap", "vae_decode", "export",
 )
+# The phases that run inside another one: it goes on when they finish.
+INSIDE = {"expert_swap": "denoise"}
 
 
 # The kinds of JobFailed that mean the job never started: its settings, its model, or a full queue.

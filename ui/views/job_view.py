@@ -10,6 +10,7 @@ import html
 from dataclasses import dataclass, field, replace
 
 from engine.events import (
+    INSIDE,
     PHASES,
     DownloadProgress,
     Ending,
@@ -142,7 +143,7 @@ class JobView:
             self.phase_seconds[event.phase] = event.seconds
             if event.detail:
                 self.phase_details[event.phase] = event.detail
-            self.running_phase = None
+            self.running_phase = INSIDE.get(event.phase)   # a phase run inside another: that one goes on
         elif isinstance(event, DownloadProgress):
             total = f" of {event.total:,.0f}" if event.total else ""
             self.download = f"{event.done:,.0f}{total} {event.unit}"
