@@ -46,6 +46,9 @@ def _source_options(parser: argparse.ArgumentParser) -> None:
                              "rest (text encoder, VAE, ...) comes from --model")
     parser.add_argument("--transformer-2", metavar="FILE",
                         help="the same for Wan2.2 A14B's low-noise expert (transformer_2)")
+    parser.add_argument("--guidance-2", type=float, metavar="SCALE",
+                        help="Wan2.2 A14B: the low-noise expert's guidance (default: the preset's, else the same as "
+                             "--guidance)")
     parser.add_argument("--lora", action="append", type=_lora_arg, metavar="FILE[:STRENGTH][@high|@low]",
                         help="a LoRA file (.safetensors) and its strength (default 1.0), applied in order; give it "
                              "again for more; a bare name is also looked for in the models folder's loras/; "
@@ -191,7 +194,7 @@ def _settings(args):
         vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on",
         decoder=args.decoder, step_cache=args.step_cache, attention=args.attention, vae_dtype=args.vae_precision,
         compile=None if args.compile is None else args.compile == "on", transformer=args.transformer,
-        transformer_2=args.transformer_2, loras=_loras(args))
+        transformer_2=args.transformer_2, loras=_loras(args), guidance_2=args.guidance_2)
 
 
 def _loras(args) -> tuple | None:

@@ -10,11 +10,15 @@ from enum import Enum
 
 # Phase names, in the order a run passes through them. "engine_start" is the time a job waited for a new
 # engine process to load its libraries; "build_model" builds a self-test model the first time it is used; "lora"
-# puts a job's LoRAs on the loaded model (reading the files it has not read yet).
+# puts a job's LoRAs on the loaded model (reading the files it has not read yet); "expert_swap" (Wan2.2 A14B with
+# one expert on the device at a time) puts the low-noise expert on the device at the boundary: it runs inside
+# the denoise phase, whose seconds leave it out.
 PHASES = (
     "engine_start", "calibrate", "download", "build_model", "load", "transfer", "lora", "text_encode",
-    "image_encode", "denoise", "vae_decode", "export",
+    "image_encode", "denoise", "expert_swap", "vae_decode", "export",
 )
+# The phases that run inside another one: it goes on when they finish.
+INSIDE = {"expert_swap": "denoise"}
 
 
 # The kinds of JobFailed that mean the job never started: its settings, its model, or a full queue.

@@ -81,14 +81,23 @@ def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prom
     preset = _preset(ctx, preset_name, mode)
     # The preset's settings with the form's values as sent: a None stays None (missing), it is not the
     # preset's. A step count that changes drops the preset's fixed sigma schedule (Settings.changed).
-    settings = replace(preset.settings.changed(steps=steps), mode=mode,
-                       model=ctx.model_ref(model or preset.settings.model), width=width, height=height,
+    ref = ctx.model_ref(model or preset.settings.model)
+    settings = replace(preset.settings.changed(steps=steps), mode=mode, model=ref, width=width, height=height,
                        frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
-                       **form_overrides(ctx, *choices))
+                       guidance_2=_guidance_2(ctx, preset, ref, guidance), **form_overrides(ctx, *choices))
     return GenerationRequest(
         settings, prompt, negative_prompt=preset.negative_prompt if negative_prompt is None else negative_prompt,
         seed=-1 if seed is None else seed, image=upload_path(image, "image"),
         last_image=upload_path(last_image, "last image"), preset=preset.name, outputs_dir=ctx.outputs_dir)
+
+
+def _guidance_2(ctx: AppContext, preset, ref: str, guidance) -> float | None:
+    """The preset's low-noise guidance (Wan2.2 A14B), kept only for a model with two experts and while the form's
+    guidance is on (at 1 or less it is off for both experts): the form has no box for it, so a two-expert preset
+    run with a model of one transformer, or without guidance, drops it rather than being refused."""
+    limits = ctx.client.catalog.limits(ref)
+    guidance_off = isinstance(guidance, (int, float)) and not isinstance(guidance, bool) and guidance <= 1.0
+    return None if guidance_off or (limits is not None and limits.experts < 2) else preset.settings.guidance_2
 
 
 def _say(text: str) -> None:

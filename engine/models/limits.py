@@ -19,6 +19,7 @@ class Limits:
     max_side: int          # pixels, width and height alike
     size_multiple: int     # width and height are multiples of it
     position_rows: int     # rows of the transformer's position table (why the limits are what they are)
+    experts: int = 1       # transformers taking turns (Wan2.2 A14B: 2): a low-noise guidance needs two
 
     @property
     def frames_hint(self) -> str:
@@ -29,7 +30,7 @@ class Limits:
 def limits_of(spec: ModelSpec) -> Limits:
     frames = min(MAX_FRAMES, spec.max_frames)
     side = min(MAX_SIDE, spec.max_side // spec.size_multiple * spec.size_multiple)
-    return Limits(spec.name, frames, side, spec.size_multiple, spec.transformer.rope_max_seq_len)
+    return Limits(spec.name, frames, side, spec.size_multiple, spec.transformer.rope_max_seq_len, spec.experts)
 
 
 def check_model_limits(spec: ModelSpec, width: int, height: int, frames: int, mode: str = "t2v") -> None:

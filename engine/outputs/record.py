@@ -66,7 +66,8 @@ def _made_with(request: GenerationRequest, parameters: dict, model: dict | None,
 
 def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: dict, step_downs, latents,
                decode_fallback, timings: dict, step_seconds, peak_ram_gb: float, hardware: dict,
-               inputs: dict | None = None, note: str = "", speed: dict | None = None) -> Sidecar:
+               inputs: dict | None = None, note: str = "", speed: dict | None = None,
+               experts: dict | None = None) -> Sidecar:
     """The sidecar of a finished run: everything needed to understand it and to make it again.
 
     ``frames``: the frames written, or only their shape (frames, height, width, ...): a streamed video
@@ -80,7 +81,8 @@ def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: 
         file=media.name, created=time.strftime("%Y-%m-%dT%H:%M:%S%z"), plan=_as_json(plan),
         output={"frames": count, "height": height, "width": width, "fps": fps},
         run=RunDetails(step_downs=_as_json(list(step_downs)), latents=latents, decode_fallback=decode_fallback,
-                       model_reused="load" not in timings, step_seconds=list(step_seconds)),
+                       model_reused="load" not in timings, step_seconds=list(step_seconds),
+                       experts=_as_json(experts) if experts is not None else None),
         inputs=inputs, note=note, speed=_as_json(speed) if speed is not None else None)
 
 

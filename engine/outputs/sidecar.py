@@ -62,6 +62,9 @@ class RunDetails:
     decode_fallback: str | None  # how the decode finally worked, when not as planned
     model_reused: bool          # the model was loaded already
     step_seconds: list          # seconds of each denoising step
+    # Wan2.2 A14B: the steps each expert ran ({"transformer": high-noise, "transformer_2": low-noise}), the first
+    # low-noise step's index ("switch_step", None when it ran none), and whether the run swapped them on the device.
+    experts: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ class Sidecar:
             "preset": self.preset, "parameters": self.parameters, "output": self.output, "plan": self.plan,
             "step_downs": run.step_downs, "latents": run.latents, "decode_fallback": run.decode_fallback,
             "model_reused": run.model_reused, "timings": self.timings, "step_seconds": run.step_seconds,
-        }
+        } | ({"experts": run.experts} if run.experts is not None else {})
 
     def _decoded_json(self) -> dict:
         return {"file": self.file, "decoded_from": self.decoded.latents, "decoded": self.decoded.how,
@@ -223,7 +226,8 @@ def _request_values(data: dict) -> dict:
 def _run_details(data: dict) -> RunDetails:
     return RunDetails(
         step_downs=data.get("step_downs"), latents=data.get("latents"), decode_fallback=data.get("decode_fallback"),
-        model_reused=data.get("model_reused"), step_seconds=data.get("step_seconds"))
+        model_reused=data.get("model_reused"), step_seconds=data.get("step_seconds"),
+        experts=_dict_or_none(data.get("experts")))
 
 
 def _number(value, kind):

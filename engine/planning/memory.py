@@ -66,15 +66,21 @@ FP8_KEPT_FRACTION = 0.05
 def transformer_weights_gb(spec: ModelSpec, bytes_per_param: float, fp8: bool = False) -> float:
     """GiB of the transformers' weights once loaded: each expert's own parameters at ``bytes_per_param`` (most
     in fp8 with ``fp8``), or its single file's as it holds them (a GGUF file's quantised tensors as stored)."""
-    total = 0.0
+    return sum(expert_weights_gb(spec, bytes_per_param, fp8))
+
+
+def expert_weights_gb(spec: ModelSpec, bytes_per_param: float, fp8: bool = False) -> list[float]:
+    """GiB of each expert's weights once loaded (one entry for a model with one transformer)."""
+    sizes = []
     for expert in range(spec.experts):
         file = spec.transformer_file(expert)
         if file is not None and file.quantized:   # stays quantised: fp8 storage does not apply to it
-            total += file.loaded_bytes(bytes_per_param)
+            sizes.append(file.loaded_bytes(bytes_per_param) / GB)
             continue
         params = file.params if file is not None else spec.transformer.params
-        total += params * (1 + FP8_KEPT_FRACTION * (bytes_per_param - 1)) if fp8 else params * bytes_per_param
-    return total / GB
+        sizes.append((params * (1 + FP8_KEPT_FRACTION * (bytes_per_param - 1)) if fp8 else params * bytes_per_param)
+                     / GB)
+    return sizes
 
 
 def _bytes_per_param(spec: ModelSpec, bytes_per_param: float, fp8: bool) -> list[float]:

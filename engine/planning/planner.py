@@ -17,11 +17,15 @@ from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES, SpeedRequest, 
 from engine.words import plural
 
 # Rungs of the ladder, fastest (and highest quality) first.
-LADDER = ("all_on_device", "text_encoder_offload", "group_offload", "fp8_storage", "fp8_group_offload",
-          "leaf_offload")
+LADDER = ("all_on_device", "text_encoder_offload", "expert_swap", "group_offload", "fp8_storage",
+          "fp8_group_offload", "leaf_offload")
+# Rungs only a model with two experts (Wan2.2 A14B) has.
+TWO_EXPERT_RUNGS = ("expert_swap",)
 RUNG_TEXT = {
     "all_on_device": "everything on the device",
     "text_encoder_offload": "text encoder kept off the device except while it encodes (whole or streamed)",
+    "expert_swap": "one expert on the device at a time: the high-noise one, swapped for the low-noise one at "
+                   "the boundary",
     "group_offload": "transformer streamed block by block from RAM (group offload)",
     "fp8_storage": "transformer weights stored in fp8 on the device",
     "fp8_group_offload": "fp8 transformer weights streamed block by block from RAM",
@@ -118,6 +122,11 @@ class Plan:
     # empty when every transformer is the model's own. Another file (or the same one rewritten) is another load.
     transformer_files: tuple = ()
 
+    @property
+    def swaps_experts(self) -> bool:
+        """One expert on the device at a time, swapped at the boundary (the engine's expert_swap phase)."""
+        return self.strategy == "expert_swap"
+
     def to_dict(self) -> dict:
         data = asdict(self)
         data["phases"] = {p["phase"]: {k: v for k, v in p.items() if k != "phase"} for p in data["phases"]}
@@ -174,6 +183,21 @@ class _Rung:
     load: str
     vae_bytes: int = 4
 
+    @property
+    def swap(self) -> bool:
+        return self.name == "expert_swap"
+
+
+def ladder_for(spec: ModelSpec, hw: HardwareProfile) -> tuple[str, ...]:
+    """The rungs this model can take on this machine, fastest first: a CPU-only machine has one; the rungs that
+    swap experts need two (Wan2.2 A14B); fp8 storage has nothing to add to transformers that stay quantised."""
+    if hw.device == "cpu":
+        return ("all_on_device",)
+    ladder = tuple(name for name in LADDER if spec.experts > 1 or name not in TWO_EXPERT_RUNGS)
+    if spec.quantized_transformer:
+        ladder = tuple(name for name in ladder if not name.startswith("fp8"))
+    return ladder
+
 
 def _weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> dict[str, float]:
     """GiB of each component's weights under ``rung``."""
@@ -208,8 +232,10 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _R
     phases = [("load", mem.staging_gb(spec)), ("text_encode", mem.text_encode_gb(spec))]
     if "image_encoder" in places:
         phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
+    phases.append(("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) + mem.RUN_OVERHEAD_GB))
+    if rung.swap and spec.experts > 1:
+        phases.append(("expert_swap", mem.RUN_OVERHEAD_GB))   # from RAM to RAM: the step only runs its code
     phases += [
-        ("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) + mem.RUN_OVERHEAD_GB),
         ("vae_decode", mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
          + mem.RUN_OVERHEAD_GB + frames_ram),
         ("export", frames_ram)]
@@ -224,7 +250,10 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     dtype, nbytes = _dtypes(hw)
     weights = _weights_gb(spec, req, hw, rung)
     te, ie, vae, tr_full = (weights[k] for k in ("text_encoder", "image_encoder", "vae", "transformer"))
-    if rung.transformer == "device":
+    if rung.swap and spec.experts > 1:
+        # One expert on the device (the larger bounds it); both stay in RAM, so the swap only copies one in.
+        tr_dev, tr_ram = max(mem.expert_weights_gb(spec, nbytes, rung.fp8)), tr_full
+    elif rung.transformer == "device":
         tr_dev, tr_ram = tr_full, 0.0
     elif rung.transformer == "group":
         # The shared layers plus the blocks in flight (current, prefetched, being released).
@@ -249,6 +278,8 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     te_place = {"device": "device", "offload": "device", "streamed": "streamed", "cpu": "cpu"}[rung.text_encoder]
     tr_place = {"device": "device", "group": "streamed", "leaf": "streamed"}[rung.transformer]
     places = {"text_encoder": te_place, "transformer": tr_place, "vae": "device"}
+    if rung.swap and spec.experts > 1:
+        places["transformer_2"] = "cpu"
     if req.image_to_video and spec.image_encoder_params:
         places["image_encoder"] = te_place
 
@@ -285,6 +316,10 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
         denoise_places["image_encoder"] = denoise_places["text_encoder"]
     phases.append(PhasePlan("denoise", denoise_places, resident - tr_idle + tr_dev + act + mem.RUN_OVERHEAD_GB,
                             idle_ram))
+    if "transformer_2" in places:
+        # The high-noise expert's device copy is dropped (its RAM copy stays), then the low-noise one copied in.
+        denoise_places = {**denoise_places, "transformer": "cpu", "transformer_2": "device"}
+        phases.append(PhasePlan("expert_swap", denoise_places, resident + mem.RUN_OVERHEAD_GB, idle_ram))
     phases.append(PhasePlan("vae_decode", denoise_places, resident + decode + mem.RUN_OVERHEAD_GB,
                             idle_ram + frames_ram))
     phases.append(PhasePlan("export", denoise_places, resident, idle_ram + frames_ram))
@@ -328,7 +363,7 @@ def _candidates(name: str, override: Override, hw: HardwareProfile, spec: ModelS
     else:
         tiles = [None, *mem.VAE_TILES]
     loads = ["cpu"] if hw.device == "cpu" else ["cpu", "device_map"]
-    if name in ("group_offload", "fp8_group_offload", "leaf_offload") or spec.transformer_files:
+    if name in ("expert_swap", "group_offload", "fp8_group_offload", "leaf_offload") or spec.transformer_files:
         loads = ["cpu"]   # offloaded weights live in RAM anyway; a single transformer file is read into RAM whole
     for te in te_places:
         for tile in tiles:
@@ -339,11 +374,7 @@ def _candidates(name: str, override: Override, hw: HardwareProfile, spec: ModelS
 def _choose(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override):
     """(rung, phases, fits): the first rung and settings that fit, else the closest miss."""
     vram_budget, ram_budget = budgets(hw)
-    ladder = LADDER if hw.device != "cpu" else ("all_on_device",)
-    if override.strategy:
-        ladder = (override.strategy,)
-    elif spec.quantized_transformer:   # GGUF files stay quantised: storing them in fp8 saves nothing
-        ladder = tuple(name for name in ladder if not name.startswith("fp8"))
+    ladder = (override.strategy,) if override.strategy else ladder_for(spec, hw)
     chosen = None
     first = None
     vae_bytes = _vae_bytes(hw, override)
@@ -430,6 +461,8 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
                     f"each new prompt, many times faster than encoding on the CPU.")
     elif plan.text_encoder == "cpu":
         said.append(f"The text encoder ({te_gb:.1f} GB) runs on the CPU: it would not fit on the device beside the rest.")
+    if plan.swaps_experts and spec.experts > 1:
+        said.append(_explain_swap(spec, hw, plan, override))
     if plan.transformer in ("group", "leaf"):
         said.append(f"The {tr_gb:.1f} GB transformer stays in RAM and streams to the device "
                     f"{'block by block' if plan.transformer == 'group' else 'layer by layer'}"
@@ -450,6 +483,19 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
         said.append(f"Nothing fits: even '{plan.strategy}' needs {plan.predicted_peak_vram_gb:.1f} GB on the device "
                     f"and {plan.predicted_peak_ram_gb:.1f} GB of RAM.")
     return said
+
+
+def _explain_swap(spec: ModelSpec, hw: HardwareProfile, plan: Plan, override: Override) -> str:
+    """Why one expert at a time: both do not fit on the device beside the rest, one does."""
+    _, nbytes = _dtypes(hw)
+    high, low = mem.expert_weights_gb(spec, nbytes, plan.fp8)[:2]
+    why = ("" if override.strategy else
+           f"both experts ({high + low:.1f} GB) do not fit on the device beside the rest, one does: ")
+    return (f"{why[:1].upper()}{why[1:]}the high-noise expert ({high:.1f} GB) sits on the device for the "
+            f"high-noise steps while the low-noise one ({low:.1f} GB) waits in RAM; at the boundary the engine swaps "
+            f"them in its own timed phase (expert_swap), so the device never holds more than one expert. Both stay "
+            f"in RAM all along: the swap copies one expert in and drops the other's device copy"
+            + (", from pinned memory." if plan.pin_memory else "."))
 
 
 def _explain_files(spec: ModelSpec, hw: HardwareProfile, plan: Plan) -> list[str]:

@@ -32,7 +32,7 @@ from engine.planning.planner import Plan
 
 # The phases predicted, in the order a run passes through them (engine/events.py PHASES, less those that are
 # not the run itself: the engine's start, a download, building a self-test model).
-PHASES = ("load", "transfer", "text_encode", "image_encode", "denoise", "vae_decode", "export")
+PHASES = ("load", "transfer", "text_encode", "image_encode", "denoise", "expert_swap", "vae_decode", "export")
 DECODERS = ("vae", "fast")
 
 # ----- the transformer ----------------------------------------------------------------------------------
@@ -517,11 +517,17 @@ def _weights(spec: ModelSpec, plan: Plan) -> dict[str, float]:
             "vae": spec.vae_params * _bytes_per(plan.vae_dtype)}
 
 
-def _on_device_bytes(weights: dict[str, float], plan: Plan) -> float:
+def _swaps_experts(spec: ModelSpec, plan: Plan) -> bool:
+    """One expert on the device at a time (a plan from before the expert_swap rung existed never swaps)."""
+    return getattr(plan, "strategy", "") == "expert_swap" and spec.experts > 1
+
+
+def _on_device_bytes(spec: ModelSpec, weights: dict[str, float], plan: Plan) -> float:
     """Bytes that are copied to the device once, when the pipeline is placed."""
     if plan.device == "cpu":
         return 0.0
-    return (weights["vae"] + (weights["transformer"] if plan.transformer == "device" else 0.0)
+    on_device = weights["transformer"] / (spec.experts if _swaps_experts(spec, plan) else 1)   # one expert at a time
+    return (weights["vae"] + (on_device if plan.transformer == "device" else 0.0)
             + (weights["encoders"] if plan.text_encoder == "device" else 0.0))
 
 
@@ -534,7 +540,7 @@ def _load(spec: ModelSpec, plan: Plan, cal: Calibration, weight_bytes: int | Non
     how = f"{nbytes / GB:.1f} GB of weights read at {disk:.1f} GB/s ({source})"
     if plan.load == "device_map" and plan.device != "cpu":
         gbps, kind = _copy_gbps(cal, False)
-        moved = _on_device_bytes(weights, plan)
+        moved = _on_device_bytes(spec, weights, plan)
         seconds += moved / (gbps * GB)
         how += f", {moved / GB:.1f} GB of it straight to the device ({kind}, {gbps:.1f} GB/s)"
     return seconds, how
@@ -543,10 +549,10 @@ def _load(spec: ModelSpec, plan: Plan, cal: Calibration, weight_bytes: int | Non
 def _transfer(spec: ModelSpec, plan: Plan, cal: Calibration) -> tuple[float, str]:
     """Placing the components: copies to the device (unless loaded there), page-locking what streams."""
     weights = _weights(spec, plan)
-    moved = _on_device_bytes(weights, plan) if plan.load != "device_map" else 0.0
+    moved = _on_device_bytes(spec, weights, plan) if plan.load != "device_map" else 0.0
     pinned = 0.0
     if plan.pin_memory and plan.device != "cpu":
-        pinned = ((weights["transformer"] if plan.transformer != "device" else 0.0)
+        pinned = ((weights["transformer"] if plan.transformer != "device" or _swaps_experts(spec, plan) else 0.0)
                   + (weights["encoders"] if plan.text_encoder == "streamed" else 0.0))
     gbps, kind = _copy_gbps(cal, False)
     seconds = moved / (gbps * GB)
@@ -556,6 +562,18 @@ def _transfer(spec: ModelSpec, plan: Plan, cal: Calibration) -> tuple[float, str
         seconds += pinned / (pin * GB)
         how += f"; {pinned / GB:.1f} GB page-locked for streaming at {pin:.2f} GB/s"
     return seconds, how
+
+
+def _expert_swap(spec: ModelSpec, plan: Plan, cal: Calibration, swaps: int) -> tuple[float, str]:
+    """Copying the low-noise expert to the device at the boundary (the high-noise one's RAM copy is kept, so
+    dropping its device copy costs nothing); ``swaps``: 2 when the pipeline is loaded with the low-noise expert
+    still on the device from the last run, which goes back first."""
+    expert = _transformer_bytes(spec, _bytes_per(plan.dtype), plan.fp8)
+    if plan.device == "cpu":
+        return 0.0, "from RAM to RAM: nothing to copy"
+    gbps, kind = _copy_gbps(cal, plan.pin_memory)
+    how = f"{expert / GB:.1f} GB expert to the device ({kind}, {gbps:.1f} GB/s)"
+    return swaps * expert / (gbps * GB), how + (", twice (the high-noise expert goes back first)" if swaps > 1 else "")
 
 
 def _export(pixels: int, cal: Calibration) -> tuple[float, str]:
@@ -594,6 +612,8 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
         seconds["image_encode"], how["image_encode"] = _image_encode(spec, plan, calibration)
     seconds["denoise"], step, how["denoise"] = _denoise(spec, (width, height, frames), image_to_video, steps, passes,
                                                         plan, calibration, compiled)
+    if _swaps_experts(spec, plan):
+        seconds["expert_swap"], how["expert_swap"] = _expert_swap(spec, plan, calibration, 2 if loaded else 1)
     if decoder == "fast":
         decode, decode_how = fast_decode_seconds(spec, width, height, frames, plan.dtype, calibration)
     else:

@@ -111,6 +111,8 @@ def place_components(pipe, plan: Plan) -> None:
             # Only the transformer: UMT5 casts activations to its weights' dtype and breaks in fp8. A GGUF one is
             # quantised already: casting its bytes to fp8 would corrupt them.
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute)
+        if plan.swaps_experts:
+            continue   # one expert on the device at a time: engine/run/experts.py places them
         if plan.transformer == "device":
             model.to(plan.device)
         else:

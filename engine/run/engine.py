@@ -31,7 +31,7 @@ from engine.events import (
     PlanReady,
     StepFinished,
 )
-from engine.models.limits import check_model_limits
+from engine.models.limits import check_model_limits, limits_of
 from engine.models.refs import ResolvedModel, classify_ref, resolve_model
 from engine.models.selftest import selftest_built
 from engine.models.single_file import read_bytes, use_transformer_files
@@ -43,7 +43,7 @@ from engine.outputs.latents import DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanu
 from engine.outputs.record import open_video_stream, redecode_record, run_record, write_media
 from engine.outputs.sidecar import write_sidecar
 from engine.planning.memory import VAE_TILES
-from engine.planning.planner import LADDER, Plan, plan_memory
+from engine.planning.planner import LADDER, TWO_EXPERT_RUNGS, Plan, plan_memory
 from engine.run.apply_plan import (
     conv_settings,
     encoder_device,
@@ -59,6 +59,7 @@ from engine.run.apply_plan import (
     torch_dtype,
 )
 from engine.run.decoding import decode_attempts, decode_latents, decode_stream, decoded_shape
+from engine.run.experts import EXPERTS, ExpertSwap, switch_step
 from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.run.lora import lora_files
@@ -66,7 +67,7 @@ from engine.run.preview import PREVIEW_EVERY_SECONDS, DecoderPreview, LivePrevie
 from engine.run.schedulers import make_scheduler
 from engine.run.time_plan import TimePlanner, calibration_enabled, fastest_attention
 from engine.settings.request import GenerationRequest, check_request
-from engine.settings.values import MODE_NAMES, InputError
+from engine.settings.values import MODE_NAMES, InputError, check_experts
 
 SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
 PROMPT_CACHE_SIZE = 4   # encodings are 512 x 4096 x 2 bytes each: 4 MB
@@ -101,6 +102,7 @@ class LoadedModel:
     preview_map: PreviewMap | None = None   # latent -> RGB for live previews, made at the first one
     image_pipe: object = None   # Wan2.2 TI2V-5B's image-to-video pipeline, over the same components
     fast_decoders: dict = field(default_factory=dict)   # file -> its FastDecoder, loaded at first use
+    experts: ExpertSwap | None = None   # Wan2.2 A14B with one expert on the device at a time (the plan's swap)
 
     def for_mode(self, mode: str):
         """The pipeline that runs ``mode``: the loaded one or, for image to video with a text-and-image model
@@ -184,6 +186,9 @@ class _Job:
     decoder: str = "vae"                # what made the frames: "vae" or "fast (<file stem>)"
     cache: str | None = None            # the step cache's own account of what it did, when one was on
     predicted: object = None            # the time plan's PhaseTimes for this run, when the machine is measured
+    experts: dict | None = None         # Wan2.2 A14B: the steps each expert ran, the switch step (the sidecar's)
+    open_phases: list = field(default_factory=list)   # the phases running now, outermost first
+    nested_seconds: float = 0.0         # seconds of the phases run inside others, for those to leave out
 
 
 class Engine:
@@ -231,16 +236,25 @@ class Engine:
     @contextmanager
     def _phase(self, job: _Job, name: str):
         """One phase of ``job``: announced, offered to the fault hook, then timed with the device synchronised.
-        The block may say what the phase did by setting the yielded note's ``detail``."""
+        The block may say what the phase did by setting the yielded note's ``detail``. A phase run inside another
+        (the expert swap, inside the denoise) is left out of that one's seconds, which then goes on."""
         job.phase = name
         job.emit(PhaseStarted(job.id, name))
         self.faults.before_phase(name)
         synchronize(job.device)
-        start = clock()
+        start, nested = clock(), job.nested_seconds
         note = _PhaseNote()
-        yield note
+        job.open_phases.append(name)
+        try:
+            yield note
+        finally:
+            job.open_phases.pop()
         synchronize(job.device)
-        seconds = clock() - start
+        elapsed = clock() - start
+        seconds = elapsed - (job.nested_seconds - nested)
+        job.nested_seconds = nested + elapsed
+        if job.open_phases:
+            job.phase = job.open_phases[-1]
         job.timings[name] = round(job.timings.get(name, 0.0) + seconds, 4)
         detail = note.detail(seconds) if callable(note.detail) else note.detail
         job.emit(PhaseFinished(job.id, name, seconds, detail))
@@ -283,8 +297,9 @@ class Engine:
         self.timing.loaded(nbytes, job.timings.get("load", 0.0))
         with self._phase(job, "transfer"):
             place_components(pipe, plan)
+            experts = ExpertSwap.place(pipe, plan.device, plan.pin_memory) if plan.swaps_experts else None
             keep_encoder_exact(pipe, resolved.folder)
-        self.loaded = LoadedModel(resolved, pipe, plan, dict(pipe.scheduler.config))
+        self.loaded = LoadedModel(resolved, pipe, plan, dict(pipe.scheduler.config), experts=experts)
         return self.loaded
 
     @staticmethod
@@ -305,7 +320,10 @@ class Engine:
 
     def _next_rung(self, request: GenerationRequest, spec: ModelSpec, plan: Plan) -> Plan | None:
         """The plan one rung down the ladder (the first lower rung that fits, else the next one)."""
-        lower = [self.plan_for(request, spec, name) for name in LADDER[LADDER.index(plan.strategy) + 1:]]
+        ladder = tuple(name for name in LADDER if spec.experts > 1 or name not in TWO_EXPERT_RUNGS)
+        if plan.strategy not in ladder:
+            return None
+        lower = [self.plan_for(request, spec, name) for name in ladder[ladder.index(plan.strategy) + 1:]]
         return next((p for p in lower if p.fits), lower[0] if lower else None)
 
     # ----- one run ----------------------------------------------------------
@@ -490,6 +508,7 @@ class Engine:
                 raise InputError(f"{model.ref} is a first-and-last-frame model and needs a last frame too; "
                                  "add one")
         check_model_limits(spec, request.settings.width, request.settings.height, request.settings.frames, request.settings.mode)
+        check_experts(request.settings, limits_of(spec))
 
     def _encode_text(self, loaded: LoadedModel, request: GenerationRequest, job: _Job):
         pipe, plan = loaded.pipe, loaded.plan
@@ -546,9 +565,16 @@ class Engine:
     def _denoise(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image: ImageInputs):
         import torch
 
+        from engine.run.speedups import steps_per_transformer
+
         pipe = loaded.for_mode(request.settings.mode)
         pipe.scheduler = make_scheduler(loaded.scheduler_config, request.settings.shift, request.settings.sigmas)
         total = request.settings.steps
+        counts = steps_per_transformer(pipe, total)
+        switch = switch_step(counts, total)
+        if EXPERTS[1] in counts:
+            job.experts = {"steps": counts, "switch_step": switch, "swapped": loaded.experts is not None,
+                           "boundary_ratio": pipe.config.boundary_ratio}
         last = [0.0]
         previews = LivePreview(job.id, total, self.preview_seconds, request.settings.fps / pipe.vae_scale_factor_temporal,
                                lambda: self._preview_map(loaded))
@@ -566,13 +592,17 @@ class Engine:
                 pipeline._interrupt = True
             else:
                 previews.emit_after_step(pipeline.scheduler, i, tensors["latents"], job.emit)
+                if i + 1 == switch:   # the next step is the low-noise expert's: it comes to the device now
+                    self._bring_expert(loaded, EXPERTS[1], job)
             # A preview's cost is in its event and in the denoise phase, not in the step times;
             # its encoding overlaps the next step.
             last[0] = clock()
             return {}
 
         positive, negative = embeds
+        guidance_2 = request.settings.guidance_2
         with self._phase(job, "denoise"):
+            self._bring_expert(loaded, EXPERTS[0] if switch != 0 else EXPERTS[1], job)
             last[0] = clock()
             try:
                 with reusing_image_embeds(pipe, image.embeds), self._step_cache(loaded, pipe, request, job):
@@ -581,6 +611,7 @@ class Engine:
                         negative_prompt_embeds=negative if request.settings.guidance > 1.0 else None,
                         height=request.settings.height, width=request.settings.width, num_frames=request.settings.frames,
                         num_inference_steps=total, guidance_scale=request.settings.guidance,
+                        **({"guidance_scale_2": guidance_2} if guidance_2 is not None else {}),
                         generator=torch.Generator("cpu").manual_seed(request.seed),
                         max_sequence_length=TEXT_TOKENS, output_type="latent",
                         callback_on_step_end=on_step_end, **image.pipe_inputs())
@@ -589,6 +620,17 @@ class Engine:
         if len(job.step_seconds) < total or job.should_cancel():
             raise Cancelled()
         return output.frames
+
+    def _bring_expert(self, loaded: LoadedModel, name: str, job: _Job) -> None:
+        """With one expert on the device at a time: expert ``name`` there, the other back in RAM, in the timed
+        expert_swap phase (nothing happens when it is there already, or when the plan keeps both on the device)."""
+        experts = loaded.experts
+        if experts is None or experts.on_device == name:
+            return
+        with self._phase(job, "expert_swap") as phase:
+            experts.bring(name)
+            phase.detail = ("the low-noise expert on the device, the high-noise one back in RAM" if name == EXPERTS[1]
+                            else "the high-noise expert back on the device for a new run")
 
     # ----- the step's speed: attention, compiling, step caches --------------------
     def _apply_speed(self, loaded: LoadedModel, request: GenerationRequest, job: _Job) -> None:
@@ -846,5 +888,5 @@ class Engine:
                              timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=job.ram.peak_gb,
                              hardware=self.hardware.to_dict(), inputs=job.inputs,
                              note=SELFTEST_NOTE if loaded.model.selftest else "",
-                             speed=self._speed_record(loaded.plan, request, job))
+                             speed=self._speed_record(loaded.plan, request, job), experts=job.experts)
         return write_sidecar(sidecar, bundle.sidecar)

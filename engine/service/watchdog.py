@@ -22,8 +22,8 @@ QUIET_BEFORE_ASKING_S = 2.0
 # How long a phase may go without any event while the engine answers, in seconds: a base, plus per GiB of
 # weights for the phases that read or move them (a slow disk reads ~35 MB/s, so 30 s per GiB).
 PHASE_BASE_S = {"download": 1800.0, "build_model": 600.0, "load": 300.0, "transfer": 300.0, "text_encode": 1800.0,
-                "image_encode": 900.0, "denoise": 1800.0, "vae_decode": 3600.0, "export": 900.0}
-PER_WEIGHT_GIB_S = {"load": 30.0, "transfer": 10.0}
+                "image_encode": 900.0, "denoise": 1800.0, "expert_swap": 300.0, "vae_decode": 3600.0, "export": 900.0}
+PER_WEIGHT_GIB_S = {"load": 30.0, "transfer": 10.0, "expert_swap": 10.0}
 OTHER_PHASE_S = 1800.0
 # Between denoising steps: this many times the slowest step so far, and never less than the floor.
 STEP_FACTOR = 20.0
@@ -81,6 +81,8 @@ class Watchdog:
         allowed = PHASE_BASE_S.get(phase, OTHER_PHASE_S) + PER_WEIGHT_GIB_S.get(phase, 0.0) * self.weights_gib
         if phase == "denoise":
             allowed = max(STEP_FLOOR_S, STEP_FACTOR * self.slowest_step)
+        elif phase == "expert_swap":   # inside the denoise: its steps go on after it, under its name
+            allowed = max(allowed, STEP_FLOOR_S, STEP_FACTOR * self.slowest_step)
         return allowed
 
     def hung(self, now: float) -> str | None:

@@ -268,7 +268,38 @@ def _numbers(settings: Settings, problems: list[str]) -> dict:
         problems.append(f"shift {shift} is out of range: use a value above 0 and at most {MAX_SHIFT}")
     if fps is not None and not 1 <= fps <= MAX_FPS:
         problems.append(f"fps {show(fps)} is out of range: use 1 to {MAX_FPS}")
-    return {"steps": steps, "fps": fps, "guidance": guidance, "shift": shift}
+    guidance_2 = None
+    if settings.guidance_2 is not None and not (isinstance(settings.guidance_2, str) and not settings.guidance_2.strip()):
+        guidance_2 = as_float("low-noise guidance (guidance_2)", settings.guidance_2, problems)
+        if guidance_2 is not None and not 0 <= guidance_2 <= MAX_GUIDANCE:
+            problems.append(f"low-noise guidance {guidance_2} is out of range: use 0 to {MAX_GUIDANCE}, or leave it "
+                            "empty to use the guidance")
+        elif guidance_2 is not None and guidance is not None and guidance_2 > 1.0 >= guidance:
+            problems.append(f"a low-noise guidance of {guidance_2} needs guidance above 1: guidance {guidance} turns "
+                            "classifier-free guidance off for both experts; raise guidance, or leave the low-noise "
+                            "guidance empty")
+    return {"steps": steps, "fps": fps, "guidance": guidance, "shift": shift, "guidance_2": guidance_2}
+
+
+def check_experts(settings: Settings, limits: Limits | None) -> None:
+    """InputError when ``settings`` ask what only a model with two experts (Wan2.2 A14B) can do (a low-noise
+    guidance, swapping the experts) of a model with one; the engine asks it again once the model is resolved."""
+    problems: list[str] = []
+    _expert_choices(settings, problems, limits)
+    if problems:
+        raise InputError(problems)
+
+
+def _expert_choices(settings: Settings, problems: list[str], limits: Limits | None) -> None:
+    if limits is None or limits.experts > 1:
+        return
+    if settings.guidance_2 is not None:
+        problems.append(f"{limits.name} has one transformer, no low-noise expert, so the low-noise guidance "
+                        f"(guidance_2 = {settings.guidance_2}) has nothing to act on: leave it empty and set "
+                        "guidance alone, or pick a two-expert model (Wan2.2 A14B)")
+    if settings.strategy == "expert_swap":
+        problems.append(f"strategy expert_swap swaps Wan2.2 A14B's two experts, but {limits.name} has one "
+                        "transformer: choose auto or another strategy")
 
 
 def _memory_choices(settings: Settings, problems: list[str]) -> None:
@@ -372,6 +403,7 @@ def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple
     shape = _shape(settings, problems, limits)
     numbers_ = _numbers(settings, problems)
     _memory_choices(settings, problems)
+    _expert_choices(replace(settings, guidance_2=numbers_["guidance_2"]), problems, limits)
     _speed_choices(settings, problems)
     files = _transformer_files(settings, problems)
     loras = _lora_choices(settings, problems)

@@ -9,7 +9,7 @@ import pytest
 
 from engine.events import Info, JobFinished, PhaseFinished, PlanReady
 from engine.outputs.export import read_video
-from engine.planning.planner import LADDER
+from engine.planning.planner import LADDER, TWO_EXPERT_RUNGS
 from engine.run.engine import Engine
 from tests.conftest import CPU, run_engine, tiny_request
 from tests.faults import InjectedFaults
@@ -24,7 +24,7 @@ def reference(model_dirs, presets, tmp_path_factory):
     return read_video(result.paths[0])[0]
 
 
-@pytest.mark.parametrize("strategy", LADDER)
+@pytest.mark.parametrize("strategy", [name for name in LADDER if name not in TWO_EXPERT_RUNGS])   # tests/engine/test_experts.py: those
 def test_each_rung_produces_the_video(strategy, model_dirs, presets, outputs, tmp_path, reference):
     engine = Engine(tmp_path / "m", CPU)
     request = tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=5, strategy=strategy)

@@ -140,3 +140,15 @@ def test_the_chart_draws_the_predicted_time_beside_each_phase_and_ahead_of_those
     assert view.timing_rows()[0] == ["Load (disk to RAM)", 2.5, "14.0 GB read at 5.6 GB/s"]
     view.apply(JobFinished("j", ("v.mp4",), "v.json", 1, {"load": 2.5}))
     assert "about 12.0 s" not in view.chart_html()    # nothing is to come once the job has ended
+
+
+def test_the_denoise_goes_on_after_the_expert_swap_inside_it():
+    view = JobView()
+    for event in (PhaseStarted("j", "denoise"), StepFinished("j", 1, 4, 0.5, 1.5), PhaseStarted("j", "expert_swap")):
+        view.apply(event)
+    assert view.status == "Expert swap (high to low noise)..."
+    view.apply(PhaseFinished("j", "expert_swap", 1.25, "the low-noise expert on the device"))
+    assert view.running_phase == "denoise"
+    rows = view.timing_rows()
+    assert ["Expert swap (high to low noise)", 1.25, "the low-noise expert on the device"] in rows
+    assert rows[0][0] == "Denoise" and rows[0][1] is None   # still running, listed before the swap

@@ -10,6 +10,7 @@ import html
 from dataclasses import dataclass, field, replace
 
 from engine.events import (
+    INSIDE,
     PHASES,
     DownloadProgress,
     Ending,
@@ -35,7 +36,8 @@ from ui.views.timing_chart import timing_chart_html
 PHASE_LABELS = {
     "engine_start": "Engine start (libraries)", "calibrate": "Measure this machine (once)", "download": "Download", "build_model": "Build self-test model",
     "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "lora": "LoRAs", "text_encode": "Text encode",
-    "image_encode": "Image encode", "denoise": "Denoise", "vae_decode": "VAE decode", "export": "Export",
+    "image_encode": "Image encode", "denoise": "Denoise", "expert_swap": "Expert swap (high to low noise)",
+    "vae_decode": "VAE decode", "export": "Export",
 }
 
 
@@ -141,7 +143,7 @@ class JobView:
             self.phase_seconds[event.phase] = event.seconds
             if event.detail:
                 self.phase_details[event.phase] = event.detail
-            self.running_phase = None
+            self.running_phase = INSIDE.get(event.phase)   # a phase run inside another: that one goes on
         elif isinstance(event, DownloadProgress):
             total = f" of {event.total:,.0f}" if event.total else ""
             self.download = f"{event.done:,.0f}{total} {event.unit}"

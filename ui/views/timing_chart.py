@@ -7,7 +7,7 @@ import html
 # to run; any other is grey.
 PHASE_COLOURS = {
     "download": "#8e8e8e", "load": "#6c8ebf", "transfer": "#82b366", "lora": "#b5739d", "text_encode": "#d6b656",
-    "image_encode": "#d79b00", "denoise": "#b85450", "vae_decode": "#9673a6", "export": "#10739e",
+    "image_encode": "#d79b00", "denoise": "#b85450", "expert_swap": "#ae4132", "vae_decode": "#9673a6", "export": "#10739e",
 }
 STEP_BARS_MAX = 120   # more steps than this are shown as the last STEP_BARS_MAX
 
