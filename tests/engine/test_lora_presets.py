@@ -38,6 +38,16 @@ def latents_of(events):
     return load_latents(next(e.path for e in events if isinstance(e, LatentsSaved)))[0]
 
 
+def assert_lightx2v_sampling(settings):
+    """Timesteps 1000/750/500/250, warped by shift 5 once (the scheduler applies the shift to the given sigmas)."""
+    from engine.run.schedulers import make_scheduler
+
+    assert settings.sigmas == (1.0, 0.75, 0.5, 0.25) and settings.shift == 5.0
+    scheduler = make_scheduler({"num_train_timesteps": 1000}, settings.shift, settings.sigmas)
+    scheduler.set_timesteps(settings.steps)
+    assert scheduler.timesteps.tolist() == pytest.approx([1000 * 5 * s / (1 + 4 * s) for s in settings.sigmas])
+
+
 @pytest.mark.parametrize("name", NEW_PRESETS)
 def test_each_new_preset_loads_and_plans_from_the_known_specs(presets, name):
     preset = presets[name]
@@ -52,8 +62,7 @@ def test_the_4_step_presets_sample_as_lightx2v_does(presets):
     for name in FOUR_STEP:
         settings = presets[name].settings
         assert (settings.steps, settings.guidance, settings.scheduler) == (4, 1.0, "flow_euler")
-        # Timesteps 1000/750/500/250 warped by shift 5.
-        assert settings.sigmas == pytest.approx([5 * s / (1 + 4 * s) for s in (1, 0.75, 0.5, 0.25)])
+        assert_lightx2v_sampling(settings)
         (lora,) = settings.loras
         assert lora.repo == "Kijai/WanVideo_comfy" and lora.path == f"Lightx2v/{lora.file}"
         assert "approximate" in presets[name].title and lora.expert == "both"
@@ -175,6 +184,39 @@ def test_the_engine_puts_a_high_noise_lora_into_the_first_expert_only(two_expert
         assert any("mine.safetensors (high-noise expert) at 0.7" in getattr(e, "message", "") for e in events)
         recorded = json.loads(open(result.sidecar).read())["parameters"]["loras"]
         assert recorded[0]["expert"] == "high" and recorded[0]["strength"] == 0.7
+    finally:
+        engine.unload()
+
+
+def test_the_a14b_4_step_presets_switch_experts_after_step_2_with_each_lightning_lora_in_its_expert(
+        two_experts, presets, outputs, tmp_path, monkeypatch):
+    """Wan2.2-Lightning: one LoRA per expert, 4 steps at timesteps 1000/750/500/250 warped by shift 5; the
+    high-noise expert takes the first two (boundary 0.875 for text, 0.900 for image to video)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    for name in ("wan22-t2v-a14b-4step", "wan22-i2v-a14b-4step"):
+        settings = presets[name].settings
+        assert (settings.steps, settings.guidance, settings.guidance_2) == (4, 1.0, None)
+        assert_lightx2v_sampling(settings)
+        assert [(lora.expert, lora.repo) for lora in settings.loras] == [("high", "lightx2v/Wan2.2-Lightning"),
+                                                                          ("low", "lightx2v/Wan2.2-Lightning")]
+        assert [lora.path.rsplit("/", 1)[1] for lora in settings.loras] == ["high_noise_model.safetensors",
+                                                                           "low_noise_model.safetensors"]
+    settings = presets["wan22-t2v-a14b-4step"].settings
+    engine = Engine(tmp_path / "models", CPU)
+    (tmp_path / "models" / "loras").mkdir(parents=True)
+    for lora in settings.loras:   # as if fetched before: the preset's own names in the loras folder
+        save_file(original_lora(), tmp_path / "models" / "loras" / lora.file)
+    try:
+        request = tiny_request(presets, two_experts, outputs, steps=4, guidance=1.0, scheduler=settings.scheduler,
+                               sigmas=settings.sigmas, shift=settings.shift, loras=settings.loras, **{
+                                   k: v for k, v in FAST.items() if k not in ("steps", "guidance")})
+        result, events = run_engine(engine, request)
+        assert isinstance(result, JobFinished), result
+        assert "download" not in phases(events)
+        record = json.loads(open(result.sidecar).read())["experts"]
+        assert record["switch_step"] == 2 and record["steps"] == {"transformer": 2, "transformer_2": 2}
+        pipe = engine.loaded.pipe
+        assert [len(getattr(m, "peft_config", {}) or {}) for m in (pipe.transformer, pipe.transformer_2)] == [1, 1]
     finally:
         engine.unload()
 
