@@ -219,10 +219,9 @@ def _lora_box(ctx: AppContext, form: Form, mode: str, prefix: str) -> gr.Textbox
     return box
 
 
-TRANSFORMER_INFO = (f"a .gguf or .safetensors file in models/{TRANSFORMERS_FOLDER}/ in place of the model's "
-                    "transformer (a Q8_0 or Q4_K GGUF needs about half or a third of the memory)")
-LOW_NOISE_INFO = ("Wan2.2 A14B only: its second, low-noise expert (transformer_2); the other models have one "
-                  "transformer: leave this on the model's own")
+TRANSFORMER_INFO = (f"a .gguf or .safetensors file from models/{TRANSFORMERS_FOLDER}/ in place of the model's own "
+                    "(a GGUF one takes less memory)")
+LOW_NOISE_INFO = "Wan2.2 A14B only: its low-noise expert (transformer_2)"
 
 
 def transformer_choices(ctx: AppContext, *current: str) -> list[str]:
@@ -243,13 +242,13 @@ def _transformer_row(ctx: AppContext, form: Form, mode: str, prefix: str) -> lis
         return [transformer_choice(getattr(settings, expert, None), models) for expert in EXPERTS]
 
     first = of_preset(None)
-    with gr.Row(equal_height=True, elem_id=f"{prefix}-transformer-files"):
+    with gr.Row(elem_id=f"{prefix}-transformer-files"):
         boxes = [gr.Dropdown(transformer_choices(ctx, *first), value=value, label=label, info=info,
                              allow_custom_value=True, elem_id=f"{prefix}-{elem}", scale=3)
                  for value, label, info, elem in zip(first, ("Transformer file", "Low-noise transformer file"),
                                                      (TRANSFORMER_INFO, LOW_NOISE_INFO),
                                                      ("transformer-file", "transformer-2-file"))]
-        refresh = gr.Button("Refresh", size="sm", elem_id=f"{prefix}-transformer-refresh", scale=1,
+        refresh = gr.Button("Refresh", size="sm", elem_id=f"{prefix}-transformer-refresh", scale=0,
                             min_width=NUMBER_MIN_WIDTH)
 
     def listed():
