@@ -8,10 +8,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.device.hardware import HardwareProfile
+from engine.models.single_file import transformer_folder
 from engine.planning.ahead import plan_settings
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES
-from engine.models.single_file import transformer_folder
 from engine.settings.loras import lora_folder, parse_lora_lines
 from engine.settings.values import Settings, check_settings
 from engine.words import plural
