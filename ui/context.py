@@ -8,11 +8,12 @@ from pathlib import Path
 from engine.models.loras import Lora, as_lora
 from engine.models.refs import REPO_ID, ModelError, check_ref_length
 from engine.models.selftest import SELFTEST_REFS
+from engine.models.single_file import TRANSFORMERS_FOLDER, transformer_folder
 from engine.service.jobqueue import JobQueue
 from engine.service.worker import WorkerClient
 from engine.settings.loras import LORAS_FOLDER, lora_folder
 from engine.settings.presets import Preset, UserPresets
-from engine.settings.values import InputError
+from engine.settings.values import TRANSFORMER_FILE_NAMES, InputError
 
 # The end of the message that refuses a model path from the page or the API.
 ALLOW_PATHS_HINT = "start the app with --allow-model-paths to use folders outside models/"
@@ -100,6 +101,39 @@ def checked_lora_file(file, models_dir: str | Path, allow_paths: bool = False, t
     return os.path.abspath(lora_folder(models_dir) / path)
 
 
+def checked_transformer_file(file, models_dir: str | Path, allow_paths: bool = False, trusted: tuple[str, ...] = (),
+                             words: str = TRANSFORMER_FILE_NAMES["transformer"]) -> str | None:
+    """The path of a single transformer file a page or API caller names (None: the model's own), or InputError
+    saying why it may not be used.
+
+    A name (or a relative path) is a file in the models folder's transformers/; an absolute path is taken inside
+    the models folder, or anywhere with ``allow_paths``, or when it is in ``trusted`` (the presets' own files).
+    As with models and LoRAs, the answer for a path elsewhere is the same whether it exists or not. Touches
+    nothing but ``stat``; the settings' check and the catalog then read the file itself.
+    """
+    if file is None:
+        return None
+    if not isinstance(file, str):
+        raise InputError(f"the {words} must be the name of a file in models/{TRANSFORMERS_FOLDER}/, got "
+                         f"{type(file).__name__}")
+    file = file.strip()
+    if not file:
+        return None
+    if file in trusted:
+        return file
+    path = Path(file).expanduser()
+    refused = InputError(f"the {words} {file[:200]!r} is a path outside the app's models folder, which the page does "
+                         f"not accept; put the file in models/{TRANSFORMERS_FOLDER}/ and choose it by its name, "
+                         f"or {ALLOW_PATHS_HINT}")
+    if ".." in file.replace("\\", "/").split("/"):
+        raise refused
+    if path.is_absolute() or file.startswith("~"):
+        if allow_paths or _inside(path, Path(models_dir)):
+            return os.path.abspath(path)
+        raise refused
+    return os.path.abspath(transformer_folder(models_dir) / path)
+
+
 def forget_served_copies(served_dir: str | None, names: list[str]) -> list[Path]:
     """Remove the copies of the files ``names`` that the page was served from (gradio copies every result
     into its cache, here the app's own folder, ``served_dir``): a deleted output no longer downloads."""
@@ -182,3 +216,19 @@ class AppContext:
         if problems:
             raise InputError(problems)
         return tuple(found)
+
+    def transformer_files(self, files: dict) -> dict:
+        """{"transformer": path or None, "transformer_2": ...} for the files named on the page or by the API (see
+        checked_transformer_file); InputError naming every file that may not be used."""
+        trusted = tuple(value for preset in list(self.presets.values()) for name in TRANSFORMER_FILE_NAMES
+                        if isinstance(value := getattr(preset.settings, name), str) and value)
+        found, problems = {}, []
+        for name, file in files.items():
+            try:
+                found[name] = checked_transformer_file(file, self.models_dir or self.client.models_dir,
+                                                       self.allow_model_paths, trusted, TRANSFORMER_FILE_NAMES[name])
+            except InputError as exc:
+                problems.extend(exc.problems)
+        if problems:
+            raise InputError(problems)
+        return found

@@ -75,8 +75,8 @@ def _preset(ctx: AppContext, name, mode: str):
 def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prompt, model, width, height, frames,
                   steps, guidance, shift, seed, *choices, image=None, last_image=None) -> GenerationRequest:
     """The request for a page or API call, from the values as sent: a field left empty is missing (not the
-    preset's), -1 or no seed is random; ``choices`` are the plan panel's dropdowns and its LoRA box
-    (override_fields' order).
+    preset's), -1 or no seed is random; ``choices`` are the plan panel's dropdowns, its LoRA box and its
+    transformer files (override_fields' order).
     Raises InputError or ModelError saying what to change."""
     preset = _preset(ctx, preset_name, mode)
     # The preset's settings with the form's values as sent: a None stays None (missing), it is not the

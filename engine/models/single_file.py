@@ -33,6 +33,8 @@ SAFETENSORS_FLOATS = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "F8_E4M3": "
 # ComfyUI's "fp8 scaled" files: a marker tensor, and per weight a scale to multiply it by.
 SCALED_MARKER = "scaled_fp8"
 SCALE_SUFFIXES = (".scale_weight", ".scale_input")
+# Inside the models folder: where the page lists single transformer files (and finds one given by name).
+TRANSFORMERS_FOLDER = "transformers"
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,21 @@ def _describe(path: Path, stat: os.stat_result, tensors: dict, gguf: bool, scale
         quantized_bytes=sum(info[3] for info in quantised.values()),
         width=int(patch[1][0]), in_channels=int(patch[1][1]), layers=layers,
         ffn=int(ffn[1][0]) if ffn else None, file_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns, scaled_fp8=scaled)
+
+
+# ----- the models folder's transformers/ -------------------------------------------------------------
+def transformer_folder(models_dir: str | Path) -> Path:
+    return Path(models_dir) / TRANSFORMERS_FOLDER
+
+
+def listed_transformer_files(models_dir: str | Path) -> list[str]:
+    """The .gguf and .safetensors files in the models folder's transformers/ (and its subfolders), as paths
+    relative to it, sorted; none when the folder is not there. Only names: no header is read."""
+    folder = transformer_folder(models_dir)
+    if not folder.is_dir():
+        return []
+    return sorted((path.relative_to(folder).as_posix() for path in folder.rglob("*")
+                   if path.suffix.lower() in TRANSFORMER_FILE_SUFFIXES and path.is_file()), key=str.lower)
 
 
 # ----- a model with its transformer files ------------------------------------------------------------

@@ -312,3 +312,30 @@ def test_deleting_your_own_preset_asks_first(page, app_server, shot: Screenshots
     expect(page.locator("#preset-message")).to_contain_text("Deleted your preset fox-draft")
     expect(page.locator("#preset-card-fox-draft")).to_have_count(0)
     assert not saved.exists()
+
+
+def test_a_transformer_file_put_in_the_models_folder_is_listed_after_refresh_and_the_plan_follows_it(
+        page, selftest_models_dir, shot: Screenshots):
+    from safetensors.torch import save_file
+
+    from engine.models.selftest import SELFTEST_T2V
+    from engine.models.single_file import PREFIX
+    from tests.engine.test_single_file import original_state
+
+    _open_tab(page, "Text to Video")
+    folder = selftest_models_dir / "transformers"
+    folder.mkdir(exist_ok=True)
+    state = original_state(selftest_models_dir / SELFTEST_T2V)
+    save_file({PREFIX + name: tensor for name, tensor in state.items()}, str(folder / "browser-t2v.safetensors"))
+    page.locator("#t2v-transformer-refresh").click()
+    page.locator("#t2v-transformer-file input").click()
+    option = page.get_by_role("option", name="browser-t2v.safetensors")
+    option.wait_for(timeout=10_000)
+    option.click()
+    page.wait_for_function("() => document.querySelector('#t2v-plan').innerText.includes("
+                           "'comes from browser-t2v.safetensors')", timeout=30_000)
+    shot(page, "transformer-file-chosen")
+    page.locator("#t2v-transformer-file input").click()
+    page.get_by_role("option", name="(the model's own)").click()
+    page.wait_for_function("() => !document.querySelector('#t2v-plan').innerText.includes('comes from')",
+                           timeout=30_000)

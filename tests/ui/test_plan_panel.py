@@ -12,7 +12,9 @@ from engine.service.worker import WorkerClient
 from tests.conftest import shown
 from ui.context import AppContext
 from ui.views.job_view import JobView
-from ui.views.plan_panel import AUTO, OFF, form_overrides, form_plan_markdown, lora_text, override_fields, plan_markdown
+from ui.parts.form import transformer_choices
+from ui.views.plan_panel import (AUTO, OFF, OWN_TRANSFORMER, form_overrides, form_plan_markdown, lora_text,
+                                 override_fields, plan_markdown, transformer_choice)
 
 RTX_3060 = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce RTX 3060", arch="sm_86",
                            vram_total_gb=12.0, vram_free_gb=11.5, ram_total_gb=32.0, ram_available_gb=28.0)
@@ -64,12 +66,14 @@ def test_a_cpu_plan_has_no_device_column():
 
 def test_dropdowns_become_request_overrides():
     defaults = {"strategy": None, "text_encoder": None, "vae_tiling": None, "decoder": "vae", "step_cache": None,
-                "compile": None, "attention": None, "vae_dtype": None, "loras": ()}
+                "compile": None, "attention": None, "vae_dtype": None, "loras": (), "transformer": None,
+                "transformer_2": None}
     assert override_fields() == defaults
     assert override_fields(None, None, None, None, None, None, None, None) == override_fields(AUTO, AUTO, AUTO) == defaults
     assert override_fields("group_offload", "cpu", "On", "fast", "mag", "Off", "_native_cudnn", "float32") == {
         "strategy": "group_offload", "text_encoder": "cpu", "vae_tiling": True, "decoder": "fast", "step_cache": "mag",
-        "compile": False, "attention": "_native_cudnn", "vae_dtype": "float32", "loras": ()}
+        "compile": False, "attention": "_native_cudnn", "vae_dtype": "float32", "loras": (), "transformer": None,
+        "transformer_2": None}
     assert override_fields(AUTO, "offload", "Off")["vae_tiling"] is False
     assert override_fields(*[None] * 8, "a.safetensors: 0.5\n\nb.safetensors")["loras"] == (
         Lora("a.safetensors", 0.5), Lora("b.safetensors", 1.0))
@@ -196,3 +200,33 @@ def test_with_this_machine_measured_the_plan_says_how_long_the_video_takes(ctx, 
     measured.save(outputs)
     text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
     assert "**About " in text and "when the model is already loaded" in text
+
+
+def test_the_transformer_dropdowns_list_the_models_folder_s_transformers(presets, selftest_models_dir, outputs,
+                                                                        tmp_path):
+    models = tmp_path / "models"
+    (models / "transformers" / "wan22").mkdir(parents=True)
+    for name in ("b-Q4_K_M.gguf", "A.safetensors", "wan22/high.safetensors", "notes.txt"):
+        (models / "transformers" / name).write_bytes(b"not a transformer")
+    (models / "transformers" / "folder.gguf").mkdir()
+    ctx = AppContext(WorkerClient(selftest_models_dir), presets, str(outputs), models_dir=str(models))
+    assert transformer_choices(ctx) == [OWN_TRANSFORMER, "A.safetensors", "b-Q4_K_M.gguf", "wan22/high.safetensors"]
+    assert transformer_choices(AppContext(WorkerClient(selftest_models_dir), presets, str(outputs),
+                                          models_dir=str(tmp_path / "none"))) == [OWN_TRANSFORMER]
+    choices = [AUTO, AUTO, AUTO, "vae", OFF, AUTO, AUTO, AUTO, ""]
+    high = models / "transformers" / "wan22" / "high.safetensors"
+    chosen = form_overrides(ctx, *choices, "wan22/high.safetensors", OWN_TRANSFORMER)
+    assert (chosen["transformer"], chosen["transformer_2"]) == (str(high), None)
+    assert [transformer_choice(path, models) for path in (str(high), None, "/elsewhere/x.gguf")] == [
+        "wan22/high.safetensors", OWN_TRANSFORMER, "/elsewhere/x.gguf"]
+
+    def plan(*files):
+        return shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, *choices, *files))
+
+    # The plan reads the chosen file's header: one that is no GGUF is named before any run.
+    assert plan("b-Q4_K_M.gguf", OWN_TRANSFORMER).startswith(
+        f"**No plan yet:** The transformer file {models / 'transformers' / 'b-Q4_K_M.gguf'} is not a readable GGUF file")
+    assert plan("../../etc/passwd", OWN_TRANSFORMER) == (
+        "**No plan yet:** The transformer file '../../etc/passwd' is a path outside the app's models folder, which "
+        "the page does not accept; put the file in models/transformers/ and choose it by its name, or start the app "
+        "with --allow-model-paths to use folders outside models/.")

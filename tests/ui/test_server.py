@@ -26,14 +26,14 @@ def server(tmp_path_factory, selftest_models_dir):
 def test_api_names_are_stable(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/text_to_video", "/text_to_image", "/image_to_video", "/cancel", "/plan"} <= set(endpoints)
-    # The plan's choices and the LoRAs are the last inputs and default to the planner's and none, so callers may
-    # leave them out.
+    # The plan's choices, the LoRAs and the transformer files are the last inputs and default to the planner's,
+    # none and the model's own, so callers may leave them out.
     for name in ("/text_to_video", "/text_to_image", "/image_to_video"):
-        last = endpoints[name]["parameters"][-9:]
+        last = endpoints[name]["parameters"][-11:]
         assert [(p["parameter_name"], p["parameter_default"]) for p in last] == [
             ("strategy", "Auto"), ("text_encoder", "Auto"), ("vae_tiling", "Auto"), ("decoder", "vae"),
             ("step_cache", "Off"), ("compile", "Auto"), ("attention", "Auto"), ("vae_precision", "Auto"),
-            ("loras", "")], name
+            ("loras", ""), ("transformer", "(the model's own)"), ("transformer_2", "(the model's own)")], name
 
 
 def test_plan_endpoint_shows_the_plan_for_the_settings(client):
@@ -123,6 +123,35 @@ def test_a_lora_in_the_models_folder_is_applied_and_recorded(client, server, sel
     with pytest.raises(Exception, match=re.escape("LoRA file '../page.safetensors' is a path outside the app's "
                                                   "models folder, which the page does not accept")):
         client.predict(*T2V, loras="../page.safetensors", api_name="/text_to_image")
+
+
+def test_a_transformer_file_in_the_models_folder_is_used_and_a_path_outside_is_refused(client, server,
+                                                                                      selftest_models_dir):
+    """The page's Transformer file: a name is a file in models/transformers/ (here the self-test model's own
+    transformer, written as one safetensors file in the original Wan layout); a path outside is refused before
+    the job waits or loads anything."""
+    from safetensors.torch import save_file
+
+    from engine.models.selftest import SELFTEST_T2V
+    from engine.models.single_file import PREFIX
+    from tests.engine.test_single_file import original_state
+
+    folder = selftest_models_dir / "transformers"
+    folder.mkdir(exist_ok=True)
+    file = folder / "page-t2v.safetensors"
+    save_file({PREFIX + name: tensor for name, tensor in original_state(selftest_models_dir / SELFTEST_T2V).items()},
+              str(file))
+    image, status, *_ = client.predict(*T2V, transformer="page-t2v.safetensors", api_name="/text_to_image")
+    sidecar = json.loads(next(server["outputs"].rglob(Path(image).name)).with_suffix(".json").read_text())
+    assert sidecar["parameters"]["transformer"] == os.path.abspath(file)
+    assert sidecar["plan"]["transformer_files"][0][0] == str(file.resolve())
+    for outside in ("../../etc/passwd", "/etc/passwd", "~/x.gguf"):
+        with pytest.raises(Exception, match=re.escape(f"The transformer file {outside!r} is a path outside the app's "
+                                                      "models folder, which the page does not accept; put the file "
+                                                      "in models/transformers/ and choose it by its name")):
+            client.predict(*T2V, transformer=outside, api_name="/text_to_image")
+    with pytest.raises(Exception, match=re.escape("The low-noise transformer file '/etc/x.gguf' is a path outside")):
+        client.predict(*T2V, transformer_2="/etc/x.gguf", api_name="/text_to_image")
 
 
 def test_image_to_video_with_an_upload(client, image_file):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine.models.limits import Limits
+from engine.models.single_file import EXPERTS, TRANSFORMERS_FOLDER, listed_transformer_files
 from engine.settings.presets import Preset
 from engine.settings.values import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
 from ui.context import AppContext
@@ -15,6 +16,7 @@ from ui.views.plan_panel import (
     COMPILE_CHOICES,
     DECODER_CHOICES,
     OFF,
+    OWN_TRANSFORMER,
     STEP_CACHE_CHOICES,
     STRATEGY_CHOICES,
     TEXT_ENCODER_CHOICES,
@@ -22,6 +24,7 @@ from ui.views.plan_panel import (
     VAE_TILING_CHOICES,
     form_plan_markdown,
     lora_text,
+    transformer_choice,
 )
 
 CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strategy or text-encoder place to choose, "
@@ -78,11 +81,12 @@ class PlanPanel:
     speed: list      # decoder, step cache, compile, attention, VAE precision (override_fields' order)
     plan: gr.Markdown
     loras: gr.Textbox   # one "file: strength" a line
+    transformers: list  # the transformer file and the low-noise one (Settings.transformer, transformer_2)
 
     def overrides(self) -> list:
-        """The plan's dropdowns and the LoRA box, in the order build_request takes them (after the form's
-        settings)."""
-        return [self.strategy, self.text_encoder, self.vae_tiling, *self.speed, self.loras]
+        """The plan's dropdowns, the LoRA box and the transformer files, in the order build_request takes them
+        (after the form's settings)."""
+        return [self.strategy, self.text_encoder, self.vae_tiling, *self.speed, self.loras, *self.transformers]
 
 
 def preset_choices(ctx: AppContext, mode: str) -> list[tuple[str, str]]:
@@ -172,8 +176,9 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
         cpu_note = gr.Markdown(CPU_NOTE, visible=False, elem_id=f"{prefix}-plan-cpu-note")
         speed = _speed_row(prefix)
         loras = _lora_box(ctx, form, mode, prefix)
+        transformers = _transformer_row(ctx, form, mode, prefix)
         plan = gr.Markdown("Working out the memory plan...", elem_id=f"{prefix}-plan")
-    panel = PlanPanel(strategy, text_encoder, vae_tiling, speed, plan, loras)
+    panel = PlanPanel(strategy, text_encoder, vae_tiling, speed, plan, loras, transformers)
 
     def for_this_machine():
         """On a CPU-only engine, Strategy, Text encoder, Compile and Attention mean nothing: they are hidden, and
@@ -215,6 +220,49 @@ def _lora_box(ctx: AppContext, form: Form, mode: str, prefix: str) -> gr.Textbox
                       box, api_visibility="private", queue=False)
     form.loras = box
     return box
+
+
+TRANSFORMER_INFO = (f"a .gguf or .safetensors file from models/{TRANSFORMERS_FOLDER}/ in place of the model's own "
+                    "(a GGUF one takes less memory)")
+LOW_NOISE_INFO = "Wan2.2 A14B only: its low-noise expert (transformer_2)"
+
+
+def transformer_choices(ctx: AppContext, *current: str) -> list[str]:
+    """The transformer dropdowns' choices: the model's own, then the files in models/transformers/ (and the
+    ``current`` values, a preset's file elsewhere, so that it shows among them)."""
+    files = listed_transformer_files(ctx.models_dir or ctx.client.models_dir)
+    return [OWN_TRANSFORMER, *files, *sorted({value for value in current if value and value != OWN_TRANSFORMER}
+                                             - set(files))]
+
+
+def _transformer_row(ctx: AppContext, form: Form, mode: str, prefix: str) -> list:
+    """Two dropdowns, the transformer file and the low-noise one, listing models/transformers/ when the page
+    opens and when Refresh is pressed; the preset's files when one is chosen (none for the built-in ones)."""
+    models = ctx.models_dir or ctx.client.models_dir
+
+    def of_preset(name):
+        settings = ctx.preset_or_default(name, mode).settings
+        return [transformer_choice(getattr(settings, expert, None), models) for expert in EXPERTS]
+
+    first = of_preset(None)
+    with gr.Row(elem_id=f"{prefix}-transformer-files"):
+        boxes = [gr.Dropdown(transformer_choices(ctx, *first), value=value, label=label, info=info,
+                             allow_custom_value=True, elem_id=f"{prefix}-{elem}", scale=3)
+                 for value, label, info, elem in zip(first, ("Transformer file", "Low-noise transformer file"),
+                                                     (TRANSFORMER_INFO, LOW_NOISE_INFO),
+                                                     ("transformer-file", "transformer-2-file"))]
+        refresh = gr.Button("Refresh", size="sm", elem_id=f"{prefix}-transformer-refresh", scale=0,
+                            min_width=NUMBER_MIN_WIDTH)
+
+    def listed():
+        choices = transformer_choices(ctx)
+        return [gr.Dropdown(choices=choices) for _ in boxes]
+
+    # No trigger and no inputs: when the page opens; then whenever Refresh is pressed.
+    gr.on(None, listed, None, boxes, api_visibility="private", queue=False, show_progress="hidden")
+    refresh.click(listed, None, boxes, api_visibility="private", queue=False, show_progress="hidden")
+    form.preset.input(of_preset, form.preset, boxes, api_visibility="private", queue=False)
+    return boxes
 
 
 def _speed_row(prefix: str) -> list:

@@ -9,7 +9,7 @@ from ui.context import AppContext
 from ui.generate import build_request, engine_job, run_job, start_job, upload_path, wire_cancel
 from ui.parts.form import Form, build_form, build_plan_panel
 from ui.parts.job_panel import build_job_panel
-from ui.views.plan_panel import AUTO, OFF
+from ui.views.plan_panel import AUTO, OFF, OWN_TRANSFORMER
 
 NO_IMAGE = "Upload a first frame to see it at the video's size."
 
@@ -67,15 +67,16 @@ def build(ctx: AppContext, after_job) -> Form:
                     aspect_btn = gr.Button("Use the image's aspect", size="sm", elem_id="i2v-use-aspect")
             job = build_job_panel("i2v")
 
-    # The plan overrides and the LoRAs come last, so callers that leave them out get Auto and none.
+    # The plan overrides, the LoRAs and the transformer files come last, so callers that leave them out get
+    # Auto, none and the model's own.
     def image_to_video(image, last_image, preset, prompt, negative_prompt, model, width, height, frames, steps,
                        guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae",
                        step_cache=OFF, compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
-                       session: gr.Request = None):
+                       transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, session: gr.Request = None):
         yield from run_job(ctx, session, "image to video", engine_job(ctx, lambda: build_request(
             ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
             strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
-            image=image, last_image=last_image)), job.show())
+            transformer, transformer_2, image=image, last_image=last_image)), job.show())
 
     run = start_job(run_btn, cancel_btn, image_to_video, [image, last_image, *form.settings(), *panel.overrides()],
                     job.outputs(), ctx, "image_to_video")

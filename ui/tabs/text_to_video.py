@@ -7,7 +7,7 @@ from ui.context import AppContext
 from ui.generate import build_request, engine_job, run_job, start_job, wire_cancel
 from ui.parts.form import Form, build_form, build_plan_panel
 from ui.parts.job_panel import build_job_panel
-from ui.views.plan_panel import AUTO, OFF
+from ui.views.plan_panel import AUTO, OFF, OWN_TRANSFORMER
 
 
 def build(ctx: AppContext, after_job) -> Form:
@@ -25,21 +25,26 @@ def build(ctx: AppContext, after_job) -> Form:
         with gr.Column(scale=1):
             job = build_job_panel("t2v", still=True)
 
-    # The plan overrides and the LoRAs come last, so callers that leave them out get Auto and none.
+    # The plan overrides, the LoRAs and the transformer files come last, so callers that leave them out get
+    # Auto, none and the model's own.
     def text_to_video(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
-                      compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="", session: gr.Request = None):
+                      compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
+                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, session: gr.Request = None):
         yield from run_job(ctx, session, "text to video", engine_job(ctx, lambda: build_request(
             ctx, "t2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
-            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras)),
+            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
+            transformer, transformer_2)),
             job.show())
 
     def text_to_image(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
-                      compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="", session: gr.Request = None):
+                      compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
+                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, session: gr.Request = None):
         yield from run_job(ctx, session, "text to image", engine_job(ctx, lambda: build_request(
             ctx, "t2i", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
-            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras)),
+            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
+            transformer, transformer_2)),
             job.show(job.still))
 
     inputs = [*form.settings(), *panel.overrides()]

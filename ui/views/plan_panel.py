@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.device.hardware import HardwareProfile
+from engine.models.single_file import transformer_folder
 from engine.planning.ahead import plan_settings
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES
@@ -31,16 +32,23 @@ STEP_CACHE_CHOICES = ((OFF, OFF), ("First block (approximate)", "first_block"), 
 COMPILE_CHOICES = (AUTO, "On", "Off")
 ATTENTION_CHOICES = (AUTO, *ATTENTION_BACKENDS)
 VAE_PRECISION_CHOICES = (AUTO, *VAE_DTYPES)
+# The transformer file dropdowns' first choice: no file, the model's own transformer.
+OWN_TRANSFORMER = "(the model's own)"
 # Where a component can live, in the order the phase table lists them.
 PLACES = ("device", "streamed", "cpu", "absent")
 
 
 def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO,
                     decoder: str | None = "vae", step_cache: str | None = OFF, compile: str | None = AUTO,
-                    attention: str | None = AUTO, vae_precision: str | None = AUTO, loras: str | None = "") -> dict:
+                    attention: str | None = AUTO, vae_precision: str | None = AUTO, loras: str | None = "",
+                    transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER) -> dict:
     """The plan dropdowns as Settings fields; Auto, Off (or nothing) leaves each choice to the planner. ``loras``:
     the LoRA box's text, one ``file: strength`` a line, as written (form_overrides finds the files); InputError
-    when a line does not read."""
+    when a line does not read. ``transformer`` and ``transformer_2``: the transformer file dropdowns, as sent
+    (form_overrides finds and checks the files); their first choice is the model's own (None)."""
+    def own_or_file(value):
+        return None if value in (None, "", OWN_TRANSFORMER) else value
+
     def chosen(value):
         return None if value in (None, "", AUTO) else value
 
@@ -52,13 +60,25 @@ def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO
     return {"strategy": chosen(strategy), "text_encoder": chosen(text_encoder), "vae_tiling": on_off(vae_tiling),
             "decoder": decoder or "vae", "step_cache": None if step_cache in (None, "", OFF) else step_cache,
             "compile": on_off(compile), "attention": chosen(attention), "vae_dtype": chosen(vae_precision),
-            "loras": parse_lora_lines(loras)}
+            "loras": parse_lora_lines(loras), "transformer": own_or_file(transformer),
+            "transformer_2": own_or_file(transformer_2)}
 
 
 def form_overrides(ctx: AppContext, *choices) -> dict:
-    """override_fields with each LoRA file's path (a name is looked for in the models folder's loras/)."""
+    """override_fields with each LoRA file's path (a name is looked for in the models folder's loras/) and each
+    transformer file's (a name is a file in its transformers/); InputError for a file the page may not use."""
     fields = override_fields(*choices)
-    return {**fields, "loras": ctx.lora_files(fields["loras"])}
+    files = ctx.transformer_files({name: fields[name] for name in ("transformer", "transformer_2")})
+    return {**fields, "loras": ctx.lora_files(fields["loras"]), **files}
+
+
+def transformer_choice(path: str | None, models_dir) -> str:
+    """A Settings' transformer file as its dropdown shows it: a file in models/transformers/ by its name there,
+    another by its path, none as the model's own."""
+    if not path:
+        return OWN_TRANSFORMER
+    folder, where = transformer_folder(models_dir).resolve(), Path(path).resolve()
+    return where.relative_to(folder).as_posix() if folder in where.parents else path
 
 
 def lora_text(loras, models_dir) -> str:
