@@ -53,7 +53,7 @@ PROFILES = {
 
 T2V_14B = "Wan-AI/Wan2.1-T2V-14B-Diffusers"
 I2V_14B_720P = "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"
-FLF2V_14B = "Wan-AI/Wan2.1-FLF2V-14B-720P-Diffusers"
+FLF2V_14B = "Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers"   # the Hub repo's own spelling
 T2V_A14B = "Wan-AI/Wan2.2-T2V-A14B-Diffusers"
 I2V_A14B = "Wan-AI/Wan2.2-I2V-A14B-Diffusers"
 # (model, width, height, frames, from an image) beyond the presets' own.
@@ -103,9 +103,6 @@ def rows() -> list[Row]:
             return
         seen.add(key)
         spec = KNOWN_MODELS.get(ref)
-        if spec is None and ref == FLF2V_14B:   # until its spec is written: the same transformer and encoders
-            spec = replace(KNOWN_MODELS[I2V_14B_720P], name="Wan2.1 FLF2V 14B 720P")
-            note = "planned with Wan2.1 I2V 14B 720P's shapes (the same transformer and encoders)"
         if spec is None:
             found.append(Row(title, None, PlanRequest(width, height, frames, image), f"{ref} has no known shape"))
             return
@@ -121,7 +118,7 @@ def rows() -> list[Row]:
         add(f"{label}, {_size(s.width, s.height, s.frames, s.mode == 'i2v')} (preset `{name}`)", s.model, s.width,
             s.height, s.frames, s.mode == "i2v", extra.removeprefix("; "))
     for ref, width, height, frames, image in SIZES:
-        name = KNOWN_MODELS[ref].name if ref in KNOWN_MODELS else "Wan2.1 FLF2V 14B 720P"
+        name = KNOWN_MODELS[ref].name
         add(f"{name}, {_size(width, height, frames, image)}", ref, width, height, frames, image)
     for quantization, bits in GGUF_TYPES:
         spec = gguf_spec(T2V_14B, quantization, bits)
