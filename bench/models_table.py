@@ -95,13 +95,18 @@ def _size(width: int, height: int, frames: int, image: bool) -> str:
 
 def rows() -> list[Row]:
     """The presets (the self-test ones aside), then the sizes and GGUF files above, each model and size once."""
-    found, seen = [], set()
+    found, seen = [], {}
 
-    def add(title: str, ref: str, width: int, height: int, frames: int, image: bool, note: str = ""):
+    def add(title: str, ref: str, width: int, height: int, frames: int, image: bool, note: str = "",
+            preset: str | None = None):
         key = (ref, width, height, frames, image)
-        if key in seen:
+        if key in seen:   # another preset of the same model and size (a 4-step one): named in the same table
+            row = found[seen[key]]
+            if preset:
+                found[seen[key]] = replace(row, title=row.title.replace("`)", f"`, `{preset}`)")
+                                           .replace("(preset `", "(presets `"))
             return
-        seen.add(key)
+        seen[key] = len(found)
         spec = KNOWN_MODELS.get(ref)
         if spec is None:
             found.append(Row(title, None, PlanRequest(width, height, frames, image), f"{ref} has no known shape"))
@@ -116,7 +121,7 @@ def rows() -> list[Row]:
         label = spec.name if spec else s.model
         extra = "; with its LoRAs (not counted: see below)" if s.loras else ""
         add(f"{label}, {_size(s.width, s.height, s.frames, s.mode == 'i2v')} (preset `{name}`)", s.model, s.width,
-            s.height, s.frames, s.mode == "i2v", extra.removeprefix("; "))
+            s.height, s.frames, s.mode == "i2v", extra.removeprefix("; "), preset=name)
     for ref, width, height, frames, image in SIZES:
         name = KNOWN_MODELS[ref].name
         add(f"{name}, {_size(width, height, frames, image)}", ref, width, height, frames, image)

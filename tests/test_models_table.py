@@ -21,7 +21,7 @@ def test_every_model_and_size_has_a_table_with_a_line_per_machine(written):
     assert [section.splitlines()[0] for section in sections] == [row.title for row in rows()]
     presets = [name for name, preset in load_presets().items() if not preset.settings.model.startswith("selftest-")]
     for name in presets:
-        assert sum(f"(preset `{name}`)" in section.splitlines()[0] for section in sections) == 1, name
+        assert sum(f"`{name}`" in section.splitlines()[0] for section in sections) == 1, name
     for ref, width, height, frames, image in SIZES:   # each size beyond the presets', once (a preset's or its own)
         size = f"{width}x{height}, {frames} frames" + (", from an image" if image else "")
         assert any(size in section.splitlines()[0] for section in sections), (ref, size)
