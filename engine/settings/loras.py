@@ -10,7 +10,7 @@ import math
 import os
 from pathlib import Path
 
-from engine.models.loras import EXPERTS, Lora
+from engine.models.loras import EXPERTS, LORA_SUFFIX, Lora
 from engine.settings.values import InputError
 
 LORAS_FOLDER = "loras"        # inside the models folder: where the page (and a bare file name) finds LoRA files
@@ -96,3 +96,13 @@ def find_lora(file: str, models_dir: str | Path) -> str:
         return os.path.abspath(path)
     in_folder = lora_folder(models_dir) / path
     return str(in_folder.resolve()) if in_folder.is_file() else os.path.abspath(path)
+
+
+def listed_lora_files(models_dir: str | Path) -> list[str]:
+    """The .safetensors files in the models folder's loras/ (and its subfolders), as the LoRA box names them:
+    paths relative to it, sorted; none when the folder is not there. Only names: no header is read."""
+    folder = lora_folder(models_dir)
+    if not folder.is_dir():
+        return []
+    return sorted((path.relative_to(folder).as_posix() for path in folder.rglob("*")
+                   if path.suffix.lower() == LORA_SUFFIX and path.is_file()), key=str.lower)

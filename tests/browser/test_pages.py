@@ -339,3 +339,40 @@ def test_a_transformer_file_put_in_the_models_folder_is_listed_after_refresh_and
     page.get_by_role("option", name="(the model's own)").click()
     page.wait_for_function("() => !document.querySelector('#t2v-plan').innerText.includes('comes from')",
                            timeout=30_000)
+
+
+def test_a_lora_added_from_the_models_folder_gets_a_slider_that_rewrites_its_line(
+        page, selftest_models_dir, shot: Screenshots):
+    from playwright.sync_api import expect
+
+    _open_tab(page, "Text to Video")
+    folder = selftest_models_dir / "loras"
+    folder.mkdir(exist_ok=True)
+    (folder / "browser-style.safetensors").write_bytes(b"")   # listing reads names only
+    box = page.locator("#t2v-loras textarea")
+    box.fill("")
+    box.press("Tab")
+    page.locator("#t2v-lora-refresh").click()
+    page.locator("#t2v-lora-add input").click()
+    option = page.get_by_role("option", name="browser-style.safetensors")
+    option.wait_for(timeout=10_000)
+    option.click()
+    expect(box).to_have_value("browser-style.safetensors: 1")
+    expect(page.locator("#t2v-lora-add input")).to_have_value("")
+    slider = page.locator("#t2v-lora-slider-0")
+    expect(slider).to_contain_text("browser-style.safetensors")
+    expect(slider.locator("input[type=number]")).to_have_value("1")
+    # The slider's number box, typed into and left: the slider is released and the box's line follows.
+    number = slider.locator("input[type=number]")
+    number.fill("0.65")
+    number.press("Tab")
+    expect(box).to_have_value("browser-style.safetensors: 0.65")
+    # The range itself, moved by keys and let go.
+    slider.locator("input[type=range]").focus()
+    slider.locator("input[type=range]").press("ArrowRight")
+    slider.locator("input[type=range]").dispatch_event("pointerup")
+    expect(box).to_have_value("browser-style.safetensors: 0.7")
+    shot(page, "lora-slider")
+    page.locator("#t2v-lora-remove-0").click()
+    expect(box).to_have_value("")
+    expect(page.locator("#t2v-lora-slider-0")).to_have_count(0)

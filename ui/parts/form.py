@@ -10,6 +10,7 @@ from engine.models.single_file import EXPERTS, TRANSFORMERS_FOLDER, listed_trans
 from engine.settings.presets import Preset
 from engine.settings.values import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
 from ui.context import AppContext
+from ui.parts.lora_list import build_lora_list
 from ui.views.plan_panel import (
     ATTENTION_CHOICES,
     AUTO,
@@ -211,13 +212,15 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
 
 def _lora_box(ctx: AppContext, form: Form, mode: str, prefix: str) -> gr.Textbox:
     """The run's LoRAs, one ``file: strength`` a line: the preset's when one is chosen (none for the built-in
-    ones); a bare name is a file in the models folder's loras/."""
+    ones); a bare name is a file in the models folder's loras/. Under it, the list that adds, weighs and removes
+    lines (ui/parts/lora_list.py)."""
     models = ctx.models_dir or ctx.client.models_dir
     box = gr.Textbox(lora_text(ctx.preset_or_default(None, mode).settings.loras, models), lines=2, max_lines=8,
                      label="LoRAs: one 'file: strength' a line (files in models/loras/; strength 1 as trained, "
                            "0 off)", placeholder="detail.safetensors: 0.8", elem_id=f"{prefix}-loras")
     form.preset.input(lambda name: lora_text(ctx.preset_or_default(name, mode).settings.loras, models), form.preset,
                       box, api_visibility="private", queue=False)
+    build_lora_list(box, models, prefix)
     form.loras = box
     return box
 
