@@ -88,17 +88,10 @@ def checked_lora_file(file, models_dir: str | Path, allow_paths: bool = False, t
     file = file.strip()
     if file in trusted:
         return file
-    path = Path(file).expanduser()
     refused = InputError(f"LoRA file {file!r} is a path outside the app's models folder, which the page does not "
                          f"accept; put the file in models/{LORAS_FOLDER}/ and give its name, or "
                          f"{ALLOW_PATHS_HINT}")
-    if ".." in file.replace("\\", "/").split("/"):
-        raise refused
-    if path.is_absolute() or file.startswith("~"):
-        if allow_paths or _inside(path, Path(models_dir)):
-            return os.path.abspath(path)
-        raise refused
-    return os.path.abspath(lora_folder(models_dir) / path)
+    return _file_in(file, lora_folder(models_dir), models_dir, allow_paths, refused)
 
 
 def checked_transformer_file(file, models_dir: str | Path, allow_paths: bool = False, trusted: tuple[str, ...] = (),
@@ -121,17 +114,23 @@ def checked_transformer_file(file, models_dir: str | Path, allow_paths: bool = F
         return None
     if file in trusted:
         return file
-    path = Path(file).expanduser()
     refused = InputError(f"the {words} {file[:200]!r} is a path outside the app's models folder, which the page does "
                          f"not accept; put the file in models/{TRANSFORMERS_FOLDER}/ and choose it by its name, "
                          f"or {ALLOW_PATHS_HINT}")
+    return _file_in(file, transformer_folder(models_dir), models_dir, allow_paths, refused)
+
+
+def _file_in(file: str, folder: Path, models_dir: str | Path, allow_paths: bool, refused: InputError) -> str:
+    """The absolute path of ``file``: a name or relative path in ``folder``; an absolute one inside the models
+    folder (anywhere with ``allow_paths``); ``refused`` raised for any other, and for any '..'."""
+    path = Path(file).expanduser()
     if ".." in file.replace("\\", "/").split("/"):
         raise refused
     if path.is_absolute() or file.startswith("~"):
         if allow_paths or _inside(path, Path(models_dir)):
             return os.path.abspath(path)
         raise refused
-    return os.path.abspath(transformer_folder(models_dir) / path)
+    return os.path.abspath(Path(folder) / path)
 
 
 def forget_served_copies(served_dir: str | None, names: list[str]) -> list[Path]:

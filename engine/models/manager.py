@@ -15,6 +15,7 @@ from typing import Iterable
 from engine.models.download import size_words
 from engine.models.refs import WEIGHT_SUFFIXES, ModelError, hub_cache_dir
 from engine.models.selftest import SELFTEST_REFS
+from engine.models.single_file import TRANSFORMERS_FOLDER
 from engine.run.fast_decoder import FAST_DECODER_FOLDER, FAST_DECODER_SUFFIXES
 from engine.settings.loras import LORAS_FOLDER
 from engine.settings.values import Settings
@@ -91,6 +92,8 @@ def _kind_of(path: Path, inside: str) -> str | None:
         return LORA if path.suffix in WEIGHT_SUFFIXES else None
     if inside == FAST_DECODER_FOLDER:
         return FAST_DECODER if path.suffix in FAST_DECODER_SUFFIXES else None
+    if inside == TRANSFORMERS_FOLDER:
+        return TRANSFORMER_FILE if path.is_file() and path.suffix in TRANSFORMER_SUFFIXES else None
     if path.is_dir():
         if (path / "model_index.json").is_file():
             return SELFTEST_MODEL if path.name in SELFTEST_REFS else MODEL_FOLDER
@@ -99,16 +102,18 @@ def _kind_of(path: Path, inside: str) -> str | None:
 
 
 def local_entries(models_dir: Path) -> list[ModelEntry]:
-    """The models folder's diffusers folders, single transformer files, LoRAs (loras/) and fast decoders
-    (fast_decoders/); hidden names (the engine's calibration) and unfinished downloads are left out."""
+    """The models folder's diffusers folders, single transformer files (transformers/, or loose at its top), LoRAs
+    (loras/) and fast decoders (fast_decoders/); hidden names (the engine's calibration) and unfinished downloads are left out."""
     models = Path(models_dir)
     found = []
-    places = [(models, "")] + [(models / sub, sub) for sub in (LORAS_FOLDER, FAST_DECODER_FOLDER)]
+    subfolders = (LORAS_FOLDER, FAST_DECODER_FOLDER, TRANSFORMERS_FOLDER)
+    places = [(models, "")] + [(models / sub, sub) for sub in subfolders]
     for folder, inside in places:
         if not folder.is_dir():
             continue
-        for path in sorted(folder.iterdir()):
-            if path.name.startswith(".") or (not inside and path.name in (LORAS_FOLDER, FAST_DECODER_FOLDER)):
+        # transformers/ may hold files in folders of their own (as the page's Transformer file lists them)
+        for path in sorted(folder.rglob("*") if inside == TRANSFORMERS_FOLDER else folder.iterdir()):
+            if path.name.startswith(".") or (not inside and path.name in subfolders):
                 continue
             kind = _kind_of(path, inside)
             if kind is not None:

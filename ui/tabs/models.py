@@ -19,13 +19,15 @@ from engine.device.usage import EngineMemory, EngineSilent
 from engine.models.download import DownloadError, download_file, download_snapshot, free_space, size_words
 from engine.models.manager import DeleteRefused, ModelEntry, delete_entry, find_entry, list_models, names_in
 from engine.models.refs import REPO_ID, ModelError, hub_cache_dir
+from engine.models.single_file import TRANSFORMERS_FOLDER
 from engine.run.fast_decoder import FAST_DECODER_FOLDER
 from engine.settings.loras import LORAS_FOLDER
 from ui.context import AppContext
 
 COLUMNS = ["Name", "Kind", "Where", "Size", "Used by presets"]
-# Where one file of a repo may go, inside the models folder (a transformer file at its top).
-FILE_FOLDERS = {"models/ (a transformer file)": "", f"models/{LORAS_FOLDER}/ (a LoRA)": LORAS_FOLDER,
+# Where one file of a repo may go, inside the models folder (where the page's lists look for it).
+FILE_FOLDERS = {f"models/{TRANSFORMERS_FOLDER}/ (a transformer file)": TRANSFORMERS_FOLDER,
+                f"models/{LORAS_FOLDER}/ (a LoRA)": LORAS_FOLDER,
                 f"models/{FAST_DECODER_FOLDER}/ (a fast decoder)": FAST_DECODER_FOLDER}
 # Seconds between two progress lines of a download.
 PROGRESS_EVERY_S = 0.5
