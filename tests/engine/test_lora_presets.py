@@ -283,3 +283,36 @@ def test_a_preset_s_loras_are_checked_and_saved_back(presets, tmp_path):
             parse_preset({**data, "loras": [bad]}, "with-lora.json")
     with pytest.raises(InputError, match="is for expert 'middle'"):
         check_settings(preset.settings.changed(loras=(Lora(str(lora_file), 1.0, "middle"),)))
+
+
+def test_a_published_lora_missing_here_is_fetched_once_from_its_hub_repo_into_the_loras_folder(tmp_path):
+    """Online, in a fresh process (huggingface_hub reads HF_ENDPOINT once): the file comes from the repo and path
+    a preset names, lands in models/loras/ under the preset's own name, and a second run reads it from there."""
+    import os
+    import subprocess
+    import sys
+
+    from safetensors.torch import save as to_bytes
+
+    from tests.conftest import ROOT
+    from tests.fake_hub import FakeHub
+
+    data = to_bytes(original_lora())
+    hub = FakeHub({"someone/distill": {"folder/high_noise_model.safetensors": data}}).start()
+    script = ("import sys\nfrom engine.models.loras import Lora\nfrom engine.run.lora import locate_loras\n"
+              "lora = Lora('a14b-high.safetensors', 1.0, 'high', 'someone/distill', 'folder/high_noise_model.safetensors')\n"
+              "for _ in range(2):\n    (found,) = locate_loras([lora], sys.argv[1], offline=False)\n    print(found.file)\n")
+    env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_HUB_CACHE": str(tmp_path / "hub"), "HF_HUB_OFFLINE": "0"}
+    try:
+        done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "models")], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+    finally:
+        hub.stop()
+    assert done.returncode == 0, done.stderr[-2000:]
+    target = tmp_path / "models" / "loras" / "a14b-high.safetensors"
+    assert done.stdout.split() == [str(target)] * 2
+    assert target.read_bytes() == data
+    assert len(hub.gets("high_noise_model.safetensors")) == 1   # fetched once; the second run found it
+    # Nothing else visible (huggingface_hub keeps its download notes in a hidden .cache folder there).
+    assert [p.name for p in (tmp_path / "models" / "loras").iterdir() if not p.name.startswith(".")] == [
+        "a14b-high.safetensors"]
