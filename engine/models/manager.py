@@ -18,7 +18,7 @@ from engine.models.selftest import SELFTEST_REFS
 from engine.models.single_file import TRANSFORMERS_FOLDER
 from engine.run.fast_decoder import FAST_DECODER_FOLDER, FAST_DECODER_SUFFIXES
 from engine.settings.loras import LORAS_FOLDER
-from engine.settings.values import Settings
+from engine.settings.values import TRANSFORMER_FILE_SUFFIXES, Settings
 
 HUB, LOCAL = "hub", "models"          # the two places, as the first part of an entry's key
 # What an entry is, as the tab shows it.
@@ -30,8 +30,6 @@ TRANSFORMER_FILE = "transformer file"
 LORA = "LoRA"
 FAST_DECODER = "fast decoder"
 OTHER = "other"
-# Single transformer files the engine takes in place of a model's own (engine/models/single_file.py).
-TRANSFORMER_SUFFIXES = (".gguf", ".safetensors")
 
 
 class DeleteRefused(ModelError):
@@ -93,12 +91,12 @@ def _kind_of(path: Path, inside: str) -> str | None:
     if inside == FAST_DECODER_FOLDER:
         return FAST_DECODER if path.suffix in FAST_DECODER_SUFFIXES else None
     if inside == TRANSFORMERS_FOLDER:
-        return TRANSFORMER_FILE if path.is_file() and path.suffix in TRANSFORMER_SUFFIXES else None
+        return TRANSFORMER_FILE if path.is_file() and path.suffix in TRANSFORMER_FILE_SUFFIXES else None
     if path.is_dir():
         if (path / "model_index.json").is_file():
             return SELFTEST_MODEL if path.name in SELFTEST_REFS else MODEL_FOLDER
         return None
-    return TRANSFORMER_FILE if path.suffix in TRANSFORMER_SUFFIXES else None
+    return TRANSFORMER_FILE if path.suffix in TRANSFORMER_FILE_SUFFIXES else None
 
 
 def local_entries(models_dir: Path) -> list[ModelEntry]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.models.refs import ResolvedModel
 from engine.models.spec import KNOWN_MODELS, ModelSpec, TransformerShape, TransformerWeights
-from engine.models.weights import WEIGHTED_COMPONENTS, WeightFileError, read_header, weight_bytes
+from engine.models.weights import WEIGHTED_COMPONENTS, WeightFileError, files_under, read_header, weight_bytes
 from engine.settings.values import TRANSFORMER_FILE_NAMES, TRANSFORMER_FILE_SUFFIXES, InputError
 
 EXPERTS = tuple(TRANSFORMER_FILE_NAMES)   # ("transformer", "transformer_2"): the high- and low-noise experts
@@ -206,11 +206,7 @@ def transformer_folder(models_dir: str | Path) -> Path:
 def listed_transformer_files(models_dir: str | Path) -> list[str]:
     """The .gguf and .safetensors files in the models folder's transformers/ (and its subfolders), as paths
     relative to it, sorted; none when the folder is not there. Only names: no header is read."""
-    folder = transformer_folder(models_dir)
-    if not folder.is_dir():
-        return []
-    return sorted((path.relative_to(folder).as_posix() for path in folder.rglob("*")
-                   if path.suffix.lower() in TRANSFORMER_FILE_SUFFIXES and path.is_file()), key=str.lower)
+    return files_under(transformer_folder(models_dir), tuple(TRANSFORMER_FILE_SUFFIXES))
 
 
 # ----- a model with its transformer files ------------------------------------------------------------

@@ -112,3 +112,13 @@ def weight_bytes(folder: Path, components: tuple[str, ...] = WEIGHTED_COMPONENTS
             total += sum(path.stat().st_size for path in part.iterdir()
                          if path.suffix in WEIGHT_SUFFIXES and path.is_file())
     return total
+
+
+def files_under(folder: Path, suffixes: tuple[str, ...]) -> list[str]:
+    """The files in ``folder`` and its subfolders whose suffix is one of ``suffixes`` (any case), as paths relative
+    to it, sorted as a person reads them; none when the folder is not there. Only names: nothing is read."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    return sorted((path.relative_to(folder).as_posix() for path in folder.rglob("*")
+                   if path.suffix.lower() in suffixes and path.is_file()), key=str.lower)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 
 from engine.models.loras import EXPERTS, LORA_SUFFIX, Lora
+from engine.models.weights import files_under
 from engine.settings.values import InputError
 
 LORAS_FOLDER = "loras"        # inside the models folder: where the page (and a bare file name) finds LoRA files
@@ -101,8 +102,4 @@ def find_lora(file: str, models_dir: str | Path) -> str:
 def listed_lora_files(models_dir: str | Path) -> list[str]:
     """The .safetensors files in the models folder's loras/ (and its subfolders), as the LoRA box names them:
     paths relative to it, sorted; none when the folder is not there. Only names: no header is read."""
-    folder = lora_folder(models_dir)
-    if not folder.is_dir():
-        return []
-    return sorted((path.relative_to(folder).as_posix() for path in folder.rglob("*")
-                   if path.suffix.lower() == LORA_SUFFIX and path.is_file()), key=str.lower)
+    return files_under(lora_folder(models_dir), (LORA_SUFFIX,))
