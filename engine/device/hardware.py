@@ -23,6 +23,27 @@ class HardwareError(ValueError):
 
 
 @dataclass(frozen=True)
+class GpuDevice:
+    """One GPU of the machine, numbered as the machine numbers them (``CUDA_VISIBLE_DEVICES`` applied)."""
+    index: int
+    name: str
+    total_gb: float
+    free_gb: float
+
+    @classmethod
+    def from_dict(cls, data) -> "GpuDevice":
+        if not isinstance(data, dict) or set(data) != {f.name for f in fields(cls)}:
+            raise HardwareError(f"each of hardware field 'devices' must be an object with index, name, total_gb "
+                                f"and free_gb, got {data!r}")
+        index, name = data["index"], data["name"]
+        sizes = [data["total_gb"], data["free_gb"]]
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0 or not isinstance(name, str) or \
+                any(not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 for v in sizes):
+            raise HardwareError(f"hardware field 'devices' has a malformed entry: {data!r}")
+        return cls(index, name, float(sizes[0]), float(sizes[1]))
+
+
+@dataclass(frozen=True)
 class HardwareProfile:
     backend: str
     device_name: str
@@ -37,6 +58,9 @@ class HardwareProfile:
     torch_version: str = ""
     triton: bool = False       # Triton imports here: the transformer can be compiled
     attention: str = ""        # the fastest attention backend measured on this machine ("": not measured)
+    # Every GPU of the machine, this engine's own first (its device 0); () on a CPU or Mac. The sizes above
+    # are the first one's.
+    devices: tuple[GpuDevice, ...] = ()
 
     @property
     def device(self) -> str:
@@ -60,6 +84,11 @@ class HardwareProfile:
                 raise HardwareError(f"hardware field '{required}' is required")
         values = {}
         for name, value in data.items():
+            if name == "devices":
+                if not isinstance(value, (list, tuple)):
+                    raise HardwareError(f"hardware field 'devices' must be a list, got {value!r}")
+                values[name] = tuple(GpuDevice.from_dict(d) for d in value)
+                continue
             default = known[name].default
             expected = type(default) if name not in ("backend", "device_name") else str
             if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -83,13 +112,19 @@ class HardwareProfile:
             raise HardwareError(f"{path}: must hold a JSON object")
         return cls.from_dict(data)
 
+    @property
+    def gpu_count(self) -> int:
+        """How many GPUs the machine has (one for a profile that lists none but has a GPU backend)."""
+        return len(self.devices) or (0 if self.backend in ("cpu", "mps") else 1)
+
     def summary(self) -> str:
         if self.backend == "cpu":
             return f"CPU only ({self.cpu_count} cores), {self.ram_total_gb:.0f} GB RAM"
         unified = ", unified memory" if self.unified_memory else ""
         arch = f" [{self.arch}]" if self.arch else ""
+        more = f"; {len(self.devices)} GPUs in all" if len(self.devices) > 1 else ""
         return (f"{self.device_name}{arch} via {self.backend.upper()}, {self.vram_total_gb:.1f} GB device memory"
-                f" ({self.vram_free_gb:.1f} free){unified}; {self.ram_total_gb:.0f} GB RAM")
+                f" ({self.vram_free_gb:.1f} free){unified}; {self.ram_total_gb:.0f} GB RAM{more}")
 
 
 def _os_name() -> str:
@@ -124,6 +159,25 @@ def can_compile(device: str, os_name: str) -> tuple[bool, str]:
 
 
 
+def visible_index(position: int) -> int:
+    """The machine's number of the GPU this process sees at ``position``: engine processes see the GPUs in
+    their own order (CUDA_VISIBLE_DEVICES, set by the app: an engine's own GPU is its device 0)."""
+    import os
+
+    order = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    if position < len(order) and order[position].isdigit():
+        return int(order[position])
+    return position
+
+
+def _gpu(position: int) -> GpuDevice:
+    import torch
+
+    free, total = torch.cuda.mem_get_info(position)
+    return GpuDevice(visible_index(position), torch.cuda.get_device_properties(position).name,
+                     round(total / GIB, 2), round(free / GIB, 2))
+
+
 def detect_hardware() -> HardwareProfile:
     """Probe the machine (imports torch; initialises the GPU driver if there is one)."""
     import os
@@ -139,6 +193,7 @@ def detect_hardware() -> HardwareProfile:
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         free, total = torch.cuda.mem_get_info(0)
+        devices = tuple(_gpu(i) for i in range(torch.cuda.device_count()))
         if getattr(torch.version, "hip", None):
             arch = getattr(props, "gcnArchName", "").split(":")[0]
             backend, unified = "rocm", arch in AMD_APU_ARCHS
@@ -148,7 +203,7 @@ def detect_hardware() -> HardwareProfile:
         return HardwareProfile(
             backend=backend, device_name=props.name, arch=arch,
             vram_total_gb=round(total / GIB, 2), vram_free_gb=round(free / GIB, 2),
-            unified_memory=unified, triton=can_compile(backend, common["os"])[0], **common)
+            unified_memory=unified, triton=can_compile(backend, common["os"])[0], devices=devices, **common)
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return HardwareProfile(
             backend="mps", device_name=platform.processor() or "Apple GPU", arch="apple",

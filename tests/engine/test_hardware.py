@@ -43,3 +43,23 @@ def test_detect_on_this_machine_reports_a_backend():
     assert profile.backend in ("cpu", "cuda", "rocm", "mps")
     assert profile.ram_total_gb > 0 and profile.cpu_count >= 1
     json.loads(profile.to_json())
+
+
+def test_every_gpu_is_listed_with_the_engines_own_first_and_survives_json(monkeypatch):
+    from engine.device.hardware import GpuDevice, visible_index
+
+    two = {"backend": "cuda", "device_name": "H200", "vram_total_gb": 139.0,
+           "devices": [{"index": 1, "name": "H200", "total_gb": 139.0, "free_gb": 138.5},
+                       {"index": 0, "name": "H200", "total_gb": 139.0, "free_gb": 100}]}
+    profile = HardwareProfile.from_dict(two)
+    assert profile.devices == (GpuDevice(1, "H200", 139.0, 138.5), GpuDevice(0, "H200", 139.0, 100.0))
+    assert profile.gpu_count == 2 and "2 GPUs in all" in profile.summary()
+    assert HardwareProfile.from_dict(json.loads(profile.to_json())) == profile
+    assert HardwareProfile.from_dict({"backend": "cpu", "device_name": "x86"}).gpu_count == 0
+    assert HardwareProfile.from_dict({"backend": "cuda", "device_name": "old profile"}).gpu_count == 1
+    with pytest.raises(HardwareError, match="devices"):
+        HardwareProfile.from_dict({**two, "devices": [{"index": -1, "name": "x", "total_gb": 1, "free_gb": 1}]})
+    with pytest.raises(HardwareError, match="devices"):
+        HardwareProfile.from_dict({**two, "devices": "0,1"})
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    assert (visible_index(0), visible_index(1), visible_index(2)) == (3, 2, 2)
