@@ -30,6 +30,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
                         help="keep the denoised latents of finished runs this long (0: remove at once)")
 
 
+def _gpus_arg(text: str):
+    from engine.service.pool import GpuChoice, GpuChoiceError
+
+    try:
+        return GpuChoice.parse(text)
+    except GpuChoiceError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _overrides(parser: argparse.ArgumentParser) -> None:
     from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES
 
@@ -110,6 +119,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
                        help="folder for the presets saved from the page (default: user_presets/ here)")
     serve.add_argument("--preview-every", type=float, default=1.0, metavar="SECONDS",
                        help="a live preview at most this often while denoising (0: every step; -1: none)")
+    serve.add_argument("--gpus", type=_gpus_arg, default="all", metavar="all|N|0,1",
+                       help="the GPUs to use, one engine each: all (default), the first N, or these numbers "
+                            "(one GPU: '1,'); jobs run side by side, one per GPU")
     _common(serve)
 
     gen = sub.add_parser("generate", help="generate one video or image without the page")
@@ -126,6 +138,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
                      help="keep the denoised latents after the video is written (for decoding again later)")
     gen.add_argument("--user-presets", default=str(DEFAULT_USER_PRESETS), metavar="DIR",
                      help="folder of the presets saved from the page (--preset finds them too)")
+    gen.add_argument("--gpus", type=_gpus_arg, default="all", metavar="all|N|0,1",
+                     help="the GPUs this run may use (default all): it runs on the first, or split across "
+                          "them when the plan or --split says so")
     _overrides(gen)
     _common(gen)
 
@@ -231,8 +246,13 @@ def _print_timings(view, out) -> None:
         print(f"  {label:<{width}} {shown}  {detail}", file=out)
 
 
+def engines_needed(client, request) -> int:
+    """How many engines ``request`` runs on: one, unless it is split across GPUs."""
+    return 1
+
+
 def generate(args) -> int:
-    from engine.service.worker import WorkerClient
+    from engine.service.pool import EnginePool
     from engine.settings.presets import PresetError
 
     try:
@@ -240,9 +260,16 @@ def generate(args) -> int:
     except PresetError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    # No page to show previews on: the engine makes none.
-    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, preview_seconds=-1)
-    return _follow(client, client.submit(request))
+    # No page to show previews on: the engine makes none. Only the engines the job runs on are started.
+    pool = EnginePool(args.models_dir, args.gpus, latents_hours=args.latents_hours, preview_seconds=-1)
+    pool.start(every=False)
+    engines = pool.wait_started()
+    if pool.problem:
+        pool.close()
+        print(f"error: {pool.problem.split('; running')[0]}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    slots = tuple(range(min(engines, engines_needed(pool, request))))
+    return _follow(pool, pool.submit(request, slots=slots))
 
 
 def decode(args) -> int:
@@ -453,7 +480,7 @@ def prepare_served_dir(outputs: str | Path, root: Path = SERVED_ROOT) -> Path:
 def serve(args) -> int:
     from engine import APP_NAME
     from engine.service.jobqueue import JobQueue
-    from engine.service.worker import WorkerClient
+    from engine.service.pool import EnginePool
 
     if args.max_queue is not None and args.max_queue < 1:
         raise SystemExit("error: --max-queue must be at least 1")
@@ -467,12 +494,13 @@ def serve(args) -> int:
     from ui.guard import Guard, HostAllowList, LoginThrottle
 
     presets, user_presets = _presets_with_user_folder(args.user_presets)
-    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, preview_seconds=args.preview_every)
-    client.start()  # the engine process loads its libraries while the page starts and loads
     max_queue = args.max_queue or MAX_QUEUE
+    jobs = JobQueue(max_queue, engines=args.gpus.known or 1)
+    client = EnginePool(args.models_dir, args.gpus, latents_hours=args.latents_hours,
+                        preview_seconds=args.preview_every, on_resize=jobs.resize)
+    client.start()  # the engine processes load their libraries while the page starts and loads
     ctx = AppContext(client, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
-                     models_dir=args.models_dir, user_presets=user_presets, jobs=JobQueue(max_queue),
-                     served_dir=str(served))
+                     models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served))
     demo = build_app(ctx)
     try:
         # quiet: gradio's own start-up lines (and its tip about share=True) give way to ours.

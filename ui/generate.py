@@ -7,18 +7,19 @@ sentence, said once in the job's status, before the job waits or loads anything.
 from __future__ import annotations
 
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import gradio as gr
 
-from engine.events import Ending, Event, JobFailed
+from engine.events import Ending, Event, JobFailed, JobFinished, PreviewReady
 from engine.models.refs import ModelError
 from engine.run.failures import failure_event
 from engine.service.jobqueue import QueueFull
 from engine.settings.request import GenerationRequest
 from engine.settings.values import InputError
 from ui.context import AppContext
+from ui.pacing import paced
 from ui.parts.chains import when_ended
 from ui.views.job_view import JobView
 from ui.views.plan_panel import form_overrides
@@ -27,8 +28,20 @@ from ui.views.plan_panel import form_overrides
 GPU_QUEUE = "gpu"
 # Seconds between a waiting job's updates of its place and estimate.
 WAIT_UPDATE_S = 1.0
+# The least time between a running job's page updates for steps and previews (others are shown at once).
+PAGE_UPDATE_S = 0.25
+# The most engines whose jobs run at once that the page's event slots leave room for (one per GPU).
+MAX_ENGINES = 16
 
 Show = Callable[[JobView, "Event | None"], dict]
+
+
+@dataclass(frozen=True)
+class EngineWork:
+    """A checked job, ready to wait for its turn: ``start(slots)`` runs it on the engines the queue gave it."""
+    start: Callable[[tuple[int, ...]], Iterator[Event]]
+    engines: int = 1            # how many engines it runs on at once (split across GPUs: more than one)
+    model: str | None = None    # the model it uses (the queue prefers an engine that holds it)
 
 
 def owner_of(session: gr.Request | None) -> str | None:
@@ -116,19 +129,20 @@ def _fail(view: JobView, failure: JobFailed) -> gr.Error:
     return gr.Error(failure.text, visible=False, print_exception=False)
 
 
-def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Callable[[], Callable[[], Iterator]],
+def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Callable[[], EngineWork],
             show: Show) -> Iterator[dict]:
     """One job, from a click or an API call, as updates of the page (``show(view, event)``).
 
     ``prepare()`` checks the request (InputError or ModelError at once: nothing waits or loads) and returns
     what starts it in the engine. Then the job waits its turn in ctx.jobs, showing its place and an
-    estimate; its owner's Cancel takes it out. Once it runs, every engine event updates the view.
+    estimate; its owner's Cancel takes it out. Once it runs (on the engines the queue gave it), every engine
+    event updates the view.
     """
     view = JobView()
     owner = owner_of(session)
     try:
-        start = prepare()
-        ticket = ctx.jobs.join(owner, what)
+        work = prepare()
+        ticket = ctx.jobs.join(owner, what, work.engines, work.model)
     except (InputError, ModelError) as exc:
         error = _fail(view, failure_event("refused", exc, None))
         yield show(view, None)
@@ -144,26 +158,49 @@ def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Cal
                 return
             yield show(view.waiting(ctx.jobs.place(ticket), ctx.jobs.estimate(ticket)), None)
         view = JobView()   # the wait is over: what the page shows from now on is the job
-        events = start()
+        events = work.start(ticket.slots)
+        # A closed page cancels the job (the engine is free once it has ended).
+        batches = paced(events, PAGE_UPDATE_S, lambda: ctx.client.cancel(ticket.slots))
         try:
-            for event in events:
-                view.apply(event)
+            for batch in batches:
+                for event in batch:
+                    view.apply(event)
                 ctx.jobs.report(ticket, view.status, view.eta)
-                yield show(view, event)
-                if isinstance(event, JobFailed):
-                    raise _fail(view, event)
+                yield _shown(show, view, batch)
+                failed = next((event for event in batch if isinstance(event, JobFailed)), None)
+                if failed is not None:
+                    raise _fail(view, failed)
         finally:
-            events.close()   # a closed page: cancels the job and waits for the engine to be free
+            batches.close()
+            events.close()
     finally:
         ctx.jobs.leave(ticket, view.ending)
 
 
-def engine_job(ctx: AppContext, make: Callable[[], GenerationRequest]) -> Callable[[], Callable[[], Iterator]]:
-    """``prepare`` for run_job: the request from ``make``, checked as the engine will check it."""
+def _shown(show: Show, view: JobView, batch: list[Event]) -> dict:
+    """The page's updates for a batch of events already applied to ``view``: the last event's, with a preview or
+    a result that came earlier in the batch kept."""
+    updates: dict = {}
+    for event in batch[:-1]:
+        if isinstance(event, (PreviewReady, JobFinished)):
+            updates |= show(view, event)
+    return updates | show(view, batch[-1])
+
+
+def engine_job(ctx: AppContext, make: Callable[[], GenerationRequest]) -> Callable[[], EngineWork]:
+    """``prepare`` for run_job: the request from ``make``, checked as the engine will check it, and on how many
+    engines it runs."""
     def prepare():
         request, notes = ctx.client.check(make())
-        return lambda: ctx.client.run(request, notes)
+        return EngineWork(lambda slots: ctx.client.run(request, notes, slots=slots), engines_for(ctx, request),
+                          request.settings.model)
     return prepare
+
+
+def engines_for(ctx: AppContext, request: GenerationRequest) -> int:
+    """How many engines ``request`` runs on: one, unless it is split across GPUs (asked for, or the plan's
+    choice for a model that fits only split), never more than the app has."""
+    return 1
 
 
 def cancel(ctx: AppContext, session: gr.Request | None) -> str:
@@ -175,8 +212,9 @@ def cancel(ctx: AppContext, session: gr.Request | None) -> str:
     withdrawn = ctx.jobs.withdraw(mine)
     left = ("Your waiting job was taken out of the queue." if withdrawn == 1 else
             f"Your {withdrawn} waiting jobs were taken out of the queue.")
-    if ctx.jobs.runs_for(mine):
-        ctx.client.cancel()
+    running = ctx.jobs.running_for(mine)
+    if running:
+        ctx.client.cancel(tuple(slot for ticket in running for slot in ticket.slots))
         return "Cancelling your job at the end of its current step." + (f" {left}" if withdrawn else "")
     if withdrawn:
         return f"{left} {'It' if withdrawn == 1 else 'They'} will not run."
@@ -214,5 +252,5 @@ def gpu_event(ctx: AppContext) -> dict:
     """How an event that runs the engine is registered: values as sent (run_job checks them), no gradio
     progress overlay (the status and the chart say it all), and enough slots that every job reaches the
     JobQueue, which orders them: the running one, every waiting one, and one being refused."""
-    return {"concurrency_id": GPU_QUEUE, "concurrency_limit": ctx.jobs.max_waiting + 2, "preprocess": False,
-            "show_progress": "hidden"}
+    return {"concurrency_id": GPU_QUEUE, "concurrency_limit": ctx.jobs.max_waiting + 1 + MAX_ENGINES,
+            "preprocess": False, "show_progress": "hidden"}

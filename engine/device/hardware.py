@@ -160,11 +160,11 @@ def can_compile(device: str, os_name: str) -> tuple[bool, str]:
 
 
 def visible_index(position: int) -> int:
-    """The machine's number of the GPU this process sees at ``position``: engine processes see the GPUs in
-    their own order (CUDA_VISIBLE_DEVICES, set by the app: an engine's own GPU is its device 0)."""
+    """The machine's number of the GPU this process sees at ``position``: an engine process sees the GPUs in its
+    own order (its own GPU first), and the app tells it their numbers in WAN_GPU_ORDER (engine/service/pool.py)."""
     import os
 
-    order = [part.strip() for part in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if part.strip()]
+    order = [part.strip() for part in os.environ.get("WAN_GPU_ORDER", "").split(",") if part.strip()]
     if position < len(order) and order[position].isdigit():
         return int(order[position])
     return position

@@ -1,9 +1,11 @@
-"""The queue in front of the engine: one job runs at a time, first come first served.
+"""The queue in front of the engines: first come first served, one job per engine at a time.
 
-A waiting job knows its place and an estimate of its wait, and its owner can take it out; the job
-that runs says what it is doing, for every visitor's system panel. The page and the API put every
-engine job through one JobQueue (ui/generate.py); the engine process never sees a waiting job.
-Threads only: no gradio, no torch.
+A machine with several GPUs runs one engine per GPU (engine/service/pool.py): the job at the head of the queue
+goes to a free engine as soon as there is one (a job split across several GPUs waits for that many), and a
+free engine that already holds the job's model is preferred, so it need not load it again. A waiting job
+knows its place and an estimate of its wait, and its owner can take it out; each running job says what it is
+doing, for every visitor's system panel. The page and the API put every engine job through one JobQueue
+(ui/generate.py); the engine processes never see a waiting job. Threads only: no gradio, no torch.
 """
 from __future__ import annotations
 
@@ -32,6 +34,9 @@ class Ticket:
     owner: str | None        # the page session (or API client) that asked for it
     what: str                # "text to video", "decode again", ...
     joined: float
+    engines: int = 1         # how many engines it runs on at once (a job split across GPUs: more than one)
+    model: str | None = None          # the model it runs, to prefer an engine that holds it already
+    slots: tuple[int, ...] = ()       # the engines it was given when its turn came (the first leads)
     started: float | None = None      # when its turn came
     withdrawn: bool = False           # its owner took it out before it ran
     doing: str = ""                   # what it does now, once it runs (for every visitor: no user text)
@@ -48,41 +53,75 @@ class _Ended:
 
 
 class JobQueue:
-    def __init__(self, max_waiting: int = 16, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, max_waiting: int = 16, clock: Callable[[], float] = time.monotonic, engines: int = 1):
+        """``engines``: how many jobs may run at once (one per engine process; ``resize`` changes it once the
+        machine's GPUs are known)."""
         self.max_waiting = max_waiting
         self._clock = clock
         self._changed = threading.Condition()
         self._waiting: list[Ticket] = []
-        self._running: Ticket | None = None
+        self._running: list[Ticket] = []
+        self._engines = max(1, engines)
+        self._held: dict[int, str | None] = {}    # engine -> the model its last job ran
         self._durations: deque[float] = deque(maxlen=RECENT_JOBS)
         self._last: _Ended | None = None
 
+    @property
+    def engines(self) -> int:
+        with self._changed:
+            return self._engines
+
+    def resize(self, engines: int) -> None:
+        """Run up to ``engines`` jobs at once from now on (the running ones are not touched)."""
+        with self._changed:
+            self._engines = max(1, engines)
+            self._changed.notify_all()
+
     # ----- joining, waiting, leaving ---------------------------------------
-    def join(self, owner: str | None, what: str) -> Ticket:
-        """A place at the back of the queue; QueueFull when ``max_waiting`` jobs wait already."""
+    def join(self, owner: str | None, what: str, engines: int = 1, model: str | None = None) -> Ticket:
+        """A place at the back of the queue for a job that runs on ``engines`` engines at once (more than the
+        queue has: all of them) and uses ``model``; QueueFull when ``max_waiting`` jobs wait already."""
         with self._changed:
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(f"The queue is full: {len(self._waiting)} jobs are waiting for the engine. "
                                 "Try again when one of them has finished.")
-            ticket = Ticket(owner, what, self._clock())
+            ticket = Ticket(owner, what, self._clock(), max(1, engines), model)
             self._waiting.append(ticket)
             self._changed.notify_all()
             return ticket
 
+    def _free(self) -> list[int]:
+        busy = {slot for ticket in self._running for slot in ticket.slots}
+        return [slot for slot in range(self._engines) if slot not in busy]
+
+    def _pick(self, ticket: Ticket, free: list[int]) -> tuple[int, ...]:
+        """The engines for ``ticket`` among the free ones: those holding its model first, then those that have
+        run nothing yet, then the rest, each group in engine order."""
+        def rank(slot: int) -> int:
+            if ticket.model is not None and self._held.get(slot) == ticket.model:
+                return 0
+            return 1 if slot not in self._held else 2
+        return tuple(sorted(free, key=lambda slot: (rank(slot), slot))[:min(ticket.engines, self._engines)])
+
     def wait_turn(self, ticket: Ticket, timeout: float) -> bool:
-        """True once it is ``ticket``'s turn (it runs from then on); False after ``timeout`` seconds without
-        it, or at once when it was taken out of the queue."""
+        """True once it is ``ticket``'s turn (it runs from then on, on ``ticket.slots``); False after
+        ``timeout`` seconds without it, or at once when it was taken out of the queue. Strictly in order: the
+        job at the head waits for as many engines as it needs, and the ones behind it wait for it."""
         with self._changed:
             def my_turn() -> bool:
-                return ticket.withdrawn or ticket is self._running or (
-                    self._running is None and bool(self._waiting) and self._waiting[0] is ticket)
+                return ticket.withdrawn or ticket in self._running or (
+                    bool(self._waiting) and self._waiting[0] is ticket and
+                    len(self._free()) >= min(ticket.engines, self._engines))
 
             self._changed.wait_for(my_turn, timeout)
             if ticket.withdrawn or not my_turn():
                 return False
-            if ticket is not self._running:
+            if ticket not in self._running:
                 self._waiting.pop(0)
-                self._running = ticket
+                ticket.slots = self._pick(ticket, self._free())
+                for slot in ticket.slots:
+                    self._held[slot] = ticket.model
+                self._running.append(ticket)
                 ticket.started = self._clock()
                 ticket.doing = f"starting {ticket.what}"
                 self._changed.notify_all()
@@ -92,15 +131,20 @@ class JobQueue:
         """``ticket`` is done: finished, failed, cancelled or never run; ``ending`` says how one that ran ended
         (None: it stopped without saying how)."""
         with self._changed:
-            if ticket is self._running:
+            if ticket in self._running:
                 now = self._clock()
-                self._running = None
+                self._running.remove(ticket)
                 if ticket.started is not None:
                     self._durations.append(now - ticket.started)
                 self._last = _Ended(ending or JobEnding(Ending.STOPPED), ticket.owner, now)
             elif ticket in self._waiting:
                 self._waiting.remove(ticket)
             self._changed.notify_all()
+
+    def forget(self, slot: int) -> None:
+        """Engine ``slot`` holds no model any more (it was restarted or unloaded)."""
+        with self._changed:
+            self._held[slot] = None
 
     def withdraw(self, owner: str | None) -> int:
         """Take ``owner``'s waiting jobs out of the queue (the running one is not touched); how many."""
@@ -136,41 +180,54 @@ class JobQueue:
 
     # ----- what the page shows ----------------------------------------------------
     def place(self, ticket: Ticket) -> int:
-        """Jobs ahead of ``ticket`` (the running one included); 0 once it runs or has left."""
+        """Jobs ahead of ``ticket`` (the running ones included); 0 once it runs or has left."""
         with self._changed:
             if ticket not in self._waiting:
                 return 0
-            return self._waiting.index(ticket) + (self._running is not None)
+            return self._waiting.index(ticket) + len(self._running)
 
     def estimate(self, ticket: Ticket) -> float | None:
-        """Seconds until ``ticket``'s turn, from the running job's own estimate and recent jobs' durations;
-        None when nothing has finished yet to estimate from."""
+        """Seconds until ``ticket``'s turn, from the running jobs' own estimates and recent jobs' durations;
+        None when nothing has finished yet to estimate from.
+
+        Each engine is free at some time from now (a running job's time left; now for an idle one); the jobs
+        ahead take the engines that free up first, in order, for a typical job's length each."""
         with self._changed:
             if ticket not in self._waiting:
                 return 0.0
             typical = sum(self._durations) / len(self._durations) if self._durations else None
-            wait = 0.0
-            running = self._running
-            if running is not None:
-                now = self._clock()
+            now = self._clock()
+            free_at = {slot: 0.0 for slot in range(self._engines)}
+            for running in self._running:
                 if running.left is not None:
                     left, said = running.left
-                    wait += max(0.0, left - (now - said))
+                    ends = max(0.0, left - (now - said))
                 elif typical is not None and running.started is not None:
-                    wait += max(0.0, typical - (now - running.started))
+                    ends = max(0.0, typical - (now - running.started))
                 else:
                     return None
-            ahead = self._waiting.index(ticket)
-            if ahead:
+                for slot in running.slots:
+                    free_at[slot] = ends
+            for ahead in self._waiting[:self._waiting.index(ticket)]:
                 if typical is None:
                     return None
-                wait += ahead * typical
-            return wait
+                taken = sorted(free_at, key=free_at.get)[:min(ahead.engines, self._engines)]
+                starts = max(free_at[slot] for slot in taken)
+                for slot in taken:
+                    free_at[slot] = starts + typical
+            return sorted(free_at.values())[min(ticket.engines, self._engines) - 1]
 
     @property
     def running(self) -> Ticket | None:
+        """The job that started first of those running now (None: none runs)."""
         with self._changed:
-            return self._running
+            return self._running[0] if self._running else None
+
+    @property
+    def running_jobs(self) -> list[Ticket]:
+        """Every job running now, in the order they started."""
+        with self._changed:
+            return list(self._running)
 
     @property
     def waiting(self) -> int:
@@ -178,9 +235,13 @@ class JobQueue:
             return len(self._waiting)
 
     def runs_for(self, owner: str | None) -> bool:
-        """The running job is ``owner``'s."""
+        """A running job is ``owner``'s."""
+        return bool(self.running_for(owner))
+
+    def running_for(self, owner: str | None) -> list[Ticket]:
+        """``owner``'s running jobs."""
         with self._changed:
-            return owner is not None and self._running is not None and self._running.owner == owner
+            return [] if owner is None else [ticket for ticket in self._running if ticket.owner == owner]
 
     def ended_recently_for(self, owner: str | None, within: float = RECENTLY_ENDED_S) -> bool:
         """The last job that ran was ``owner``'s and ended less than ``within`` seconds ago."""

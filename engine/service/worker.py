@@ -88,9 +88,11 @@ def _serve_status(conn, state: _Starting) -> None:
 
 
 def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json: str | None,
-                 options: dict) -> None:
-    """Entry point of the worker process: load the libraries, say so, then serve requests until told to stop."""
+                 options: dict, env: dict | None = None) -> None:
+    """Entry point of the worker process: load the libraries, say so, then serve requests until told to stop.
+    ``env``: variables set before torch loads (which GPUs it sees, in which order: engine/service/pool.py)."""
     # Platform settings must be in place before torch initialises the device.
+    os.environ.update(env or {})
     for name, value in PLATFORM_ENV.items():
         os.environ.setdefault(name, value)
     state = _Starting(time.monotonic())
@@ -153,11 +155,13 @@ class WorkerClient:
 
     def __init__(self, models_dir: Path | str = "models", hardware_json: str | None = None,
                  latents_hours: float | None = None, preview_seconds: float | None = None,
-                 faults: PhaseHook = NO_FAULTS):
+                 faults: PhaseHook = NO_FAULTS, env: dict[str, str] | None = None):
         """``latents_hours``: how long finished runs' latents are kept; ``preview_seconds``: the least time
         between live previews (0: every step; negative: none); ``faults``: the engine's phase hook in the
-        first engine process (tests inject faults with it, such as a crash in a phase), NO_FAULTS after."""
+        first engine process (tests inject faults with it, such as a crash in a phase), NO_FAULTS after;
+        ``env``: variables every engine process of this client starts with (its GPU: engine/service/pool.py)."""
         self.models_dir = str(models_dir)
+        self.env = dict(env or {})
         self.catalog = ModelCatalog()   # the models' specs and checks, read once per version of their files
         # The Engine's keyword arguments, sent to each new engine process (so they must pickle).
         self.options = {"faults": faults}
@@ -191,7 +195,7 @@ class WorkerClient:
                 status_parent, status_child = _SPAWN.Pipe()
                 process = _SPAWN.Process(
                     target=_worker_main, args=(child, status_child, self._cancel, self.models_dir,
-                                               self.hardware_json, self.options),
+                                               self.hardware_json, self.options, self.env),
                     name="wan-engine", daemon=True)
                 process.start()
                 child.close()
@@ -225,9 +229,17 @@ class WorkerClient:
         worker.conn.close()
         worker.status.close()
 
-    def cancel(self) -> None:
-        """Ask the running job to stop at its next step boundary."""
+    def cancel(self, slots=None) -> None:
+        """Ask the running job to stop at its next step boundary (``slots``: for the EnginePool's callers; one
+        engine has one job)."""
         self._cancel.set()
+
+    def kill(self) -> None:
+        """Stop the engine process at once (one stuck in a split job's collective); its job fails saying so and
+        the next job starts a fresh process."""
+        worker = self._worker
+        if worker is not None and worker.process.is_alive():
+            worker.process.kill()
 
     @property
     def busy(self) -> bool:
@@ -337,18 +349,21 @@ class WorkerClient:
         return request, notes
 
     def run(self, request: GenerationRequest, notes: list[str] | tuple = (),
-            job_id: str | None = None) -> Iterator[Event]:
+            job_id: str | None = None, group=None, slots=()) -> Iterator[Event]:
         """Run a request that ``check`` passed, yielding its events; the last one is terminal.
 
-        The engine stays reserved for this job until the iterator ends: a caller that stops early must
-        close() it, which cancels the job at its next step and waits for the engine to finish it.
+        ``group``: this engine's rank in a job split across several engines (engine/run/parallel.py RankGroup);
+        ``slots``: for the EnginePool's callers (one engine runs every job). The engine stays reserved for this
+        job until the iterator ends: a caller that stops early must close() it, which cancels the job at its
+        next step and waits for the engine to finish it.
         """
         job_id = job_id or self.new_job_id()
         for note in notes:   # cleaned prompts, converted images: said before the job starts
             yield Info(job_id, note)
         self.running_settings = request.settings   # the models it uses may not be deleted meanwhile
         try:
-            yield from self._exchange(lambda timings: ("run", request, job_id, timings), job_id)
+            yield from self._exchange(lambda timings: ("run", request, job_id, timings) if group is None else
+                                      ("run", request, job_id, timings, group), job_id)
         finally:
             self.running_settings = None
 
@@ -363,7 +378,7 @@ class WorkerClient:
         yield from self.run(request, notes, job_id)
 
     def decode(self, latents: str, tiled: bool = False, on_cpu: bool = False,
-               job_id: str | None = None) -> Iterator[Event]:
+               job_id: str | None = None, slots=()) -> Iterator[Event]:
         """Decode saved latents again (tiled, or on the CPU) into a new video, without denoising."""
         job_id = job_id or self.new_job_id()
         yield from self._exchange(lambda timings: ("decode", str(latents), job_id, tiled, on_cpu, timings), job_id)

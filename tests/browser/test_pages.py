@@ -242,7 +242,7 @@ def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app
         _set_number(other, "t2v-steps", 3)
         other.locator("#t2v-generate").click()
         # Its place and an estimate, in its own status: the first job reports its time left as it runs.
-        other.wait_for_function("() => /Waiting in the queue: 1 job ahead of yours, about \\d+ s until it starts/"
+        other.wait_for_function("() => /Waiting in the queue: 1 job ahead of yours, about \\d+ (s|min) until it starts/"
                                 ".test(document.querySelector('#t2v-status').innerText)")
         shot(other, "t2v-queued")
         other.locator("#t2v-cancel").click()

@@ -61,5 +61,5 @@ def test_every_gpu_is_listed_with_the_engines_own_first_and_survives_json(monkey
         HardwareProfile.from_dict({**two, "devices": [{"index": -1, "name": "x", "total_gb": 1, "free_gb": 1}]})
     with pytest.raises(HardwareError, match="devices"):
         HardwareProfile.from_dict({**two, "devices": "0,1"})
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,2")
+    monkeypatch.setenv("WAN_GPU_ORDER", "3,2")
     assert (visible_index(0), visible_index(1), visible_index(2)) == (3, 2, 2)

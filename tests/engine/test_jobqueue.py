@@ -110,3 +110,59 @@ def test_a_short_turn_waits_for_the_running_job():
     assert entered.wait(5)
     thread.join(5)
     assert queue.running is None and queue.last_ending()[0] == JobEnding(Ending.DONE, what="unload")
+
+
+def test_two_engines_run_two_jobs_at_once_and_a_split_job_waits_for_both():
+    clock = Clock()
+    queue = JobQueue(clock=clock, engines=2)
+    a, b, c = (queue.join(name, "text to video", model="m1") for name in "abc")
+    assert queue.wait_turn(a, 0) and queue.wait_turn(b, 0)       # side by side
+    assert {a.slots, b.slots} == {(0,), (1,)} and len(queue.running_jobs) == 2
+    assert not queue.wait_turn(c, 0) and queue.place(c) == 2      # both running jobs are ahead of it
+    split = queue.join("d", "text to video", engines=2, model="m1")
+    queue.leave(a, DONE)
+    assert queue.wait_turn(c, 0) and c.slots == a.slots           # the engine a left
+    assert not queue.wait_turn(split, 0)                          # one engine is free: not enough
+    queue.leave(b, DONE)
+    assert not queue.wait_turn(split, 0)
+    queue.leave(c, DONE)
+    assert queue.wait_turn(split, 0) and split.slots == (0, 1)
+    queue.leave(split, DONE)
+    big = queue.join("e", "text to video", engines=8)             # more than there are: all of them
+    assert queue.wait_turn(big, 0) and big.slots == (0, 1)
+
+
+def test_a_free_engine_that_holds_the_model_is_preferred():
+    queue = JobQueue(engines=3)
+    first, second = queue.join("a", "t2v", model="wan-1.3b"), queue.join("b", "t2v", model="wan-14b")
+    assert queue.wait_turn(first, 0) and queue.wait_turn(second, 0)
+    assert (first.slots, second.slots) == ((0,), (1,))
+    queue.leave(first, DONE)
+    queue.leave(second, DONE)
+    again = queue.join("c", "t2v", model="wan-14b")
+    assert queue.wait_turn(again, 0) and again.slots == (1,)      # engine 1 holds it: no second load
+    new = queue.join("d", "t2v", model="wan-5b")
+    assert queue.wait_turn(new, 0) and new.slots == (2,)          # an engine that holds nothing, before evicting
+    queue.forget(1)
+    queue.leave(again, DONE)
+    other = queue.join("e", "t2v", model="wan-14b")
+    assert queue.wait_turn(other, 0) and other.slots == (0,)      # engine 1 was restarted: nobody holds it
+
+
+def test_with_two_engines_the_estimate_counts_the_engine_that_frees_up_first():
+    clock = Clock()
+    queue = JobQueue(clock=clock, engines=2)
+    first, second = queue.join("a", "t2v"), queue.join("b", "t2v")
+    assert queue.wait_turn(first, 0) and queue.wait_turn(second, 0)
+    queue.report(first, "step", seconds_left=30.0)
+    queue.report(second, "step", seconds_left=10.0)
+    third, fourth = queue.join("c", "t2v"), queue.join("d", "t2v")
+    assert queue.estimate(third) == pytest.approx(10.0)           # the second job's engine is free first
+    assert queue.estimate(fourth) is None                         # a whole job's length is not known yet
+    queue.leave(second, JobEnding(Ending.DONE, seconds=12.0))     # took 12 s
+    assert queue.wait_turn(third, 0)
+    queue.report(third, "step", seconds_left=12.0)
+    split = queue.join("e", "t2v", engines=2)
+    assert queue.estimate(fourth) == pytest.approx(12.0)          # third's engine frees up before first's 30 s
+    # The split job needs both engines: the fourth job's (free at 12 + 12 s) and the first job's (30 s).
+    assert queue.estimate(split) == pytest.approx(30.0)

@@ -66,3 +66,24 @@ def test_every_ending_has_its_words():
     assert ending_words(JobEnding(Ending.CANCELLED, "load")) == "cancelled after Load (disk to RAM)"
     assert ending_words(JobEnding(Ending.CANCELLED)) == "cancelled before it started"
     assert ending_words(JobEnding(Ending.WITHDRAWN)) == "taken out of the queue"
+
+
+def test_with_several_engines_every_gpu_says_what_it_does():
+    from dataclasses import replace
+
+    from engine.device.usage import EngineSilent
+    from ui.parts.system_panel import engines_markdown
+
+    other = replace(MEMORY, device_name="RTX 3090", model=None)
+    text = engines_markdown([MEMORY, other, EngineSilent()], (0, 1, 3), 64 * GIB, 40 * GIB,
+                            {0: "Denoising: step 3/30", 3: "Decoding"}, waiting=1)
+    system, first, second, third = text.split("  \n")
+    assert system == "**System:** RAM 24.0 / 64.0 GB in use · 3 engines, 1 busy · 1 waiting"
+    assert first.startswith("**GPU 0** (RTX 3060): running: Denoising: step 3/30 · VRAM 9.1 GB / 12.0 GB")
+    assert first.endswith("`Wan-AI/Wan2.1-T2V-1.3B-Diffusers` loaded (text_encoder_offload)")
+    assert second.startswith("**GPU 1** (RTX 3090): idle · VRAM") and second.endswith("no model loaded")
+    assert third.startswith("**GPU 3**: not answering")
+    # A job split across two GPUs is on both; CPU engines are numbered, not called GPUs.
+    cpu = replace(MEMORY, backend="cpu", device_name="x86", vram_total_gb=None, vram_engine_gb=None)
+    split = engines_markdown([cpu, cpu], (0, 1), 64 * GIB, 40 * GIB, {0: "Denoising", 1: "Denoising"})
+    assert "2 engines, 2 busy" in split and "**Engine 0**: running: Denoising" in split and "**Engine 1**:" in split

@@ -42,35 +42,71 @@ def system_markdown(memory: EngineMemory | EngineStarting | EngineSilent | None,
     """Two compact lines: the machine, then the engine (pure, for tests). ``running`` is what the running job
     does; ``last`` how the last job ended and how long ago (shown while idle, so a job shorter than the
     refresh is seen too); ``waiting`` how many jobs wait their turn."""
-    ram_used = (ram_total - ram_available) / GIB
-    ram = f"RAM {ram_used:.1f} / {ram_total / GIB:.1f} GB in use"
+    ram = _ram(ram_total, ram_available)
     queue = f" · {waiting} waiting" if waiting else ""
+    if isinstance(memory, EngineMemory):
+        return (f"**System:** {_device(memory)} · {_vram(memory)} · {ram}, engine process "
+                f"{_gb(memory.engine_ram_gb)}  \n**Engine:** {_state(memory, running, last)}{queue} · {_model(memory)}")
+    return f"**System:** {ram}  \n**Engine:** {_state(memory, running, last)}{queue}"
+
+
+def engines_markdown(memories: list, gpus: tuple[int, ...], ram_total: int, ram_available: int,
+                     running: dict[int, str], last: tuple[JobEnding, float] | None = None, waiting: int = 0) -> str:
+    """The machine, then one line per engine process (pure, for tests): its GPU, what it does (``running``:
+    engine number -> what its job does now; a job split across GPUs is on each of its engines), its memory and
+    the model it holds. ``gpus``: each engine's GPU number (on a CPU-only machine the engines are numbered)."""
+    queue = f" · {waiting} waiting" if waiting else ""
+    busy = sum(1 for slot in range(len(memories)) if slot in running)
+    lines = [f"**System:** {_ram(ram_total, ram_available)} · {len(memories)} engines, {busy} busy{queue}"]
+    for slot, memory in enumerate(memories):
+        known = isinstance(memory, EngineMemory)
+        gpu = gpus[slot] if slot < len(gpus) else slot
+        name = f"GPU {gpu}" if not known or memory.backend != "cpu" else f"Engine {slot}"
+        device = f" ({memory.device_name})" if known and memory.backend != "cpu" else ""
+        state = _state(memory, running.get(slot), last if not running else None)
+        details = f" · {_vram(memory)} · {_model(memory)}" if known else ""
+        lines.append(f"**{name}**{device}: {state}{details}")
+    return "  \n".join(lines)
+
+
+def _ram(total: int, available: int) -> str:
+    return f"RAM {(total - available) / GIB:.1f} / {total / GIB:.1f} GB in use"
+
+
+def _device(memory: EngineMemory) -> str:
+    return f"{memory.device_name} ({memory.backend})"
+
+
+def _vram(memory: EngineMemory) -> str:
+    if memory.vram_total_gb is not None:
+        return (f"VRAM {_gb(memory.vram_used_gb)} / {_gb(memory.vram_total_gb)} in use "
+                f"(engine {_gb(memory.vram_engine_gb)}, cached {_gb(memory.vram_cached_gb)})")
+    if memory.vram_engine_gb is not None:
+        return f"GPU memory held by the engine {_gb(memory.vram_engine_gb)} (unified with RAM)"
+    return "no separate GPU memory"
+
+
+def _model(memory: EngineMemory) -> str:
+    strategy = strategy_words(memory.strategy or "", "cpu" if memory.backend == "cpu" else memory.backend)[0]
+    return f"{code(model_name(memory.model))} loaded ({strategy})" if memory.model else "no model loaded"
+
+
+def _state(memory, running: str | None, last: tuple[JobEnding, float] | None) -> str:
+    """What an engine process does: not running, not answering, starting, running a job, or idle."""
     if memory is None:
-        return f"**System:** {ram}  \n**Engine:** not running (it starts with the app and again after a fault){queue}"
+        return "not running (it starts with the app and again after a fault)"
     if isinstance(memory, EngineSilent):
         doing = f" · last said: {running}" if running else ""
-        return (f"**System:** {ram}  \n**Engine:** not answering (stopped, or hung in a driver call); a job on it "
-                f"is stopped and a fresh engine started after {SILENCE_LIMIT_S:.0f} s of silence{doing}{queue}")
+        return (f"not answering (stopped, or hung in a driver call); a job on it is stopped and a fresh engine "
+                f"started after {SILENCE_LIMIT_S:.0f} s of silence{doing}")
     if isinstance(memory, EngineStarting):
         doing = f" · {running}" if running else ""
-        return (f"**System:** {ram}  \n**Engine:** starting: loading torch and diffusers "
-                f"({memory.seconds:.0f} s so far){doing}{queue}")
-    device = f"{memory.device_name} ({memory.backend})"
-    if memory.vram_total_gb is not None:
-        vram = (f"VRAM {_gb(memory.vram_used_gb)} / {_gb(memory.vram_total_gb)} in use "
-                f"(engine {_gb(memory.vram_engine_gb)}, cached {_gb(memory.vram_cached_gb)})")
-    elif memory.vram_engine_gb is not None:
-        vram = f"GPU memory held by the engine {_gb(memory.vram_engine_gb)} (unified with RAM)"
-    else:
-        vram = "no separate GPU memory"
-    strategy = strategy_words(memory.strategy or "", "cpu" if memory.backend == "cpu" else memory.backend)[0]
-    model = f"{code(model_name(memory.model))} loaded ({strategy})" if memory.model else "no model loaded"
+        return f"starting: loading torch and diffusers ({memory.seconds:.0f} s so far){doing}"
     state = f"running: {running}" if running else "idle"
     if not running and last is not None:
         ending, seconds = last
         state += f" · last job: {ending_words(ending)} (ended {_ago(seconds)})"
-    return (f"**System:** {device} · {vram} · {ram}, engine process {_gb(memory.engine_ram_gb)}  \n"
-            f"**Engine:** {state}{queue} · {model}")
+    return state
 
 
 def model_name(ref: str) -> str:
@@ -83,6 +119,11 @@ def current_markdown(ctx: AppContext) -> str:
     import psutil
 
     mem = psutil.virtual_memory()
+    engines = getattr(ctx.client, "engines", None)
+    if engines is not None and len(engines) > 1:
+        running = {slot: ticket.doing for ticket in ctx.jobs.running_jobs for slot in ticket.slots}
+        return engines_markdown(ctx.client.memories(timeout=2.0), ctx.client.gpus, mem.total, mem.available,
+                                running, ctx.jobs.last_ending(), ctx.jobs.waiting)
     running = ctx.jobs.running
     return system_markdown(ctx.client.memory(timeout=2.0), mem.total, mem.available,
                            running.doing if running else None, ctx.jobs.last_ending(), ctx.jobs.waiting)

@@ -7,7 +7,7 @@ from engine.events import JobFinished
 from engine.outputs.latents import saved_latents
 from engine.settings.values import InputError
 from ui.context import AppContext
-from ui.generate import gpu_event, run_job
+from ui.generate import EngineWork, gpu_event, run_job
 
 NONE_SAVED = ("No saved latents: a run keeps its latents here when its VAE decode fails, so that it can be "
               "decoded again without denoising. Nothing to decode now.")
@@ -58,7 +58,7 @@ def build(ctx: AppContext, tabs_select=None) -> None:
         def check():
             if not isinstance(latents, str) or latents not in {path for _, path in pending_latents(ctx.outputs_dir)}:
                 raise InputError("pick saved latents from the list (only this app's outputs folder is used)")
-            return lambda: ctx.client.decode(latents, tiled=not on_cpu, on_cpu=on_cpu)
+            return EngineWork(lambda slots: ctx.client.decode(latents, tiled=not on_cpu, on_cpu=on_cpu, slots=slots))
         return check
 
     def decode_again(latents: str | None, session: gr.Request = None):

@@ -1,0 +1,96 @@
+"""Two engine processes behind one page (``serve --gpus 2``; on this CPU-only machine two CPU engines): the
+queue runs two jobs side by side, each result goes to whoever asked for it, and a crashed engine leaves the
+other serving."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from gradio_client import Client
+
+from tests.conftest import selftest_app
+from tests.ui.test_concurrency import _wait, _wait_denoising, long_job, t2v
+
+
+@pytest.fixture(scope="module")
+def app(tmp_path_factory, selftest_models_dir):
+    with selftest_app(tmp_path_factory, selftest_models_dir, "engines", "--gpus", "2") as app:
+        yield app
+
+
+def _engines(app) -> list[int]:
+    """The app's engine processes (spawned children), in start order."""
+    children = psutil.Process(app["proc"].pid).children()
+    return [c.pid for c in sorted(children, key=lambda c: c.create_time()) if "spawn_main" in " ".join(c.cmdline())]
+
+
+def _sidecar(app, video) -> dict:
+    """The sidecar beside the app's own copy of a result (the client gets a download of the video only)."""
+    [written] = [p for p in app["outputs"].rglob("*.mp4") if p.name == Path(video).name]
+    return json.loads(written.with_suffix(".json").read_text())
+
+
+def _panel(client) -> str:
+    return client.predict(api_name="/system")
+
+
+def test_two_jobs_run_side_by_side_and_each_user_gets_their_own(app):
+    users = [Client(app["url"], verbose=False) for _ in range(2)]
+    _wait(lambda: "2 engines" in _panel(users[0]), 120, "both engines", poll=0.5)
+    first = users[0].submit(*long_job(601), api_name="/text_to_video")
+    _wait_denoising(first)
+    # The second user's job does not wait: it runs on the other engine while the first still denoises.
+    second = users[1].submit(*t2v(602, "the second user's fox"), api_name="/text_to_video")
+    _wait(lambda: "2 busy" in _panel(users[1]), 60, "both engines busy", poll=0.2)
+    assert not first.done()
+    video, status, _, seed, *_ = second.result(timeout=180)
+    assert seed == 602 and Path(video).exists() and not first.done()
+    sidecar = _sidecar(app, video)
+    assert sidecar["prompt"] == "the second user's fox" and sidecar["seed"] == 602
+    assert all("Seed used: 602" not in str(output[1]) for output in first.outputs())
+    assert "Cancelling your job" in users[0].predict(api_name="/cancel")
+    assert "Cancelled during the denoising" in first.result(timeout=60)[1]
+    assert 601 not in [json.loads(p.read_text())["seed"] for p in app["outputs"].rglob("*.json")]
+
+
+def test_one_users_jobs_start_in_the_order_they_asked_and_none_is_mixed_up(app):
+    user = Client(app["url"], verbose=False)
+    seeds = [701, 702, 703, 704]
+    jobs = []
+    for seed in seeds:
+        jobs.append(user.submit(*t2v(seed, f"fox {seed}"), api_name="/text_to_video"))
+        time.sleep(0.3)     # asked one after the other
+    results = [job.result(timeout=300) for job in jobs]
+    assert [seed for _, _, _, seed, *_ in results] == seeds
+    for video, _, _, seed, *_ in results:
+        sidecar = _sidecar(app, video)
+        assert sidecar["seed"] == seed and sidecar["prompt"] == f"fox {seed}"
+    assert len({Path(video).name for video, *_ in results}) == len(seeds)
+
+
+def test_a_crashed_engine_leaves_the_other_serving(app):
+    owner, other = Client(app["url"], verbose=False), Client(app["url"], verbose=False)
+    _wait(lambda: len(_engines(app)) == 2, 60, "two engine processes")
+    running = owner.submit(*long_job(801), api_name="/text_to_video")
+    _wait_denoising(running)
+    side = other.submit(*long_job(802), api_name="/text_to_video")
+    _wait_denoising(side)
+    before = _engines(app)
+    # The engine of the first job is the one whose CPU time grows; kill one of the two: its job fails, the other
+    # job keeps running to its end (cancelled here), and the next jobs run on both engines again.
+    os.kill(before[0], signal.SIGKILL)
+    _wait(lambda: running.done() or side.done(), 60, "the killed engine's job to end")
+    crashed, survivor, survivor_client = (running, side, other) if running.done() else (side, running, owner)
+    with pytest.raises(Exception, match="stopped unexpectedly"):
+        crashed.result(timeout=5)
+    assert not survivor.done()
+    assert "Cancelling your job" in survivor_client.predict(api_name="/cancel")
+    assert "Cancelled during the denoising" in survivor.result(timeout=60)[1]
+    _wait(lambda: len(_engines(app)) == 2 and before[0] not in _engines(app), 60, "a fresh engine process")
+    again = [Client(app["url"], verbose=False).submit(*t2v(810 + i), api_name="/text_to_video") for i in range(2)]
+    assert sorted(job.result(timeout=240)[3] for job in again) == [810, 811]
