@@ -112,9 +112,9 @@ def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json
         except EOFError:
             return
         kind = message[0]
-        if kind == "run":
-            _, request, job_id, timings = message
-            engine.run(request, job_id, conn.send, cancel_event.is_set, timings)
+        if kind == "run":   # ("run", request, job_id, timings[, group]): a RankGroup for one part of a split job
+            _, request, job_id, timings, *group = message
+            engine.run(request, job_id, conn.send, cancel_event.is_set, timings, group=group[0] if group else None)
         elif kind == "decode":
             _, path, job_id, tiled, on_cpu, timings = message
             engine.decode_saved(path, job_id, conn.send, tiled=tiled, on_cpu=on_cpu, timings=timings)
@@ -337,8 +337,9 @@ class WorkerClient:
         return request, notes
 
     def run(self, request: GenerationRequest, notes: list[str] | tuple = (),
-            job_id: str | None = None) -> Iterator[Event]:
-        """Run a request that ``check`` passed, yielding its events; the last one is terminal.
+            job_id: str | None = None, group=None) -> Iterator[Event]:
+        """Run a request that ``check`` passed, yielding its events; the last one is terminal. ``group``: this
+        engine's RankGroup in a job split across GPUs (engine/run/parallel.py), None for a whole job.
 
         The engine stays reserved for this job until the iterator ends: a caller that stops early must
         close() it, which cancels the job at its next step and waits for the engine to finish it.
@@ -348,7 +349,7 @@ class WorkerClient:
             yield Info(job_id, note)
         self.running_settings = request.settings   # the models it uses may not be deleted meanwhile
         try:
-            yield from self._exchange(lambda timings: ("run", request, job_id, timings), job_id)
+            yield from self._exchange(lambda timings: ("run", request, job_id, timings, group), job_id)
         finally:
             self.running_settings = None
 

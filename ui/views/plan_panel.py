@@ -97,7 +97,7 @@ def plan_markdown(plan: Plan) -> str:
     cpu = plan.device == "cpu"   # no device memory to show
     name, what = strategy_words(plan.strategy, plan.device)
     lines = [f"**Strategy: {name}** ({verdict}): {what}.",
-             "", _peaks(plan), "", _settings(plan), "",
+             "", _peaks(plan), "", _settings(plan), "", *_split_lines(plan),
              "| Phase |" + ("" if cpu else " Device GB |") + " RAM GB | Where the components live |",
              "|---|" + ("" if cpu else "--:|") + "--:|---|"]
     for phase in plan.phases:
@@ -127,6 +127,16 @@ def _settings(plan: Plan) -> str:
     compiled = "transformer compiled" if plan.compile else "transformer not compiled"
     return (f"Computes in {plan.dtype}{fp8}; text encoder: {plan.text_encoder}; "
             f"VAE ({plan.vae_dtype}) decodes {tiles}; {compiled}; attention: {plan.attention_backend}.")
+
+
+def _split_lines(plan: Plan) -> list[str]:
+    """How the job uses several GPUs (nothing for one): per GPU, the peaks above hold the whole model and its
+    share of the activations."""
+    if plan.split is None:
+        return []
+    if not plan.split.possible:
+        return [f"**GPUs: {plan.split.ranks}, cannot split**: {plan.split.reason}.", ""]
+    return [f"**GPUs: {plan.split.ranks}** (context parallel, {plan.split.kind}); the peaks are each GPU's.", ""]
 
 
 def _where(placement: dict) -> str:
