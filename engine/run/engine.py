@@ -427,7 +427,9 @@ class Engine:
             self._join_split(plan, job)
         if not plan.fits and not request.settings.strategy:
             raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
-        request = replace(request, seed=request.seed if request.seed >= 0 else secrets.randbelow(2**32))
+        # The same seed on every rank of a split job, so each starts from the same noise.
+        random = job.split.group.shared_seed() if job.split else secrets.randbelow(2**32)
+        request = replace(request, seed=request.seed if request.seed >= 0 else random)
         if request.settings.decoder == "fast":   # found (or fetched) before any heavy work
             job.fast_decoder = self._fast_decoder_file(resolved, job)
         if request.settings.loras:   # each file found (or fetched once), for the model's experts, before any load

@@ -17,6 +17,7 @@ engine as if it had never been split.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -59,6 +60,11 @@ class RankGroup:
     def lead(self) -> bool:
         """Rank 0 decodes, writes the output and reports the job's outcome."""
         return self.rank == 0
+
+    def shared_seed(self) -> int:
+        """The seed every rank uses when the request leaves it random: drawn from the job's key, so all ranks agree
+        without asking each other (and the key is unique per job, so each job gets its own)."""
+        return int.from_bytes(hashlib.sha256(self.job_key.encode()).digest()[:4], "big")
 
     @property
     def host_port(self) -> tuple[str, int]:
@@ -121,8 +127,10 @@ class SplitSession:
             pass
 
     def gate(self, should_cancel: Callable[[], bool]) -> None:
-        """Wait until every rank is ready to denoise. Raises Cancelled-like ``PeerStopped`` with the reason when
-        another rank failed or cancelled first, ``cancelled`` when this one was cancelled while waiting."""
+        """Wait until every rank is ready to denoise (the first verdict set wins, so all ranks obey the same one).
+        Raises GateCancelled when a rank, this one or another, was cancelled first; PeerStopped, saying which
+        and why, when another failed first. Once this rank is at the gate its own cancel counts only while no
+        verdict is given; after "go" it takes effect at the first step boundary."""
         self.store.add(self._key("ready"), 1)
         deadline = time.monotonic() + GATE_TIMEOUT_S
         verdict = ""

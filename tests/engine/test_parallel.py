@@ -51,7 +51,7 @@ def saved_latents(events):
 
 def test_two_ranks_over_gloo_give_the_latents_of_one_process_and_only_rank_0_writes(pair, presets, outputs, tmp_path,
                                                                                       selftest_models_dir):
-    request = tiny_request(presets, "selftest-t2v", outputs, steps=3)
+    request = tiny_request(presets, "selftest-t2v", outputs, steps=3, seed=-1)   # random: drawn alike on each rank
     lead, other = run_split(pair, request)
     assert isinstance(lead[-1], JobFinished), lead[-1]
     assert isinstance(other[-1], RankDone) and other[-1].rank == 1 and other[-1].steps == 3, other[-1]
@@ -63,11 +63,12 @@ def test_two_ranks_over_gloo_give_the_latents_of_one_process_and_only_rank_0_wri
     alone_dir = tmp_path / "alone"
     alone_dir.mkdir()
     engine = Engine(selftest_models_dir, CPU, preview_seconds=-1)
-    alone, events = run_engine(engine, tiny_request(presets, "selftest-t2v", alone_dir, steps=3))
+    alone, events = run_engine(engine, tiny_request(presets, "selftest-t2v", alone_dir, steps=3, seed=lead[-1].seed))
     assert isinstance(alone, JobFinished)
     split, single = saved_latents(lead), saved_latents(events)
     # Ulysses gives each rank whole sequences of one head: every attention sum runs over the same tokens in the
     # same order as in one process, and the other layers are per token; float32 on the CPU, so exactly equal.
+    # (Had rank 1 drawn other noise, its half of the sequence would differ.)
     assert split.shape == single.shape and bool((split == single).all()), (split - single).abs().max()
 
 
@@ -96,3 +97,35 @@ def test_ranks_that_no_degree_divides_the_heads_by_are_refused_before_any_work(s
     assert "cannot be split across 3 GPUs" in result.message and "2 attention heads" in result.message
     assert "use 2 GPUs" in result.message and "log-sum-exp" in result.message
     assert engine.loaded is None, "a refused split loaded the model"
+
+
+def test_a_rank_that_fails_stops_the_other_before_the_denoise_and_one_that_dies_inside_it_too(selftest_models_dir,
+                                                                                               presets, outputs):
+    from tests.faults import InjectedFaults
+
+    hardware = json.dumps(CPU.to_dict())
+    faulty = InjectedFaults(out_of_memory={"text_encode": 1}, crash_in="denoise")
+    clients = [WorkerClient(selftest_models_dir, hardware), WorkerClient(selftest_models_dir, hardware, faults=faulty)]
+    try:
+        request = tiny_request(presets, "selftest-t2v", outputs, steps=3)
+        lead, other = run_split(clients, request)   # rank 1 out of memory while encoding: no stepping down alone
+        assert isinstance(other[-1], JobFailed) and other[-1].phase == "text_encode", other[-1]
+        assert isinstance(lead[-1], JobFailed) and lead[-1].kind == "peer", lead[-1]
+        assert "GPU rank 1 of this split job stopped before the denoising" in lead[-1].message
+        lead, other = run_split(clients, request)   # rank 1's process dies as the denoise starts
+        assert isinstance(other[-1], JobFailed) and other[-1].kind == "crash", other[-1]
+        assert isinstance(lead[-1], JobFailed) and lead[-1].phase == "denoise", lead[-1]
+        assert not list(outputs.rglob("*.mp4"))
+    finally:
+        for client in clients:
+            client.close()
+
+
+def test_a_random_seed_is_the_same_on_every_rank_and_new_for_every_job():
+    ranks = [RankGroup(rank, 2, "127.0.0.1:29500", "job-a") for rank in range(2)]
+    assert ranks[0].shared_seed() == ranks[1].shared_seed() != RankGroup(0, 2, "127.0.0.1:29500", "job-b").shared_seed()
+    assert 0 <= ranks[0].shared_seed() < 2**32
+    with pytest.raises(ValueError, match="rank 2 of 2"):
+        RankGroup(2, 2, "127.0.0.1:29500", "job-a")
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        RankGroup(0, 2, "localhost", "job-a")
