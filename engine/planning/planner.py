@@ -443,7 +443,7 @@ def _split(spec: ModelSpec, req: PlanRequest, backend: str, override: Override) 
     heads = spec.transformer.heads
     if backend not in CONTEXT_PARALLEL_BACKENDS and not override.attention:
         backend = "native"
-    split = choose_split(req.ranks, heads, tokens, backend)
+    split = choose_split(req.ranks, heads, tokens, backend, req.speed.step_cache)
     if not split.possible:
         return split, [f"This job cannot be split across {req.ranks} GPUs: {split.reason}."]
     return split, [f"Split across {req.ranks} GPUs (context parallel, {split.kind}): {split.reason}. Each GPU holds "

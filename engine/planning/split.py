@@ -20,6 +20,9 @@ CONTEXT_PARALLEL_BACKENDS = ("native", "_native_cudnn", "_native_flash", "flash"
 # Of those, the ones that return the log-sum-exp Ring attention merges with (diffusers' "native" cannot).
 RING_BACKENDS = ("_native_cudnn", "_native_flash", "flash", "sage")
 SPLIT_KINDS = ("ulysses", "ring")
+# Step caches that decide from the transformer's own output whether to skip a step: split, each GPU sees only its
+# part of the sequence and could decide otherwise than the others, and a GPU that skips leaves the others waiting.
+SELF_DECIDING_CACHES = ("first_block", "mag")
 
 
 @dataclass(frozen=True)
@@ -35,9 +38,13 @@ class Split:
         return self.kind in SPLIT_KINDS
 
 
-def choose_split(ranks: int, heads: int, tokens: int, backend: str) -> Split:
+def choose_split(ranks: int, heads: int, tokens: int, backend: str, step_cache: str | None = None) -> Split:
     """Ulysses over ``ranks`` devices when they divide the ``heads``, else Ring when the attention ``backend``
     returns the log-sum-exp; otherwise why neither works, with the device counts that would."""
+    if step_cache in SELF_DECIDING_CACHES:
+        return Split(ranks, "", f"step cache '{step_cache}' decides from each GPU's part of the sequence which "
+                                "steps to skip, and the GPUs must run every step together; turn the step cache "
+                                "off or run on one GPU")
     divisors = [n for n in range(2, heads + 1) if heads % n == 0 and tokens % n == 0]
     fewer = f"use {_listed(divisors[:6])} GPUs" if divisors else "run it on one GPU"
     if tokens % ranks:

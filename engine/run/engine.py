@@ -425,6 +425,9 @@ class Engine:
         plan = self.plan_for(request, resolved.spec, ranks=job.split.group.size if job.split else 1)
         if job.split:
             self._join_split(plan, job)
+        elif request.settings.gpus > 1:
+            job.emit(Info(job.id, f"The settings ask for {request.settings.gpus} GPUs, but this engine was given the "
+                                  "whole job: it runs on one GPU."))
         if not plan.fits and not request.settings.strategy:
             raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
         # The same seed on every rank of a split job, so each starts from the same noise.

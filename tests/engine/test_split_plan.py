@@ -91,3 +91,9 @@ def test_ring_takes_over_where_the_backend_returns_the_log_sum_exp_and_the_refus
     assert "log-sum-exp" in refused.reason and "use 2, 4, 5, 8" in refused.reason
     uneven = choose_split(4, 40, 75 * 3, "native")   # a sequence that does not cut in four
     assert not uneven.possible and "225 tokens do not split into 4 equal parts" in uneven.reason
+
+
+def test_a_step_cache_that_decides_per_gpu_which_steps_to_skip_cannot_run_split():
+    refused = choose_split(2, 40, 32760, "native", step_cache="mag")
+    assert not refused.possible and "turn the step cache off or run on one GPU" in refused.reason
+    assert choose_split(2, 40, 32760, "native", step_cache="taylor").kind == "ulysses"
