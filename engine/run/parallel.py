@@ -25,6 +25,7 @@ from datetime import timedelta
 from typing import Callable
 
 from engine.planning.split import Split
+from engine.settings.values import InputError
 
 # How long the ranks wait for each other to join the job's process group; the pool sends them the job together.
 JOIN_TIMEOUT_S = 120.0
@@ -82,7 +83,7 @@ def collective_backend(device: str) -> str:
         return "nccl"
     if device == "cpu":
         return "gloo"
-    raise ValueError(f"a job cannot be split across {device} devices; run it on one")
+    raise InputError(f"a job cannot be split across {device} devices (no collective backend there): run it on one")
 
 
 class SplitSession:
@@ -100,6 +101,7 @@ class SplitSession:
         import torch
         import torch.distributed as dist
 
+        backend = collective_backend(self.device)   # refused before waiting for anyone where there is none
         start = time.perf_counter()
         if dist.is_initialized():   # a group a failed job could not close
             dist.destroy_process_group()
@@ -112,7 +114,7 @@ class SplitSession:
             # meshes would pick device ``rank`` of the visible ones, another engine's GPU.
             torch.cuda.set_device(0)
             options["device_id"] = torch.device("cuda", 0)
-        dist.init_process_group(collective_backend(self.device), store=dist.PrefixStore(self.group.job_key, self.store),
+        dist.init_process_group(backend, store=dist.PrefixStore(self.group.job_key, self.store),
                                 rank=self.group.rank, world_size=self.group.size,
                                 timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S), **options)
         self.opened_seconds = time.perf_counter() - start
