@@ -45,6 +45,9 @@ def _overrides(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", choices=LADDER, help="force a memory strategy (default: the planner's)")
     parser.add_argument("--text-encoder", choices=TEXT_ENCODER_PLACES, help="force where the text encoder runs")
     parser.add_argument("--vae-tiling", choices=("on", "off"), help="force VAE tiling on or off")
+    parser.add_argument("--split", type=int, metavar="N",
+                        help="split the job's denoise across N GPUs, one engine each (0: automatic, the default: "
+                             "one GPU unless the model fits on the device only split)")
     _speed_options(parser)
     _source_options(parser)
 
@@ -209,7 +212,8 @@ def _settings(args):
         vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on",
         decoder=args.decoder, step_cache=args.step_cache, attention=args.attention, vae_dtype=args.vae_precision,
         compile=None if args.compile is None else args.compile == "on", transformer=args.transformer,
-        transformer_2=args.transformer_2, loras=_loras(args), guidance_2=args.guidance_2)
+        transformer_2=args.transformer_2, loras=_loras(args), guidance_2=args.guidance_2,
+        gpus=args.split)
 
 
 def _loras(args) -> tuple | None:

@@ -155,8 +155,8 @@ class JobFailed(Event):
     message: str            # what went wrong, as sentences
     hint: str               # what to do about it ("" when every problem already says so)
     phase: str | None = None
-    kind: str = "runtime"   # "input" (settings), "model", "queue" (full), "runtime", "disk", "crash" (worker died)
-                            # or "hung" (worker stopped answering)
+    kind: str = "runtime"   # "input" (settings), "model", "queue" (full), "runtime", "disk", "crash" (worker died),
+                            # "hung" (worker stopped answering) or "peer" (another GPU of a split job failed first)
     latents: str | None = None   # saved latents to decode again, when the denoising had finished
     problems: tuple[str, ...] = ()   # kind "input": one sentence per problem, each saying what to change
 
@@ -172,7 +172,23 @@ class JobFailed(Event):
         return " ".join(part for part in (self.message, self.hint) if part)
 
 
-TERMINAL_EVENTS = (JobFinished, JobCancelled, JobFailed)
+@dataclass(frozen=True)
+class RankDone(Event):
+    """A split job's rank other than 0 finished its share of the denoise; rank 0 decodes, writes and ends the job
+    (its JobFinished is the job's outcome). A rank that fails or is cancelled ends with JobFailed or JobCancelled."""
+    rank: int
+    size: int
+    steps: int                   # denoising steps done
+    timings: dict = field(default_factory=dict)
+    peak_vram_gb: float | None = None
+
+    @property
+    def ending(self) -> JobEnding:
+        """Done with its share, in the time its phases took."""
+        return JobEnding(Ending.DONE, "denoise", self.steps, self.steps, seconds=sum(self.timings.values()))
+
+
+TERMINAL_EVENTS = (JobFinished, JobCancelled, JobFailed, RankDone)
 
 
 def is_terminal(event: Event) -> bool:

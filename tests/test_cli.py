@@ -196,3 +196,15 @@ def test_a_file_that_is_no_lora_is_refused_before_anything_runs(tmp_path):
     assert done.stderr == (f"error: LoRA file 'app.py' is not a .safetensors file: use the .safetensors version of "
                            f"the LoRA (other formats can run code when they are read). LoRA file "
                            f"'{tmp_path / 'gone.safetensors'}' is not there: check its name and folder.\n")
+
+
+def test_plan_splits_a_job_across_gpus_when_it_fits_only_split_and_split_1_keeps_it_on_one(tmp_path):
+    card = {"index": 0, "name": "card", "total_gb": 36, "free_gb": 35}
+    path = tmp_path / "two-cards.json"
+    path.write_text(json.dumps({"backend": "cuda", "device_name": "card", "vram_total_gb": 36, "vram_free_gb": 35,
+                                "ram_total_gb": 128, "ram_available_gb": 120,
+                                "devices": [card, {**card, "index": 1}]}))
+    for extra, said in (((), "GPUs: 2, split (ulysses)"), (("--split", "1"), "GPUs: 1 GPU, as the settings ask.")):
+        done = subprocess.run(app_command("plan", "--preset", "wan21-t2v-14b-720p", "--hardware", str(path), *extra),
+                              capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+        assert done.returncode == 0 and said in done.stdout, done.stdout + done.stderr

@@ -4,17 +4,24 @@ from __future__ import annotations
 from engine.device.hardware import HardwareProfile
 from engine.models.catalog import ModelCatalog
 from engine.models.limits import check_model_limits
-from engine.planning.planner import Plan, plan_memory, strategy_words
+from dataclasses import replace
+
+from engine.planning.planner import Plan, gpus_for, plan_memory, strategy_words
 from engine.planning.speed import speed_line
 from engine.settings.values import Settings
 
 
 def plan_settings(settings: Settings, hardware: HardwareProfile, catalog: ModelCatalog) -> Plan:
-    """The plan for ``settings``; InputError first when the model cannot make their size or frame count, or a
-    single transformer file does not fit the model."""
+    """The plan for ``settings`` on as many GPUs as the job would use (``gpus_for``; the sentence why comes first
+    among the plan's reasons on a machine with several, or when the settings ask); InputError first when the
+    model cannot make their size or frame count, or a single transformer file does not fit the model."""
     spec = catalog.settings_spec(settings)
     check_model_limits(spec, settings.width, settings.height, settings.frames, settings.mode)
-    return plan_memory(spec, settings.plan_request(), hardware, settings.override())
+    ranks, why = gpus_for(settings, spec, hardware)
+    plan = plan_memory(spec, replace(settings.plan_request(), ranks=ranks), hardware, settings.override())
+    if hardware.gpu_count > 1 or settings.gpus:
+        plan = replace(plan, decisions=(f"GPUs: {why}", *plan.decisions))
+    return plan
 
 
 def plan_table(plan: Plan) -> str:
@@ -27,6 +34,8 @@ def plan_table(plan: Plan) -> str:
              f"fits: {'yes' if plan.fits else 'NO'}",
              f"Predicted peak: {ram if cpu else device + ram}",
              f"Speed: {speed_line(plan)}",
+             *([f"GPUs: {plan.split.ranks}, split ({plan.split.kind or 'not possible'}): {plan.split.reason}"]
+               if plan.split else []),
              "", f"{'phase':<12} " + ("" if cpu else f"{'device GB':>10} ") + f"{'RAM GB':>8}  where each component lives"]
     for phase in plan.phases:
         where = ", ".join(f"{k}={v}" for k, v in phase.placement.items())

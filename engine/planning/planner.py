@@ -14,6 +14,7 @@ from engine.device.hardware import HardwareProfile
 from engine.models.spec import ModelSpec
 from engine.planning import memory as mem
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES, SpeedRequest, choose_speed, vae_dtype_for
+from engine.planning.split import CONTEXT_PARALLEL_BACKENDS, Split, choose_split
 from engine.words import plural
 
 # Rungs of the ladder, fastest (and highest quality) first.
@@ -61,6 +62,8 @@ class PlanRequest:
     frames: int
     image_to_video: bool = False
     speed: SpeedRequest = SpeedRequest()    # steps, guidance, step cache: what the speed choices read
+    # GPUs sharing the denoise (context parallel): each holds the whole model and 1/ranks of the activations.
+    ranks: int = 1
 
 
 @dataclass(frozen=True)
@@ -121,6 +124,7 @@ class Plan:
     # Each expert's single transformer file as (path, bytes, modification time in ns), None for the model's own;
     # empty when every transformer is the model's own. Another file (or the same one rewritten) is another load.
     transformer_files: tuple = ()
+    split: Split | None = None   # how the job uses several GPUs (None: one)
 
     @property
     def swaps_experts(self) -> bool:
@@ -232,7 +236,8 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _R
     phases = [("load", mem.staging_gb(spec)), ("text_encode", mem.text_encode_gb(spec))]
     if "image_encoder" in places:
         phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
-    phases.append(("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) + mem.RUN_OVERHEAD_GB))
+    phases.append(("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) / req.ranks
+                   + mem.RUN_OVERHEAD_GB))
     if rung.swap and spec.experts > 1:
         phases.append(("expert_swap", mem.RUN_OVERHEAD_GB))   # from RAM to RAM: the step only runs its code
     phases += [
@@ -268,7 +273,7 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     ie_ram_idle = ie if rung.text_encoder != "device" else 0.0
     base_ram = mem.BASE_RAM_GB
     tokens = spec.tokens(req.width, req.height, req.frames)
-    act = mem.denoise_activations_gb(spec, tokens, nbytes, _attention(hw) == "math")
+    act = mem.denoise_activations_gb(spec, tokens, nbytes, _attention(hw) == "math") / req.ranks
     decode = mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
     frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
     # A streamed transformer is on the device only while it runs (denoise); a resident one always.
@@ -406,6 +411,9 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
     peak_ram = max(p.peak_ram_gb for p in phases)
     speed = choose_speed(hw, req.speed, rung.transformer, rung.fp8, override.vae_dtype, override.compile,
                          override.attention)
+    split, split_said = _split(spec, req, speed.attention_backend, override)
+    if split is not None and split.possible:
+        speed = replace(speed, attention_backend=split_backend(split, speed.attention_backend))
     plan = Plan(
         strategy=rung.name, fits=fits_, device=hw.device, dtype=dtype,
         vae_dtype=speed.vae_dtype, attention=_attention(hw), text_encoder=rung.text_encoder,
@@ -415,13 +423,69 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
         predicted_peak_vram_gb=_round(peak_vram), predicted_peak_ram_gb=_round(peak_ram), phases=phases,
         vae_tiled=rung.vae_tile is not None and (rung.vae_tile < req.width or rung.vae_tile < req.height),
         conv=speed.conv, compile=speed.compile, attention_backend=speed.attention_backend,
-        transformer_files=tuple(file.source if file else None for file in spec.transformer_files))
-    decisions = _explain(spec, req, hw, plan, override) + _explain_files(spec, hw, plan) + list(speed.decisions)
+        transformer_files=tuple(file.source if file else None for file in spec.transformer_files), split=split)
+    decisions = (_explain(spec, req, hw, plan, override) + _explain_files(spec, hw, plan) + list(speed.decisions)
+                 + split_said)
     suggestions = () if fits_ else _suggest(spec, req, hw, override)
     if not fits_ and not suggestions:
         decisions.append("Neither fewer frames, a smaller size nor a smaller known model makes it fit this "
                          "machine" + (": it needs more RAM, or a GPU." if hw.device == "cpu" else "."))
     return replace(plan, decisions=tuple(decisions), suggestions=tuple(suggestions))
+
+
+def _split(spec: ModelSpec, req: PlanRequest, backend: str, override: Override) -> tuple[Split | None, list[str]]:
+    """(how ``req.ranks`` GPUs share the denoise, the sentences saying so); (None, []) for one GPU. An attention
+    backend the planner chose that cannot run split gives way to plain SDPA ("native", Ulysses); one the user
+    chose is kept, and may make the split impossible."""
+    if req.ranks < 2:
+        return None, []
+    tokens = spec.tokens(req.width, req.height, req.frames)
+    heads = spec.transformer.heads
+    if backend not in CONTEXT_PARALLEL_BACKENDS and not override.attention:
+        backend = "native"
+    split = choose_split(req.ranks, heads, tokens, backend, req.speed.step_cache)
+    if not split.possible:
+        return split, [f"This job cannot be split across {req.ranks} GPUs: {split.reason}."]
+    return split, [f"Split across {req.ranks} GPUs (context parallel, {split.kind}): {split.reason}. Each GPU holds "
+                   f"the whole model and 1/{req.ranks} of the denoise's activations."]
+
+
+def split_backend(split: Split, backend: str) -> str:
+    """The attention backend a possible ``split`` runs with: the chosen one when it runs split, else "native"."""
+    return backend if backend in CONTEXT_PARALLEL_BACKENDS else "native"
+
+
+# The rungs that keep the transformer whole on the device: a plan on another one leaves the device to run (it
+# streams or shrinks weights), which splitting the denoise across GPUs may avoid.
+ON_DEVICE_RUNGS = ("all_on_device", "text_encoder_offload")
+
+
+def gpus_for(settings, spec: ModelSpec, hw: HardwareProfile) -> tuple[int, str]:
+    """(how many GPUs, one engine each, the job of ``settings`` should use, why). ``settings.gpus`` N >= 1 asks
+    for N (capped by the GPUs present, with a note); 0 is automatic: one GPU unless the one-GPU plan must leave
+    the device (stream or shrink the transformer, or does not fit) while a split one would fit on it. The pool
+    asks this before it sends the job; the split it then runs is checked again by each engine."""
+    present = hw.gpu_count
+    asked = getattr(settings, "gpus", 0) or 0
+    if asked >= 1:
+        if asked > max(present, 1):
+            has = f"has {plural(present, 'GPU')}" if present else "has no GPU"
+            return max(present, 1), f"{plural(asked, 'GPU')} asked for, but this machine {has}: using {max(present, 1)}."
+        return asked, f"{plural(asked, 'GPU')}, as the settings ask."
+    if present < 2:
+        return 1, "One GPU: the machine has no other."
+    req, override = settings.plan_request(), settings.override()
+    alone = plan_memory(spec, req, hw, override)
+    if alone.fits and alone.strategy in ON_DEVICE_RUNGS:
+        return 1, f"One GPU: the job fits on it with '{alone.strategy}'."
+    for ranks in range(2, present + 1):
+        split = plan_memory(spec, replace(req, ranks=ranks), hw, override)
+        if split.fits and split.strategy in ON_DEVICE_RUNGS and split.split.possible:
+            return ranks, (f"{ranks} GPUs: on one the job needs '{alone.strategy}'"
+                           + ("" if alone.fits else " and still does not fit")
+                           + f", split across {ranks} ({split.split.kind}) it fits with '{split.strategy}'.")
+    return 1, (f"One GPU: splitting the denoise across up to {present} GPUs would not keep the transformer on the "
+               "device (each GPU holds the whole model; only the activations are divided).")
 
 
 def _fallback(spec, req, hw, ladder, override):

@@ -23,12 +23,14 @@ from engine.events import (
     Event,
     Info,
     JobCancelled,
+    JobFailed,
     JobFinished,
     JobStarted,
     LatentsSaved,
     PhaseFinished,
     PhaseStarted,
     PlanReady,
+    RankDone,
     StepFinished,
 )
 from engine.models.limits import check_model_limits, limits_of
@@ -63,6 +65,7 @@ from engine.run.experts import EXPERTS, ExpertSwap, switch_step
 from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.run.lora import lora_files
+from engine.run.parallel import GateCancelled, PeerStopped, RankGroup, SplitSession
 from engine.run.preview import PREVIEW_EVERY_SECONDS, DecoderPreview, LivePreview, PreviewMap, preview_map_for
 from engine.run.schedulers import make_scheduler
 from engine.run.time_plan import TimePlanner, calibration_enabled, fastest_attention
@@ -188,6 +191,7 @@ class _Job:
     predicted: object = None            # the time plan's PhaseTimes for this run, when the machine is measured
     experts: dict | None = None         # Wan2.2 A14B: the steps each expert ran, the switch step (the sidecar's)
     open_phases: list = field(default_factory=list)   # the phases running now, outermost first
+    split: SplitSession | None = None   # this engine's part in a job split across GPUs (None: the whole job)
     nested_seconds: float = 0.0         # seconds of the phases run inside others, for those to leave out
 
 
@@ -313,10 +317,12 @@ class Engine:
         return pipe
 
     # ----- planning ---------------------------------------------------------
-    def plan_for(self, request: GenerationRequest, spec: ModelSpec, strategy: str | None = None) -> Plan:
+    def plan_for(self, request: GenerationRequest, spec: ModelSpec, strategy: str | None = None,
+                 ranks: int = 1) -> Plan:
+        """The memory plan for ``request``; ``ranks`` > 1: for one of that many GPUs sharing the denoise."""
         settings = request.settings
         override = replace(settings.override(), strategy=strategy or settings.strategy)
-        return plan_memory(spec, settings.plan_request(), self.hardware, override)
+        return plan_memory(spec, replace(settings.plan_request(), ranks=ranks), self.hardware, override)
 
     def _next_rung(self, request: GenerationRequest, spec: ModelSpec, plan: Plan) -> Plan | None:
         """The plan one rung down the ladder (the first lower rung that fits, else the next one)."""
@@ -328,15 +334,21 @@ class Engine:
 
     # ----- one run ----------------------------------------------------------
     def run(self, request: GenerationRequest, job_id: str, emit: Emit,
-            should_cancel: Callable[[], bool] = lambda: False, timings: dict | None = None) -> Event:
+            should_cancel: Callable[[], bool] = lambda: False, timings: dict | None = None,
+            group: RankGroup | None = None) -> Event:
         """Run one job to a terminal event (finished, cancelled or failed), which is also emitted.
 
         ``timings``: phases the job went through before it reached the engine (its wait for the engine
-        process to start), counted in its total and its sidecar."""
+        process to start), counted in its total and its sidecar. ``group``: this engine's rank in a job split
+        across GPUs (engine/run/parallel.py); ranks other than 0 end with RankDone after the denoise."""
         mode = request.settings.mode
         job = _Job(job_id, emit, should_cancel, timings=dict(timings or {}), steps=request.settings.steps)
-        return self._envelope(job, f"{MODE_NAMES.get(mode, mode)} with {request.settings.model}",
-                              lambda: self._generate(request, job))
+        title = f"{MODE_NAMES.get(mode, mode)} with {request.settings.model}"
+        if group is None:
+            return self._envelope(job, title, lambda: self._generate(request, job))
+        job.split = SplitSession(group, self.hardware.device)
+        return self._envelope(job, f"{title}, part {group.rank + 1} of {group.size} (split across GPUs)",
+                              lambda: self._generate_split(request, job))
 
     def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False,
                      timings: dict | None = None) -> Event:
@@ -354,8 +366,10 @@ class Engine:
         try:
             with job.ram.running():
                 result = work()
-        except Cancelled:
+        except (Cancelled, GateCancelled):
             result = JobCancelled(job.id, len(job.step_seconds), job.steps, job.phase, self.loaded is not None)
+        except PeerStopped as exc:
+            result = JobFailed(job.id, f"{exc}.", "See the other GPU's failure.", job.phase, "peer")
         except Exception as exc:  # every failure reaches the page as an event
             result = failure_event(job.id, exc, job.phase)
             if result.kind == "runtime":   # a fault, not a user's mistake: its traceback goes to the console
@@ -367,6 +381,33 @@ class Engine:
                                  hint=" ".join(filter(None, (result.hint, DECODE_AGAIN_HINT))))
         job.emit(result)
         return result
+
+    def _generate_split(self, request: GenerationRequest, job: _Job) -> Event:
+        """This engine's part of a split job: run it (``_generate`` joins the job's group once the job is known to
+        split), leave the group whatever happens. A failure or cancel before the denoise tells the other ranks at
+        once (they stop too)."""
+        split = job.split
+        try:
+            return self._generate(request, job)
+        except (Cancelled, GateCancelled):
+            split.stop(f"cancel:{split.group.rank}")
+            raise
+        except Exception as exc:
+            split.stop(f"fail:{split.group.rank}:{str(exc)[:200] or type(exc).__name__}")
+            raise
+        finally:
+            split.close()
+
+    @staticmethod
+    def _join_split(plan: Plan, job: _Job) -> None:
+        """Refuse a split the plan says cannot work (every rank refuses alike, before any heavy work and before
+        waiting for the others), else join the job's process group."""
+        if not plan.split.possible:
+            raise InputError(f"this job cannot be split across {plan.split.ranks} GPUs: {plan.split.reason}")
+        split = job.split
+        split.open()
+        job.emit(Info(job.id, f"GPU rank {split.group.rank} of {split.group.size} joined the split job "
+                              f"({plan.split.kind}) in {split.opened_seconds:.2f} s."))
 
     def _check_cancel(self, job: _Job) -> None:
         if job.should_cancel():
@@ -381,16 +422,26 @@ class Engine:
         resolved = use_transformer_files(self._resolve(request.settings.model, job), request.settings)
         self._check_model_fits_request(resolved, resolved.spec, request)
         self._measure_machine(request, job)
-        plan = self.plan_for(request, resolved.spec)
+        plan = self.plan_for(request, resolved.spec, ranks=job.split.group.size if job.split else 1)
+        if job.split:
+            self._join_split(plan, job)
+        elif request.settings.gpus > 1:
+            job.emit(Info(job.id, f"The settings ask for {request.settings.gpus} GPUs, but this engine was given the "
+                                  "whole job: it runs on one GPU."))
         if not plan.fits and not request.settings.strategy:
             raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
-        request = replace(request, seed=request.seed if request.seed >= 0 else secrets.randbelow(2**32))
+        # The same seed on every rank of a split job, so each starts from the same noise.
+        random = job.split.group.shared_seed() if job.split else secrets.randbelow(2**32)
+        request = replace(request, seed=request.seed if request.seed >= 0 else random)
         if request.settings.decoder == "fast":   # found (or fetched) before any heavy work
             job.fast_decoder = self._fast_decoder_file(resolved, job)
         if request.settings.loras:   # each file found (or fetched once), for the model's experts, before any load
             request = replace(request, settings=replace(request.settings, loras=lora_files(
                 request.settings.loras, self.models_dir, resolved, lambda: self._phase(job, "download"))))
         loaded, latents = self._denoise_stepping_down(resolved, plan, request, job)
+        if job.split and not job.split.group.lead:
+            group = job.split.group
+            return RankDone(job.id, group.rank, group.size, len(job.step_seconds), dict(job.timings), peak_vram_gb())
         return self._finish(loaded, request, latents, job)
 
     def _denoise_stepping_down(self, resolved: ResolvedModel, plan: Plan, request: GenerationRequest, job: _Job):
@@ -402,7 +453,8 @@ class Engine:
                 loaded, latents = self._load_and_denoise(resolved, plan, request, job)
                 break
             except Exception as exc:
-                if not is_out_of_memory(exc) or job.phase == "vae_decode":
+                # A split job's ranks cannot step down alone: the others would wait in the denoise for it.
+                if not is_out_of_memory(exc) or job.phase == "vae_decode" or job.split:
                     raise
                 lower = self._next_rung(request, resolved.spec, plan)
                 if lower is None:
@@ -490,8 +542,22 @@ class Engine:
             embeds = self._encode_text(loaded, request, job)
             image = self._encode_image(loaded, request, job)
             self._check_cancel(job)
-            latents = self._denoise(loaded, request, job, embeds, image)
+            with self._split_denoise(loaded, request, job):
+                latents = self._denoise(loaded, request, job, embeds, image)
         return loaded, latents
+
+    @contextmanager
+    def _split_denoise(self, loaded: LoadedModel, request: GenerationRequest, job: _Job):
+        """A split job's denoise: every rank at the gate, then the transformers context parallel (Ulysses or
+        Ring, as the plan says) while it runs; their hooks are removed afterwards. Nothing for a whole job."""
+        if job.split is None:
+            yield
+            return
+        job.split.gate(job.should_cancel)
+        pipe = loaded.for_mode(request.settings.mode)
+        models = [model for model in (pipe.transformer, getattr(pipe, "transformer_2", None)) if model is not None]
+        with job.split.parallel(models, loaded.plan.split):
+            yield
 
     @staticmethod
     def _check_model_fits_request(model: ResolvedModel, spec: ModelSpec, request: GenerationRequest) -> None:
@@ -576,7 +642,8 @@ class Engine:
             job.experts = {"steps": counts, "switch_step": switch, "swapped": loaded.experts is not None,
                            "boundary_ratio": pipe.config.boundary_ratio}
         last = [0.0]
-        previews = LivePreview(job.id, total, self.preview_seconds, request.settings.fps / pipe.vae_scale_factor_temporal,
+        preview_seconds = self.preview_seconds if job.split is None or job.split.group.lead else -1
+        previews = LivePreview(job.id, total, preview_seconds, request.settings.fps / pipe.vae_scale_factor_temporal,
                                lambda: self._preview_map(loaded))
 
         def on_step_end(pipeline, i, t, tensors):
@@ -588,7 +655,7 @@ class Engine:
             mean = sum(job.step_seconds) / len(job.step_seconds)
             job.emit(StepFinished(job.id, i + 1, total, seconds, mean * (total - i - 1), peak_vram_gb(),
                                   job.ram.peak_gb if job.ram else None))
-            if job.should_cancel():
+            if job.split.agree(job.should_cancel()) if job.split else job.should_cancel():
                 pipeline._interrupt = True
             else:
                 previews.emit_after_step(pipeline.scheduler, i, tensors["latents"], job.emit)
@@ -617,7 +684,7 @@ class Engine:
                         callback_on_step_end=on_step_end, **image.pipe_inputs())
             finally:
                 previews.close()   # the last preview belongs to the denoising, before anything after it
-        if len(job.step_seconds) < total or job.should_cancel():
+        if len(job.step_seconds) < total or (job.split.agree(False) if job.split else job.should_cancel()):
             raise Cancelled()
         return output.frames
 

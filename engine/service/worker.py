@@ -114,9 +114,9 @@ def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json
         except EOFError:
             return
         kind = message[0]
-        if kind == "run":
-            _, request, job_id, timings = message
-            engine.run(request, job_id, conn.send, cancel_event.is_set, timings)
+        if kind == "run":   # ("run", request, job_id, timings[, group]): a RankGroup for one part of a split job
+            _, request, job_id, timings, *group = message
+            engine.run(request, job_id, conn.send, cancel_event.is_set, timings, group=group[0] if group else None)
         elif kind == "decode":
             _, path, job_id, tiled, on_cpu, timings = message
             engine.decode_saved(path, job_id, conn.send, tiled=tiled, on_cpu=on_cpu, timings=timings)
@@ -362,8 +362,7 @@ class WorkerClient:
             yield Info(job_id, note)
         self.running_settings = request.settings   # the models it uses may not be deleted meanwhile
         try:
-            yield from self._exchange(lambda timings: ("run", request, job_id, timings) if group is None else
-                                      ("run", request, job_id, timings, group), job_id)
+            yield from self._exchange(lambda timings: ("run", request, job_id, timings, group), job_id)
         finally:
             self.running_settings = None
 

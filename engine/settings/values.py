@@ -36,6 +36,7 @@ MAX_STEPS = 200
 MAX_GUIDANCE = 30.0
 MAX_SHIFT = 50.0
 MAX_FPS = 120
+MAX_GPUS = 16   # one engine process per GPU; more than a machine of 16 is a typing error
 # A single transformer file in place of the model's own (engine/models/single_file.py reads them).
 TRANSFORMER_FILE_SUFFIXES = (".gguf", ".safetensors")
 TRANSFORMER_FILE_NAMES = {"transformer": "transformer file", "transformer_2": "low-noise transformer file"}
@@ -87,6 +88,9 @@ class Settings:
     transformer_2: str | None = None
     loras: tuple[Lora, ...] = ()
     guidance_2: float | None = None
+    # How many GPUs the job's denoise is split across (context parallel, one engine each): 0 is automatic (one,
+    # unless the model fits on the device only split: engine/planning/planner.py's gpus_for), N >= 1 that many.
+    gpus: int = 0
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,9 +143,9 @@ SETTING_TYPES = {
     "vae_tiling": (bool, type(None)), "decoder": str, "step_cache": (str, type(None)),
     "compile": (bool, type(None)), "attention": (str, type(None)), "vae_dtype": (str, type(None)),
     "transformer": (str, type(None)), "transformer_2": (str, type(None)), "loras": (list, tuple),
-    "guidance_2": (int, float, type(None)),
+    "guidance_2": (int, float, type(None)), "gpus": int,
 }
-MEMORY_CHOICES = ("strategy", "text_encoder", "vae_tiling")
+MEMORY_CHOICES = ("strategy", "text_encoder", "vae_tiling", "gpus")
 SPEED_CHOICES = ("decoder", "step_cache", "compile", "attention", "vae_dtype")
 # The model's sources and adapters: optional in a preset file, left out when at their defaults.
 SOURCE_CHOICES = ("transformer", "transformer_2", "loras", "guidance_2")
@@ -309,6 +313,8 @@ def _memory_choices(settings: Settings, problems: list[str]) -> None:
         problems.append(f"text encoder place {settings.text_encoder!r} is unknown: use {', '.join(TEXT_ENCODER_PLACES)}")
     if settings.vae_tiling is not None and not isinstance(settings.vae_tiling, bool):
         problems.append(f"VAE tiling must be on, off or auto, got {settings.vae_tiling!r}")
+    if isinstance(settings.gpus, bool) or not isinstance(settings.gpus, int) or not 0 <= settings.gpus <= MAX_GPUS:
+        problems.append(f"GPUs {settings.gpus!r} is not a number of GPUs: use 0 (automatic) or 1 to {MAX_GPUS}")
 
 
 def _speed_choices(settings: Settings, problems: list[str]) -> None:

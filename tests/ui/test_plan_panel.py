@@ -7,14 +7,14 @@ from engine.device.hardware import HardwareProfile
 from engine.events import Info, PlanReady
 from engine.models.loras import Lora
 from engine.models.spec import KNOWN_MODELS
-from engine.planning.planner import PlanRequest, plan_memory
+from engine.planning.planner import Override, PlanRequest, plan_memory
 from engine.service.worker import WorkerClient
 from tests.conftest import shown
 from ui.context import AppContext
 from ui.views.job_view import JobView
 from ui.parts.form import transformer_choices
-from ui.views.plan_panel import (AUTO, OFF, OWN_TRANSFORMER, form_overrides, form_plan_markdown, lora_text,
-                                 override_fields, plan_markdown, transformer_choice)
+from ui.views.plan_panel import (AUTO, OFF, OWN_TRANSFORMER, form_overrides, form_plan_markdown, gpu_choices,
+                                 lora_text, override_fields, plan_markdown, transformer_choice)
 
 RTX_3060 = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce RTX 3060", arch="sm_86",
                            vram_total_gb=12.0, vram_free_gb=11.5, ram_total_gb=32.0, ram_available_gb=28.0)
@@ -67,13 +67,13 @@ def test_a_cpu_plan_has_no_device_column():
 def test_dropdowns_become_request_overrides():
     defaults = {"strategy": None, "text_encoder": None, "vae_tiling": None, "decoder": "vae", "step_cache": None,
                 "compile": None, "attention": None, "vae_dtype": None, "loras": (), "transformer": None,
-                "transformer_2": None}
+                "transformer_2": None, "gpus": 0}
     assert override_fields() == defaults
     assert override_fields(None, None, None, None, None, None, None, None) == override_fields(AUTO, AUTO, AUTO) == defaults
     assert override_fields("group_offload", "cpu", "On", "fast", "mag", "Off", "_native_cudnn", "float32") == {
         "strategy": "group_offload", "text_encoder": "cpu", "vae_tiling": True, "decoder": "fast", "step_cache": "mag",
         "compile": False, "attention": "_native_cudnn", "vae_dtype": "float32", "loras": (), "transformer": None,
-        "transformer_2": None}
+        "transformer_2": None, "gpus": 0}
     assert override_fields(AUTO, "offload", "Off")["vae_tiling"] is False
     assert override_fields(*[None] * 8, "a.safetensors: 0.5\n\nb.safetensors")["loras"] == (
         Lora("a.safetensors", 0.5), Lora("b.safetensors", 1.0))
@@ -230,3 +230,21 @@ def test_the_transformer_dropdowns_list_the_models_folder_s_transformers(presets
         "**No plan yet:** The transformer file '../../etc/passwd' is a path outside the app's models folder, which "
         "the page does not accept; put the file in models/transformers/ and choose it by its name, or start the app "
         "with --allow-model-paths to use folders outside models/.")
+
+
+def test_the_gpus_dropdown_offers_the_machines_gpus_and_becomes_the_gpus_setting():
+    assert gpu_choices(1) == [AUTO, "1"] and gpu_choices(4) == [AUTO, "1", "2", "3", "4"]
+    assert override_fields(*[None] * 11, "2")["gpus"] == 2
+    assert override_fields(*[None] * 11, AUTO)["gpus"] == 0
+    assert override_fields(*[None] * 11, "two")["gpus"] == "two"   # left for the request's check to refuse
+
+
+def test_a_split_plan_says_how_many_gpus_share_the_job_and_a_refused_split_says_why():
+    spec = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-14B-Diffusers"]
+    h200 = HardwareProfile(backend="cuda", device_name="NVIDIA H200", vram_total_gb=139.8, vram_free_gb=139,
+                           ram_total_gb=256, ram_available_gb=240)
+    split = plan_markdown(plan_memory(spec, PlanRequest(832, 480, 81, ranks=2), h200))
+    assert "**GPUs: 2** (context parallel, ulysses); the peaks are each GPU's." in split
+    refused = plan_markdown(plan_memory(spec, PlanRequest(832, 480, 81, ranks=3), h200, Override(attention="native")))
+    assert "**GPUs: 3, cannot split**" in refused and "40 attention heads" in refused
+    assert "GPUs" not in plan_markdown(plan_memory(spec, PlanRequest(832, 480, 81), h200))

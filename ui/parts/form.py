@@ -24,6 +24,7 @@ from ui.views.plan_panel import (
     VAE_PRECISION_CHOICES,
     VAE_TILING_CHOICES,
     form_plan_markdown,
+    gpu_choices,
     lora_text,
     transformer_choice,
 )
@@ -83,11 +84,13 @@ class PlanPanel:
     plan: gr.Markdown
     loras: gr.Textbox   # one "file: strength" a line
     transformers: list  # the transformer file and the low-noise one (Settings.transformer, transformer_2)
+    gpus: gr.Dropdown   # how many GPUs split the job (shown on a machine with more than one)
 
     def overrides(self) -> list:
         """The plan's dropdowns, the LoRA box and the transformer files, in the order build_request takes them
         (after the form's settings)."""
-        return [self.strategy, self.text_encoder, self.vae_tiling, *self.speed, self.loras, *self.transformers]
+        return [self.strategy, self.text_encoder, self.vae_tiling, *self.speed, self.loras, *self.transformers,
+                self.gpus]
 
 
 def preset_choices(ctx: AppContext, mode: str) -> list[tuple[str, str]]:
@@ -174,24 +177,28 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
                                        elem_id=f"{prefix}-text-encoder", scale=1)
             vae_tiling = gr.Dropdown(list(VAE_TILING_CHOICES), value=AUTO, label="VAE tiling",
                                      elem_id=f"{prefix}-vae-tiling", scale=1)
+            gpus = gr.Dropdown([AUTO], value=AUTO, label="GPUs", visible=False, elem_id=f"{prefix}-gpus", scale=1,
+                               info="split the job's denoise across GPUs (Auto: one unless it fits only split)")
         cpu_note = gr.Markdown(CPU_NOTE, visible=False, elem_id=f"{prefix}-plan-cpu-note")
         speed = _speed_row(prefix)
         loras = _lora_box(ctx, form, mode, prefix)
         transformers = _transformer_row(ctx, form, mode, prefix)
         plan = gr.Markdown("Working out the memory plan...", elem_id=f"{prefix}-plan")
-    panel = PlanPanel(strategy, text_encoder, vae_tiling, speed, plan, loras, transformers)
+    panel = PlanPanel(strategy, text_encoder, vae_tiling, speed, plan, loras, transformers, gpus)
 
     def for_this_machine():
         """On a CPU-only engine, Strategy, Text encoder, Compile and Attention mean nothing: they are hidden, and
-        the note says why."""
+        the note says why. GPUs shows only on a machine with more than one, offering as many as it has."""
         try:
-            cpu = ctx.client.hardware_profile().backend == "cpu"
+            hardware = ctx.client.hardware_profile()
         except (EOFError, OSError):
-            return (gr.skip(),) * 5
-        return (*(gr.Dropdown(visible=not cpu) for _ in range(4)), gr.Markdown(visible=cpu))
+            return (gr.skip(),) * 6
+        cpu, count = hardware.backend == "cpu", hardware.gpu_count
+        return (*(gr.Dropdown(visible=not cpu) for _ in range(4)), gr.Markdown(visible=cpu),
+                gr.Dropdown(choices=gpu_choices(count), visible=count > 1))
 
     compile_box, attention_box = speed[2], speed[3]
-    gr.on(None, for_this_machine, None, [strategy, text_encoder, compile_box, attention_box, cpu_note],
+    gr.on(None, for_this_machine, None, [strategy, text_encoder, compile_box, attention_box, cpu_note, gpus],
           api_visibility="private", show_progress="hidden")
 
     def show_plan(preset, model, width, height, frames, *choices):

@@ -72,11 +72,11 @@ def build(ctx: AppContext, after_job) -> Form:
     def image_to_video(image, last_image, preset, prompt, negative_prompt, model, width, height, frames, steps,
                        guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae",
                        step_cache=OFF, compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
-                       transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, session: gr.Request = None):
+                       transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, session: gr.Request = None):
         yield from run_job(ctx, session, "image to video", engine_job(ctx, lambda: build_request(
             ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
             strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
-            transformer, transformer_2, image=image, last_image=last_image)), job.show())
+            transformer, transformer_2, gpus, image=image, last_image=last_image)), job.show())
 
     run = start_job(run_btn, cancel_btn, image_to_video, [image, last_image, *form.settings(), *panel.overrides()],
                     job.outputs(), ctx, "image_to_video")

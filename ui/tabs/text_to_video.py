@@ -30,21 +30,21 @@ def build(ctx: AppContext, after_job) -> Form:
     def text_to_video(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
                       compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
-                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, session: gr.Request = None):
+                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, session: gr.Request = None):
         yield from run_job(ctx, session, "text to video", engine_job(ctx, lambda: build_request(
             ctx, "t2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
             strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
-            transformer, transformer_2)),
+            transformer, transformer_2, gpus)),
             job.show())
 
     def text_to_image(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
                       compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
-                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, session: gr.Request = None):
+                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, session: gr.Request = None):
         yield from run_job(ctx, session, "text to image", engine_job(ctx, lambda: build_request(
             ctx, "t2i", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
             strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
-            transformer, transformer_2)),
+            transformer, transformer_2, gpus)),
             job.show(job.still))
 
     inputs = [*form.settings(), *panel.overrides()]

@@ -32,6 +32,15 @@ STEP_CACHE_CHOICES = ((OFF, OFF), ("First block (approximate)", "first_block"), 
 COMPILE_CHOICES = (AUTO, "On", "Off")
 ATTENTION_CHOICES = (AUTO, *ATTENTION_BACKENDS)
 VAE_PRECISION_CHOICES = (AUTO, *VAE_DTYPES)
+# The GPUs dropdown (shown on a machine with more than one): Auto, or how many GPUs split the job's denoise.
+MAX_GPU_CHOICES = 8
+
+
+def gpu_choices(count: int) -> list[str]:
+    """The GPUs dropdown's choices on a machine of ``count`` GPUs: Auto, then 1 to ``count`` (at most 8)."""
+    return [AUTO, *(str(n) for n in range(1, min(count, MAX_GPU_CHOICES) + 1))]
+
+
 # The transformer file dropdowns' first choice: no file, the model's own transformer.
 OWN_TRANSFORMER = "(the model's own)"
 # Where a component can live, in the order the phase table lists them.
@@ -41,16 +50,22 @@ PLACES = ("device", "streamed", "cpu", "absent")
 def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO,
                     decoder: str | None = "vae", step_cache: str | None = OFF, compile: str | None = AUTO,
                     attention: str | None = AUTO, vae_precision: str | None = AUTO, loras: str | None = "",
-                    transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER) -> dict:
+                    transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO) -> dict:
     """The plan dropdowns as Settings fields; Auto, Off (or nothing) leaves each choice to the planner. ``loras``:
     the LoRA box's text, one ``file: strength`` a line, as written (form_overrides finds the files); InputError
     when a line does not read. ``transformer`` and ``transformer_2``: the transformer file dropdowns, as sent
-    (form_overrides finds and checks the files); their first choice is the model's own (None)."""
+    (form_overrides finds and checks the files); their first choice is the model's own (None). ``gpus``: Auto
+    (0) or a number of GPUs to split the job across."""
     def own_or_file(value):
         return None if value in (None, "", OWN_TRANSFORMER) else value
 
     def chosen(value):
         return None if value in (None, "", AUTO) else value
+
+    def count(value):
+        # A number as the dropdown sends it ("2"); anything else stays as it came, for the check to refuse.
+        value = chosen(value)
+        return 0 if value is None else int(value) if isinstance(value, str) and value.isdigit() else value
 
     def on_off(value):
         # Anything but On or Off stays as it came, for the request's check to refuse with its own message.
@@ -61,7 +76,7 @@ def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO
             "decoder": decoder or "vae", "step_cache": None if step_cache in (None, "", OFF) else step_cache,
             "compile": on_off(compile), "attention": chosen(attention), "vae_dtype": chosen(vae_precision),
             "loras": parse_lora_lines(loras), "transformer": own_or_file(transformer),
-            "transformer_2": own_or_file(transformer_2)}
+            "transformer_2": own_or_file(transformer_2), "gpus": count(gpus)}
 
 
 def form_overrides(ctx: AppContext, *choices) -> dict:
@@ -97,7 +112,7 @@ def plan_markdown(plan: Plan) -> str:
     cpu = plan.device == "cpu"   # no device memory to show
     name, what = strategy_words(plan.strategy, plan.device)
     lines = [f"**Strategy: {name}** ({verdict}): {what}.",
-             "", _peaks(plan), "", _settings(plan), "",
+             "", _peaks(plan), "", _settings(plan), "", *_split_lines(plan),
              "| Phase |" + ("" if cpu else " Device GB |") + " RAM GB | Where the components live |",
              "|---|" + ("" if cpu else "--:|") + "--:|---|"]
     for phase in plan.phases:
@@ -127,6 +142,16 @@ def _settings(plan: Plan) -> str:
     compiled = "transformer compiled" if plan.compile else "transformer not compiled"
     return (f"Computes in {plan.dtype}{fp8}; text encoder: {plan.text_encoder}; "
             f"VAE ({plan.vae_dtype}) decodes {tiles}; {compiled}; attention: {plan.attention_backend}.")
+
+
+def _split_lines(plan: Plan) -> list[str]:
+    """How the job uses several GPUs (nothing for one): per GPU, the peaks above hold the whole model and its
+    share of the activations."""
+    if plan.split is None:
+        return []
+    if not plan.split.possible:
+        return [f"**GPUs: {plan.split.ranks}, cannot split**: {plan.split.reason}.", ""]
+    return [f"**GPUs: {plan.split.ranks}** (context parallel, {plan.split.kind}); the peaks are each GPU's.", ""]
 
 
 def _where(placement: dict) -> str:
