@@ -250,14 +250,12 @@ def _print_timings(view, out) -> None:
         print(f"  {label:<{width}} {shown}  {detail}", file=out)
 
 
-def engines_needed(client, request) -> int:
-    """How many engines ``request`` runs on: one, unless it is split across GPUs."""
-    return 1
-
-
 def generate(args) -> int:
+    from engine.models.refs import ModelError
+    from engine.run.failures import failure_event
     from engine.service.pool import EnginePool
     from engine.settings.presets import PresetError
+    from engine.settings.values import InputError
 
     try:
         request = _build_request(args)
@@ -272,8 +270,15 @@ def generate(args) -> int:
         pool.close()
         print(f"error: {pool.problem.split('; running')[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    slots = tuple(range(min(engines, engines_needed(pool, request))))
-    return _follow(pool, pool.submit(request, slots=slots))
+    try:
+        request, notes = pool.check(request)
+    except (InputError, ModelError) as exc:
+        return _follow(pool, iter([failure_event(pool.new_job_id(), exc, None)]))
+    slots = tuple(range(pool.engines_for(request)))
+    if request.settings.gpus > engines:
+        notes = [*notes, f"--split {request.settings.gpus} asks for more GPUs than --gpus gives ({engines}): "
+                         f"split across {engines}."]
+    return _follow(pool, pool.run(request, notes, slots=slots))
 
 
 def decode(args) -> int:

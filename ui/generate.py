@@ -192,15 +192,9 @@ def engine_job(ctx: AppContext, make: Callable[[], GenerationRequest]) -> Callab
     engines it runs."""
     def prepare():
         request, notes = ctx.client.check(make())
-        return EngineWork(lambda slots: ctx.client.run(request, notes, slots=slots), engines_for(ctx, request),
-                          request.settings.model)
+        return EngineWork(lambda slots: ctx.client.run(request, notes, slots=slots),
+                          ctx.client.engines_for(request), request.settings.model)
     return prepare
-
-
-def engines_for(ctx: AppContext, request: GenerationRequest) -> int:
-    """How many engines ``request`` runs on: one, unless it is split across GPUs (asked for, or the plan's
-    choice for a model that fits only split), never more than the app has."""
-    return 1
 
 
 def cancel(ctx: AppContext, session: gr.Request | None) -> str:

@@ -32,6 +32,8 @@ from engine.settings.values import InputError
 
 # The environment variable an engine process reads for the machine's numbers of the GPUs it sees, in its order.
 GPU_ORDER_ENV = "WAN_GPU_ORDER"
+# How long a job asked for before the first engine has said what GPUs there are waits for that answer.
+STARTUP_WAIT_S = 120.0
 # After the leading engine of a split job has ended, how long the others get to end too before they are stopped.
 RANKS_GRACE_S = 30.0
 
@@ -176,6 +178,12 @@ class EnginePool:
             self._on_resize(len(self.engines))
         self._grown.set()
 
+    def engine_count(self, timeout: float = 10.0) -> int:
+        """How many engines there are, once the first has said what GPUs there are (within ``timeout``)."""
+        if self._growing is not None:
+            self._grown.wait(timeout)
+        return len(self.engines)
+
     def close(self) -> None:
         for engine in self.engines:
             engine.close()
@@ -214,6 +222,24 @@ class EnginePool:
 
     def new_job_id(self) -> str:
         return self.engines[0].new_job_id()
+
+    def engines_for(self, request: GenerationRequest) -> int:
+        """How many engines ``request`` runs on: the ``gpus`` it asks for, or the planner's automatic choice (one
+        unless the model fits on the device only split: planner.gpus_for), never more than there are."""
+        from engine.planning.planner import gpus_for
+
+        have = self.engine_count(timeout=STARTUP_WAIT_S)
+        asked = request.settings.gpus
+        if have < 2 or asked == 1:
+            return 1
+        if asked >= 2:
+            return min(asked, have)
+        try:
+            wanted, _ = gpus_for(request.settings, self.catalog.settings_spec(request.settings),
+                                 self.hardware_profile())
+        except (InputError, ModelError, OSError):
+            return 1
+        return max(1, min(wanted, have))
 
     def unload(self) -> None:
         for engine in list(self.engines):

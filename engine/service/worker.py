@@ -366,6 +366,13 @@ class WorkerClient:
         finally:
             self.running_settings = None
 
+    def engine_count(self, timeout: float = 0.0) -> int:
+        return 1
+
+    def engines_for(self, request: GenerationRequest) -> int:
+        """One: a lone engine runs every job whole (the EnginePool splits jobs across several)."""
+        return 1
+
     def submit(self, request: GenerationRequest, job_id: str | None = None) -> Iterator[Event]:
         """``check`` then ``run``: bad input ends in a JobFailed event, before the engine does anything."""
         job_id = job_id or self.new_job_id()

@@ -29,10 +29,14 @@ def _engines(app) -> list[int]:
     return [c.pid for c in sorted(children, key=lambda c: c.create_time()) if "spawn_main" in " ".join(c.cmdline())]
 
 
-def _sidecar(app, video) -> dict:
-    """The sidecar beside the app's own copy of a result (the client gets a download of the video only)."""
+def _written(app, video) -> Path:
+    """The app's own copy of a result (the client gets a download)."""
     [written] = [p for p in app["outputs"].rglob("*.mp4") if p.name == Path(video).name]
-    return json.loads(written.with_suffix(".json").read_text())
+    return written
+
+
+def _sidecar(app, video) -> dict:
+    return json.loads(_written(app, video).with_suffix(".json").read_text())
 
 
 def _panel(client) -> str:
@@ -94,3 +98,24 @@ def test_a_crashed_engine_leaves_the_other_serving(app):
     _wait(lambda: len(_engines(app)) == 2 and before[0] not in _engines(app), 60, "a fresh engine process")
     again = [Client(app["url"], verbose=False).submit(*t2v(810 + i), api_name="/text_to_video") for i in range(2)]
     assert sorted(job.result(timeout=240)[3] for job in again) == [810, 811]
+
+
+def test_a_job_split_across_both_engines_makes_the_video_one_engine_makes(app):
+    """The page's GPUs choice 2: both engines denoise (the panel says both are busy), the first writes the one
+    video, and its frames equal those of the same job on one engine (float32 on the CPU: the split is exact)."""
+    import imageio.v3 as iio
+    import numpy as np
+
+    from tests.ui.test_security import OVERRIDES
+
+    user = Client(app["url"], verbose=False)
+    job = t2v(901, "one fox, two engines", (64, 64, 9), 30)
+    split = user.submit(*job, *OVERRIDES, "2", api_name="/text_to_video")
+    _wait(lambda: "2 busy" in _panel(user) or split.done(), 120, "both engines busy with the split job", poll=0.1)
+    assert not split.done(), "the split job ended before both engines were seen working on it"
+    video, status, _, seed, *_ = split.result(timeout=300)
+    assert seed == 901
+    whole_video, *_ = user.predict(*job, *OVERRIDES, "1", api_name="/text_to_video")
+    split_frames, whole_frames = iio.imread(_written(app, video)), iio.imread(_written(app, whole_video))
+    assert split_frames.shape == whole_frames.shape and np.array_equal(split_frames, whole_frames)
+    assert len([p for p in app["outputs"].rglob("*.json") if json.loads(p.read_text())["seed"] == 901]) == 2

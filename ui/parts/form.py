@@ -188,12 +188,12 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
 
     def for_this_machine():
         """On a CPU-only engine, Strategy, Text encoder, Compile and Attention mean nothing: they are hidden, and
-        the note says why. GPUs shows only on a machine with more than one, offering as many as it has."""
+        the note says why. GPUs shows only when the app runs several engines (one per GPU), offering as many."""
         try:
             hardware = ctx.client.hardware_profile()
         except (EOFError, OSError):
             return (gr.skip(),) * 6
-        cpu, count = hardware.backend == "cpu", hardware.gpu_count
+        cpu, count = hardware.backend == "cpu", ctx.client.engine_count()
         return (*(gr.Dropdown(visible=not cpu) for _ in range(4)), gr.Markdown(visible=cpu),
                 gr.Dropdown(choices=gpu_choices(count), visible=count > 1))
 
