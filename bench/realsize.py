@@ -11,6 +11,7 @@ TRANSFORMER_BASE = dict(patch_size=(1, 2, 2), attention_head_dim=128, text_dim=4
                         cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
 TRANSFORMERS = {
     "wan21-1.3b": dict(num_attention_heads=12, ffn_dim=8960, num_layers=30, in_channels=16, out_channels=16),
+    "wan21-t2v-14b": dict(num_attention_heads=40, ffn_dim=13824, num_layers=40, in_channels=16, out_channels=16),
     "wan21-i2v-14b": dict(num_attention_heads=40, ffn_dim=13824, num_layers=40, in_channels=36, out_channels=16,
                           image_dim=1280, added_kv_proj_dim=5120),
     "wan22-5b": dict(num_attention_heads=24, ffn_dim=14336, num_layers=30, in_channels=48, out_channels=48),

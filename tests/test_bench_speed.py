@@ -33,3 +33,22 @@ def test_the_speed_bench_runs_every_part_on_the_self_test_model(tmp_path):
 
     table = tables([out])
     assert "said / took" in table and "| fastwan, default |" in table   # the engine's own predictions, per run
+
+
+def test_the_multi_gpu_bench_runs_on_two_cpu_engines(tmp_path):
+    """bench/multi_gpu.py through the app's EnginePool with two CPU engines (gloo): whole, split and the queue."""
+    out = tmp_path / "multi.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "multi_gpu.py"), str(out), "--tiny", "--work",
+                           str(tmp_path / "work")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert "failures" not in results, results["failures"]
+    run = results["1.3b"]
+    assert run["engines"] == 2 and run["split_latents_vs_whole"] == 0.0      # split exactly as whole (float32)
+    assert run["split"]["split"]["ranks"] == 2 and run["split"]["split"]["kind"] == "ulysses"
+    assert run["whole"]["split"] is None
+    assert len(run["whole"]["steps"]) == len(run["split"]["steps"]) == 4
+    assert run["queue"]["one_engine_s"] > 0 and run["queue"]["two_engines_s"] > 0
+    from bench.multi_gpu import table
+
+    assert "| 1.3b | 64x64x9 |" in table([out])
