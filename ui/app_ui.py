@@ -68,8 +68,11 @@ def build_app(ctx: AppContext) -> gr.Blocks:
 
         def unload_model(session: gr.Request = None):
             # In the queue like a job: it waits for the running one to end instead of cutting in.
-            with ctx.jobs.turn(owner_of(session), "unload"):
+            # Every engine's model goes: the turn waits until all of them are free.
+            with ctx.jobs.turn(owner_of(session), "unload", engines=ctx.jobs.engines):
                 ctx.client.unload()
+                for slot in range(ctx.jobs.engines):
+                    ctx.jobs.forget(slot)
             return "The model was unloaded; the next run loads it again."
 
         unload_btn.click(unload_model, None, unload_status, api_name="unload", concurrency_id="unload")

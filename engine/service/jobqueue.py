@@ -159,9 +159,10 @@ class JobQueue:
             return len(mine)
 
     @contextmanager
-    def turn(self, owner: str | None, what: str) -> Iterator[Ticket]:
-        """Wait for a turn without showing the wait (short engine work, such as unloading the model)."""
-        ticket = self.join(owner, what)
+    def turn(self, owner: str | None, what: str, engines: int = 1) -> Iterator[Ticket]:
+        """Wait for a turn on ``engines`` engines without showing the wait (short engine work, such as unloading
+        the models)."""
+        ticket = self.join(owner, what, engines)
         try:
             while not self.wait_turn(ticket, 1.0):
                 if ticket.withdrawn:

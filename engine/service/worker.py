@@ -327,6 +327,14 @@ class WorkerClient:
         reply = self._ask_status(("memory",), timeout)
         return reply if isinstance(reply, (EngineMemory, EngineStarting, EngineSilent)) else None
 
+    def memories(self, timeout: float = 2.0) -> list:
+        """[what the engine process holds now]: the EnginePool's question, for one engine."""
+        return [self.memory(timeout=timeout)]
+
+    def all_running_settings(self) -> list:
+        """The settings of the job that runs now, if any (as a list, as the EnginePool answers)."""
+        return [] if self.running_settings is None else [self.running_settings]
+
     def alive(self, timeout: float = 1.0) -> bool:
         """Whether the engine process answers its status channel within ``timeout`` seconds."""
         return self._ask_status(("ping",), timeout) == "pong"

@@ -58,15 +58,16 @@ def free_where_downloads_go(ctx: AppContext) -> dict[str, int]:
 
 
 def names_in_use(ctx: AppContext) -> tuple[str, ...]:
-    """The names of what the running job and the loaded pipeline use; DeleteRefused when the engine does not say
-    (it is hung: what it holds is not known)."""
-    running = ctx.client.running_settings
-    names = names_in(running) if running is not None else ()
-    memory = ctx.client.memory(timeout=2.0)
-    if isinstance(memory, EngineSilent):
-        raise DeleteRefused("the engine is not answering, so what it uses is not known; try again in a minute")
-    if isinstance(memory, EngineMemory) and memory.model:
-        names += (memory.model,)
+    """The names of what the running jobs and the loaded pipelines use, on every engine; DeleteRefused when an
+    engine does not say (it is hung: what it holds is not known)."""
+    names: tuple[str, ...] = ()
+    for running in ctx.client.all_running_settings():
+        names += names_in(running)
+    for memory in ctx.client.memories(timeout=2.0):
+        if isinstance(memory, EngineSilent):
+            raise DeleteRefused("an engine is not answering, so what it uses is not known; try again in a minute")
+        if isinstance(memory, EngineMemory) and memory.model:
+            names += (memory.model,)
     return names
 
 
