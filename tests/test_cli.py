@@ -204,7 +204,7 @@ def test_plan_splits_a_job_across_gpus_when_it_fits_only_split_and_split_1_keeps
     path.write_text(json.dumps({"backend": "cuda", "device_name": "card", "vram_total_gb": 36, "vram_free_gb": 35,
                                 "ram_total_gb": 128, "ram_available_gb": 120,
                                 "devices": [card, {**card, "index": 1}]}))
-    for extra, said in (((), "GPUs: 2, split (ulysses)"), (("--split", "1"), "GPUs: 1 GPU, as the settings ask.")):
+    for extra, words in (((), "GPUs: 2, split (ulysses)"), (("--split", "1"), "GPUs: 1 GPU, as the settings ask.")):
         done = subprocess.run(app_command("plan", "--preset", "wan21-t2v-14b-720p", "--hardware", str(path), *extra),
                               capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
-        assert done.returncode == 0 and said in done.stdout, done.stdout + done.stderr
+        assert done.returncode == 0 and words in done.stdout, done.stdout + done.stderr

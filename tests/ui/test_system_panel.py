@@ -85,5 +85,7 @@ def test_with_several_engines_every_gpu_says_what_it_does():
     assert third.startswith("**GPU 3**: not answering")
     # A job split across two GPUs is on both; CPU engines are numbered, not called GPUs.
     cpu = replace(MEMORY, backend="cpu", device_name="x86", vram_total_gb=None, vram_engine_gb=None)
-    split = engines_markdown([cpu, cpu], (0, 1), 64 * GIB, 40 * GIB, {0: "Denoising", 1: "Denoising"})
-    assert "2 engines, 2 busy" in split and "**Engine 0**: running: Denoising" in split and "**Engine 1**:" in split
+    split = engines_markdown([cpu, EngineStarting(5.0)], (0, 1), 64 * GIB, 40 * GIB, {0: "Denoising", 1: "Denoising"},
+                             cpu=True)
+    assert "2 engines, 2 busy" in split and "**Engine 0**: running: Denoising" in split
+    assert "**Engine 1**: starting: loading torch and diffusers (5 s so far) · Denoising" in split

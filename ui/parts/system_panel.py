@@ -51,18 +51,20 @@ def system_markdown(memory: EngineMemory | EngineStarting | EngineSilent | None,
 
 
 def engines_markdown(memories: list, gpus: tuple[int, ...], ram_total: int, ram_available: int,
-                     running: dict[int, str], last: tuple[JobEnding, float] | None = None, waiting: int = 0) -> str:
+                     running: dict[int, str], last: tuple[JobEnding, float] | None = None, waiting: int = 0,
+                     cpu: bool = False) -> str:
     """The machine, then one line per engine process (pure, for tests): its GPU, what it does (``running``:
     engine number -> what its job does now; a job split across GPUs is on each of its engines), its memory and
-    the model it holds. ``gpus``: each engine's GPU number (on a CPU-only machine the engines are numbered)."""
+    the model it holds. ``gpus``: each engine's GPU number; ``cpu``: a machine without GPUs, whose engines are
+    numbered instead."""
     queue = f" · {waiting} waiting" if waiting else ""
     busy = sum(1 for slot in range(len(memories)) if slot in running)
     lines = [f"**System:** {_ram(ram_total, ram_available)} · {len(memories)} engines, {busy} busy{queue}"]
     for slot, memory in enumerate(memories):
         known = isinstance(memory, EngineMemory)
         gpu = gpus[slot] if slot < len(gpus) else slot
-        name = f"GPU {gpu}" if not known or memory.backend != "cpu" else f"Engine {slot}"
-        device = f" ({memory.device_name})" if known and memory.backend != "cpu" else ""
+        name = f"Engine {slot}" if cpu else f"GPU {gpu}"
+        device = f" ({memory.device_name})" if known and not cpu else ""
         state = _state(memory, running.get(slot), last if not running else None)
         details = f" · {_vram(memory)} · {_model(memory)}" if known else ""
         lines.append(f"**{name}**{device}: {state}{details}")
@@ -123,7 +125,8 @@ def current_markdown(ctx: AppContext) -> str:
     if engines is not None and len(engines) > 1:
         running = {slot: ticket.doing for ticket in ctx.jobs.running_jobs for slot in ticket.slots}
         return engines_markdown(ctx.client.memories(timeout=2.0), ctx.client.gpus, mem.total, mem.available,
-                                running, ctx.jobs.last_ending(), ctx.jobs.waiting)
+                                running, ctx.jobs.last_ending(), ctx.jobs.waiting,
+                                cpu=ctx.client.hardware_profile().gpu_count == 0)
     running = ctx.jobs.running
     return system_markdown(ctx.client.memory(timeout=2.0), mem.total, mem.available,
                            running.doing if running else None, ctx.jobs.last_ending(), ctx.jobs.waiting)
