@@ -32,6 +32,8 @@ from engine.settings.values import InputError
 
 # The environment variable an engine process reads for the machine's numbers of the GPUs it sees, in its order.
 GPU_ORDER_ENV = "WAN_GPU_ORDER"
+# How long the leader's end waits for the words of the rank whose failure stopped it.
+PEER_WORDS_S = 10.0
 # How long a job asked for before the first engine has said what GPUs there are waits for that answer.
 STARTUP_WAIT_S = 120.0
 # After the leading engine of a split job has ended, how long the others get to end too before they are stopped.
@@ -294,6 +296,9 @@ class EnginePool:
         lead = self.engines[slots[0]].run(request, notes, job_id, group=groups[0])
         try:
             for event in lead:
+                if isinstance(event, JobFailed) and event.kind == "peer":
+                    for _, thread in followers:   # the failed rank's own words, before the job's end
+                        thread.join(PEER_WORDS_S)
                 if failures and not ended.is_set():
                     ended.set()
                     rank, failure = failures[0]
@@ -317,7 +322,8 @@ class EnginePool:
         the others are asked to cancel, and the leader, which may wait in a collective for the failed rank, is
         stopped if it does not end by itself."""
         for event in events:
-            if isinstance(event, JobFailed):
+            # "peer": it stopped because another rank failed, and that one says why.
+            if isinstance(event, JobFailed) and event.kind != "peer":
                 failures.append((rank, event))
                 self.cancel(slots)
                 timer = threading.Timer(RANKS_GRACE_S, self._stop_if_running, args=(slots[0],))

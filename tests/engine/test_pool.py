@@ -33,3 +33,32 @@ def test_each_engine_sees_its_own_gpu_first_and_the_others_after():
     assert mine["CUDA_VISIBLE_DEVICES"] == "7,5" and "OMP_NUM_THREADS" not in mine
     assert engine_environment(0, (0,), engines=1, cpu_count=2, inherited={}) == {
         "CUDA_VISIBLE_DEVICES": "0", GPU_ORDER_ENV: "0"}
+
+
+def test_a_split_job_whose_leader_fails_says_its_own_words_and_both_engines_serve_on(selftest_models_dir, presets,
+                                                                                     outputs):
+    """Through the pool: the leading engine runs out of memory in the denoise (injected); the job ends with that
+    failure (the other rank's "another GPU failed" is not shown as a cause), and both engines run jobs after."""
+    from dataclasses import replace
+
+    from engine.events import Info, JobFailed, JobFinished
+    from engine.service.pool import EnginePool
+    from tests.conftest import tiny_request
+    from tests.faults import InjectedFaults
+
+    pool = EnginePool(selftest_models_dir, GpuChoice.parse("2"), preview_seconds=-1,
+                      faults=InjectedFaults(out_of_memory={"denoise": 1}))
+    pool.start()
+    try:
+        assert pool.wait_started(120) == 2
+        request = tiny_request(presets, "selftest-t2v", outputs, steps=3, seed=5)
+        split = replace(request, settings=replace(request.settings, gpus=2))
+        assert pool.engines_for(split) == 2 and pool.engines_for(request) == 1
+        events = list(pool.run(split, slots=(0, 1)))
+        assert isinstance(events[-1], JobFailed) and "Out of device memory during denoise" in events[-1].text
+        assert not any(isinstance(e, Info) and "rank 1 failed" in e.message for e in events)
+        after = [list(pool.run(request, slots=(slot,)))[-1] for slot in (0, 1)]
+        assert all(isinstance(e, JobFinished) for e in after), after
+        assert isinstance(list(pool.run(split, slots=(0, 1)))[-1], JobFinished)
+    finally:
+        pool.close()
