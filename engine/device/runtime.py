@@ -75,26 +75,39 @@ class RamPeakSampler:
             self._thread.join()
 
 
-class _NoTorchvisionNote:
-    """A logging filter: transformers says its image processor falls back to PIL without torchvision; that is
-    what the app wants, so the note is not shown."""
+# What the libraries say that is expected here and tells the user nothing: transformers' image processor works
+# without torchvision (the app wants that); diffusers' context-parallel hooks leave the 1-D timestep whole (as
+# they should) and call the parallel API experimental, on every split job; and the attention backends, on every job.
+QUIET_NOTES = ("requires torchvision", "split will not be applied", "`enable_parallelism` is an experimental",
+               "Attention backends are an experimental")
+
+
+class _ExpectedNotes:
+    """A logging filter that drops QUIET_NOTES."""
 
     @staticmethod
     def filter(record) -> bool:
-        return "requires torchvision" not in record.getMessage()
+        message = record.getMessage()
+        return not any(note in message for note in QUIET_NOTES)
 
 
 def load_libraries() -> None:
     """Import what every job needs (torch, diffusers' Wan pipelines, the encoders' classes) and quiet the
-    libraries' own console output: their loading bars (progress reaches the page as events) and the note
-    that torchvision is missing (the image processor works without it)."""
+    libraries' own console output: their loading bars (progress reaches the page as events) and the notes that
+    say nothing here (QUIET_NOTES; torch's deprecation of the all-gather that diffusers' split hooks call)."""
+    import warnings
+
     import transformers
 
     library_logger = transformers.utils.logging.get_logger("transformers")   # sets up its console handler
     for handler in library_logger.handlers:
-        handler.addFilter(_NoTorchvisionNote())
+        handler.addFilter(_ExpectedNotes())
     import diffusers
     import torch  # noqa: F401
+
+    for handler in diffusers.utils.logging.get_logger("diffusers").handlers:
+        handler.addFilter(_ExpectedNotes())
+    warnings.filterwarnings("ignore", message=r".*all_gather_tensor.* is deprecated", category=FutureWarning)
 
     for name in ("WanPipeline", "WanImageToVideoPipeline", "AutoencoderKLWan", "WanTransformer3DModel"):
         getattr(diffusers, name)
