@@ -416,6 +416,11 @@ def doctor(args) -> int:
     print(f"{APP_NAME} {__version__} on Python {report['python']} ({report['platform']})")
     print("Hardware:")
     for key, value in hw.items():
+        if key == "devices":   # one line per GPU, numbered as --gpus numbers them
+            for gpu in value:
+                print(f"  {'GPU ' + str(gpu['index']):<18} {gpu['name']}, {gpu['total_gb']:.1f} GB "
+                      f"({gpu['free_gb']:.1f} free)")
+            continue
         print(f"  {key:<18} {value}")
     print("Packages:")
     for key, value in packages.items():
