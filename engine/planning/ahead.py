@@ -1,25 +1,27 @@
 """Planning settings before anything is loaded: find the model's spec, then ask the planner."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine.device.hardware import HardwareProfile
 from engine.models.catalog import ModelCatalog
 from engine.models.limits import check_model_limits
-from dataclasses import replace
-
 from engine.planning.planner import Plan, gpus_for, plan_memory, strategy_words
 from engine.planning.speed import speed_line
 from engine.settings.values import Settings
 
 
-def plan_settings(settings: Settings, hardware: HardwareProfile, catalog: ModelCatalog) -> Plan:
-    """The plan for ``settings`` on as many GPUs as the job would use (``gpus_for``; the sentence why comes first
-    among the plan's reasons on a machine with several, or when the settings ask); InputError first when the
-    model cannot make their size or frame count, or a single transformer file does not fit the model."""
+def plan_settings(settings: Settings, hardware: HardwareProfile, catalog: ModelCatalog,
+                  engines: int | None = None) -> Plan:
+    """The plan for ``settings`` on as many GPUs as the job would use (``gpus_for``, with the app's ``engines``
+    when known; the sentence why comes first among the plan's reasons on a machine with several, or when the
+    settings ask); InputError first when the model cannot make their size or frame count, or a single
+    transformer file does not fit the model."""
     spec = catalog.settings_spec(settings)
     check_model_limits(spec, settings.width, settings.height, settings.frames, settings.mode)
-    ranks, why = gpus_for(settings, spec, hardware)
+    ranks, why = gpus_for(settings, spec, hardware, engines)
     plan = plan_memory(spec, replace(settings.plan_request(), ranks=ranks), hardware, settings.override())
-    if hardware.gpu_count > 1 or settings.gpus:
+    if (hardware.gpu_count if engines is None else engines) > 1 or settings.gpus:
         plan = replace(plan, decisions=(f"GPUs: {why}", *plan.decisions))
     return plan
 

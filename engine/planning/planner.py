@@ -460,20 +460,25 @@ def split_backend(split: Split, backend: str) -> str:
 ON_DEVICE_RUNGS = ("all_on_device", "text_encoder_offload")
 
 
-def gpus_for(settings, spec: ModelSpec, hw: HardwareProfile) -> tuple[int, str]:
+def gpus_for(settings, spec: ModelSpec, hw: HardwareProfile, engines: int | None = None) -> tuple[int, str]:
     """(how many GPUs, one engine each, the job of ``settings`` should use, why). ``settings.gpus`` N >= 1 asks
-    for N (capped by the GPUs present, with a note); 0 is automatic: one GPU unless the one-GPU plan must leave
-    the device (stream or shrink the transformer, or does not fit) while a split one would fit on it. The pool
-    asks this before it sends the job; the split it then runs is checked again by each engine."""
-    present = hw.gpu_count
+    for N (capped by the engines there are, with a note); 0 is automatic: one GPU unless the one-GPU plan must
+    leave the device (stream or shrink the transformer, or does not fit) while a split one would fit on it (never
+    on a CPU). ``engines``: how many engine processes the app runs (one per GPU it uses, ``--gpus``; on a machine
+    without GPUs, CPU engines); None: one per GPU of the machine. The pool asks this before it sends the job; the
+    split it then runs is checked again by each engine."""
+    present = hw.gpu_count if engines is None else engines
     asked = getattr(settings, "gpus", 0) or 0
     if asked >= 1:
         if asked > max(present, 1):
-            has = f"has {plural(present, 'GPU')}" if present else "has no GPU"
-            return max(present, 1), f"{plural(asked, 'GPU')} asked for, but this machine {has}: using {max(present, 1)}."
+            if engines is not None:
+                has = f"the app runs {plural(engines, 'engine')} (one per GPU it uses: --gpus)"
+            else:
+                has = f"this machine has {plural(present, 'GPU')}" if present else "this machine has no GPU"
+            return max(present, 1), f"{plural(asked, 'GPU')} asked for, but {has}: using {max(present, 1)}."
         return asked, f"{plural(asked, 'GPU')}, as the settings ask."
-    if present < 2:
-        return 1, "One GPU: the machine has no other."
+    if present < 2 or hw.gpu_count == 0:
+        return 1, "One GPU: the machine has no other." if hw.gpu_count < 2 else "One GPU: the app runs one engine."
     req, override = settings.plan_request(), settings.override()
     alone = plan_memory(spec, req, hw, override)
     if alone.fits and alone.strategy in ON_DEVICE_RUNGS:

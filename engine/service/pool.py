@@ -238,7 +238,7 @@ class EnginePool:
             return min(asked, have)
         try:
             wanted, _ = gpus_for(request.settings, self.catalog.settings_spec(request.settings),
-                                 self.hardware_profile())
+                                 self.hardware_profile(), have)
         except (InputError, ModelError, OSError):
             return 1
         return max(1, min(wanted, have))

@@ -119,3 +119,24 @@ def test_a_job_split_across_both_engines_makes_the_video_one_engine_makes(app):
     split_frames, whole_frames = iio.imread(_written(app, video)), iio.imread(_written(app, whole_video))
     assert split_frames.shape == whole_frames.shape and np.array_equal(split_frames, whole_frames)
     assert len([p for p in app["outputs"].rglob("*.json") if json.loads(p.read_text())["seed"] == 901]) == 2
+
+
+def test_the_page_shows_each_engine_and_offers_to_split_a_job(app, browser, shot):
+    """In a real browser: the system panel has a line per engine, and the memory plan's GPUs choice offers Auto, 1
+    and 2 (the app runs two engines); choosing 2 shows the split in the plan."""
+    from tests.conftest import open_page
+
+    with open_page(browser, app["url"]) as page:
+        page.wait_for_function("() => /2 engines/.test((document.querySelector('#system-panel') || {}).innerText)")
+        panel = page.locator("#system-panel").inner_text()
+        assert "Engine 0:" in panel and "Engine 1:" in panel, panel
+        gpus = page.locator("#t2v-gpus")
+        gpus.wait_for(state="visible")
+        gpus.locator("input").click()
+        options = [o.replace("✓", "").strip() for o in page.locator("ul[role=listbox] li").all_inner_texts()]
+        assert options == ["Auto", "1", "2"], options
+        page.locator("ul[role=listbox] li").nth(2).click()
+        page.wait_for_function("() => /GPUs: 2 GPUs, as the settings ask/.test("
+                               "document.querySelector('#t2v-plan').innerText)")
+        assert "GPUs: 2 (context parallel, ulysses)" in page.locator("#t2v-plan").inner_text()
+        shot(page, "two-engines")

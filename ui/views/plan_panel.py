@@ -170,7 +170,7 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, pr
     override_fields' order), or one line saying why there is none."""
     try:
         settings = _form_settings(ctx, mode, preset, model, width, height, frames, form_overrides(ctx, *choices))
-        plan = plan_settings(settings, hardware, ctx.client.catalog)
+        plan = plan_settings(settings, hardware, ctx.client.catalog, ctx.client.engine_count())
     except ValueError as exc:   # InputError, ModelError and a bad override are all ValueErrors
         problems = getattr(exc, "problems", ())
         if len(problems) > 1:
