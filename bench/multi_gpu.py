@@ -73,6 +73,10 @@ def build_folder(setup: Setup, key: str) -> Path:
         pipe.to("cpu")
     pipe.save_pretrained(folder)
     del pipe
+    import torch
+
+    if torch.cuda.is_available():   # the engines need the GPUs' memory: this process keeps none of it
+        torch.cuda.empty_cache()
     setup.results.setdefault(key, {})["folder_s"] = round(time.perf_counter() - started, 1)
     return folder
 
