@@ -251,11 +251,8 @@ def _print_timings(view, out) -> None:
 
 
 def generate(args) -> int:
-    from engine.models.refs import ModelError
-    from engine.run.failures import failure_event
     from engine.service.pool import EnginePool
     from engine.settings.presets import PresetError
-    from engine.settings.values import InputError
 
     try:
         request = _build_request(args)
@@ -270,15 +267,10 @@ def generate(args) -> int:
         pool.close()
         print(f"error: {pool.problem.split('; running')[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    try:
-        request, notes = pool.check(request)
-    except (InputError, ModelError) as exc:
-        return _follow(pool, iter([failure_event(pool.new_job_id(), exc, None)]))
-    slots = tuple(range(pool.engines_for(request)))
-    if request.settings.gpus > engines:
-        notes = [*notes, f"--split {request.settings.gpus} asks for more GPUs than --gpus gives ({engines}): "
-                         f"split across {engines}."]
-    return _follow(pool, pool.run(request, notes, slots=slots))
+    more = request.settings.gpus > engines
+    notes = [f"--split {request.settings.gpus} asks for more GPUs than --gpus gives ({engines}), so it runs on "
+             f"{engines}."] if more else []
+    return _follow(pool, pool.submit(request, notes=notes))
 
 
 def decode(args) -> int:

@@ -24,9 +24,8 @@ from typing import Callable, Iterator, Sequence
 
 from engine.events import Event, Info, JobFailed, is_terminal
 from engine.models.refs import ModelError
-from engine.run.failures import failure_event
 from engine.run.faults import NO_FAULTS, PhaseHook
-from engine.service.worker import WorkerClient
+from engine.service.worker import WorkerClient, checked
 from engine.settings.request import GenerationRequest
 from engine.settings.values import InputError
 
@@ -201,22 +200,9 @@ class EnginePool:
         """What each engine process holds now, in engine order (see WorkerClient.memory)."""
         return [engine.memory(timeout=timeout) for engine in list(self.engines)]
 
-    @property
-    def running_settings(self):
-        """The settings of one running job (the first engine's when several run), for callers that look at one."""
-        running = self.all_running_settings()
-        return running[0] if running else None
-
     def all_running_settings(self) -> list:
+        """The settings of every job running now (the models they use may not be deleted meanwhile)."""
         return [engine.running_settings for engine in list(self.engines) if engine.running_settings is not None]
-
-    @property
-    def restarts(self) -> int:
-        return sum(engine.restarts for engine in self.engines)
-
-    @property
-    def pid(self) -> int | None:
-        return self.engines[0].pid
 
     # ----- jobs --------------------------------------------------------------
     def check(self, request: GenerationRequest):
@@ -252,16 +238,12 @@ class EnginePool:
         for slot in range(len(self.engines)) if slots is None else slots:
             self.engines[slot].cancel()
 
-    def submit(self, request: GenerationRequest, job_id: str | None = None,
-               slots: Sequence[int] = (0,)) -> Iterator[Event]:
-        """``check`` then ``run`` on ``slots``: bad input ends in a JobFailed event, before any engine works."""
+    def submit(self, request: GenerationRequest, job_id: str | None = None, notes: Sequence[str] = ()) -> Iterator[Event]:
+        """``check`` then ``run`` on the engines it needs (``engines_for``), the checks' notes followed by ``notes``;
+        bad input ends in a JobFailed event, before any engine works."""
         job_id = job_id or self.new_job_id()
-        try:
-            request, notes = self.check(request)
-        except (InputError, ModelError) as exc:
-            yield failure_event(job_id, exc, None)
-            return
-        yield from self.run(request, notes, job_id, slots)
+        yield from checked(self.check, request, job_id, lambda checked_request, said: self.run(
+            checked_request, [*said, *notes], job_id, tuple(range(self.engines_for(checked_request)))))
 
     def decode(self, latents: str, tiled: bool = False, on_cpu: bool = False, job_id: str | None = None,
                slots: Sequence[int] = (0,)) -> Iterator[Event]:
@@ -282,7 +264,7 @@ class EnginePool:
 
         address, key = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
         groups = [RankGroup(rank, len(slots), address, key) for rank in range(len(slots))]
-        ended = threading.Event()
+        told = False     # the failed rank's words were shown
         failures: list[tuple[int, JobFailed]] = []
         followers = []
         for rank, slot in list(enumerate(slots))[1:]:
@@ -299,8 +281,8 @@ class EnginePool:
                 if isinstance(event, JobFailed) and event.kind == "peer":
                     for _, thread in followers:   # the failed rank's own words, before the job's end
                         thread.join(PEER_WORDS_S)
-                if failures and not ended.is_set():
-                    ended.set()
+                if failures and not told:
+                    told = True
                     rank, failure = failures[0]
                     yield Info(job_id, f"The engine of rank {rank} failed ({failure.text}); the job is stopped on "
                                        "every GPU.")

@@ -142,6 +142,17 @@ def _signal_name(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+def checked(check, request: GenerationRequest, job_id: str, run) -> Iterator[Event]:
+    """``check(request)`` then ``run(request, notes)``'s events; bad input ends in a JobFailed event instead, before
+    any engine does anything (a lone engine's and the EnginePool's ``submit``)."""
+    try:
+        request, notes = check(request)
+    except (InputError, ModelError) as exc:
+        yield failure_event(job_id, exc, None)
+        return
+    yield from run(request, notes)
+
+
 @dataclass
 class _Worker:
     process: object
@@ -384,12 +395,8 @@ class WorkerClient:
     def submit(self, request: GenerationRequest, job_id: str | None = None) -> Iterator[Event]:
         """``check`` then ``run``: bad input ends in a JobFailed event, before the engine does anything."""
         job_id = job_id or self.new_job_id()
-        try:
-            request, notes = self.check(request)
-        except (InputError, ModelError) as exc:
-            yield failure_event(job_id, exc, None)
-            return
-        yield from self.run(request, notes, job_id)
+        yield from checked(self.check, request, job_id, lambda checked_request, notes: self.run(
+            checked_request, notes, job_id))
 
     def decode(self, latents: str, tiled: bool = False, on_cpu: bool = False,
                job_id: str | None = None, slots=()) -> Iterator[Event]:
