@@ -1,7 +1,7 @@
 """Every GPU in the box, measured: one job on one GPU against the same job split across two, and two jobs on
 two engines against the same two on one.
 
-    python bench/multi_gpu.py OUT.json [--models 1.3b,14b]    # a machine with two GPUs
+    python bench/multi_gpu.py OUT.json [--models 1.3b,14b,ring]  # a machine with two GPUs
     python bench/multi_gpu.py OUT.json --tiny                 # two CPU engines, the self-test model (CI)
     python bench/multi_gpu.py --table OUT.json                # the markdown table of docs/speed.md
 
@@ -15,6 +15,11 @@ engine process loads its own copy. Per model:
   and the final latents' largest difference from the whole run's;
 - queue: two jobs at once, one per engine, against the same two jobs one after the other on one engine (wall
   time from the first request to the last mp4): the throughput ratio.
+
+Last, "ring": a tiny random model with three attention heads, which two GPUs do not divide, split with an
+attention backend that returns the log-sum-exp (Ring attention), against the same model whole. (Two engines
+cannot share one GPU for this: NCCL refuses two ranks on one device, and gloo, which could, crashes gathering
+GPU tensors: bench/collectives_probe.py.)
 
 Nothing here asserts a time: the numbers are the output.
 """
@@ -36,7 +41,12 @@ sys.path.insert(0, str(ROOT))
 
 PROMPTS = ("a red fox running through fresh snow, cinematic", "a paper boat drifting down a rainy street")
 # model key -> (preset, realsize transformer, steps per measured run, guidance)
-MODELS = {"1.3b": ("wan21-t2v-1.3b", "wan21-1.3b", 10, 5.0), "14b": ("wan21-t2v-14b-480p", "wan21-t2v-14b", 5, 5.0)}
+MODELS = {"1.3b": ("wan21-t2v-1.3b", "wan21-1.3b", 10, 5.0), "14b": ("wan21-t2v-14b-480p", "wan21-t2v-14b", 5, 5.0),
+          "ring": ("selftest-t2v", "", 4, 5.0)}
+# The tiny model of the "ring" part: three attention heads, which two GPUs do not divide (Ring, not Ulysses),
+# run with an attention backend that returns the log-sum-exp.
+RING_HEADS, RING_ATTENTION = 3, "_native_flash"
+TINY_SIZE, FULL_SIZE = (64, 64, 9), (832, 480, 81)
 
 
 @dataclass
@@ -44,8 +54,14 @@ class Setup:
     tiny: bool
     work: Path
     out: Path
-    size: tuple[int, int, int] = (832, 480, 81)
+    size: tuple[int, int, int] = FULL_SIZE
     results: dict = field(default_factory=dict)
+
+    def size_of(self, key: str) -> tuple[int, int, int]:
+        return TINY_SIZE if self.tiny or key == "ring" else self.size
+
+    def steps_of(self, key: str) -> int:
+        return 4 if self.tiny else MODELS[key][2]
 
     def save(self) -> None:
         self.out.write_text(json.dumps(self.results, indent=2, default=str))
@@ -57,10 +73,19 @@ def build_folder(setup: Setup, key: str) -> Path:
     if (folder / "model_index.json").exists():
         return folder
     started = time.perf_counter()
-    if setup.tiny:
+    if setup.tiny or key == "ring":
         from engine.models.selftest import SELFTEST_T2V, build_selftest_pipeline
 
         pipe = build_selftest_pipeline(SELFTEST_T2V)
+        if key == "ring":
+            import torch
+            from diffusers import WanTransformer3DModel
+
+            width = pipe.transformer.config.num_attention_heads * pipe.transformer.config.attention_head_dim
+            torch.manual_seed(0)
+            pipe.transformer = WanTransformer3DModel.from_config(
+                {**pipe.transformer.config, "num_attention_heads": RING_HEADS,
+                 "attention_head_dim": width // RING_HEADS})
     else:
         from diffusers import UniPCMultistepScheduler, WanPipeline
 
@@ -85,12 +110,13 @@ def request(setup: Setup, key: str, folder: Path, prompt: str, gpus: int):
     from engine.settings.presets import load_presets
     from engine.settings.request import GenerationRequest
 
-    preset_name, _, steps, guidance = MODELS[key]
-    width, height, frames = setup.size
+    preset_name, _, _, guidance = MODELS[key]
+    width, height, frames = setup.size_of(key)
     return GenerationRequest.from_preset(
         load_presets()[preset_name if not setup.tiny else "selftest-t2v"], prompt, model=str(folder), width=width,
-        height=height, frames=frames, steps=4 if setup.tiny else steps, guidance=guidance, seed=7,
-        outputs_dir=str(setup.work / "out"), keep_latents=True, gpus=gpus)
+        height=height, frames=frames, steps=setup.steps_of(key), guidance=guidance, seed=7,
+        outputs_dir=str(setup.work / "out"), keep_latents=True, gpus=gpus,
+        attention=RING_ATTENTION if key == "ring" else None)
 
 
 def video(pool, req, slots: tuple[int, ...]) -> dict:
@@ -123,14 +149,11 @@ def latents_difference(a: str, b: str) -> float:
 
 
 def measure(setup: Setup, key: str) -> None:
-    from engine.service.pool import EnginePool, GpuChoice
-
     folder = build_folder(setup, key)
     results = setup.results.setdefault(key, {})
-    pool = EnginePool(setup.work / "models", GpuChoice(count=2), latents_hours=24.0, preview_seconds=-1)
-    pool.start()
+    results["size"] = list(setup.size_of(key))
+    pool = start_pool(setup)
     try:
-        pool.wait_started(600)
         results["engines"] = len(pool.engines)
         whole = request(setup, key, folder, PROMPTS[0], gpus=1)
         split = request(setup, key, folder, PROMPTS[0], gpus=2)
@@ -166,6 +189,16 @@ def measure(setup: Setup, key: str) -> None:
         pool.close()
 
 
+def start_pool(setup: Setup):
+    """Two engines, as ``serve --gpus 2`` starts them."""
+    from engine.service.pool import EnginePool, GpuChoice
+
+    pool = EnginePool(setup.work / "models", GpuChoice(count=2), latents_hours=24.0, preview_seconds=-1)
+    pool.start()
+    pool.wait_started(600)
+    return pool
+
+
 def table(paths: list[Path]) -> str:
     rows = ["| model | size | step, 1 GPU | step, 2 GPUs | speed-up | request to mp4, 1 GPU | 2 GPUs | latents "
             "vs 1 GPU | 2 jobs: 1 engine | 2 engines | throughput |", "|" + "---|" * 11]
@@ -174,7 +207,8 @@ def table(paths: list[Path]) -> str:
         for key in (k for k in MODELS if k in data and "split" in data[k]):
             r = data[key]
             queue = r.get("queue", {})
-            rows.append(f"| {key} | {'x'.join(map(str, data['size']))} | {r['whole']['step_s']:.3f} s | "
+            size = r.get("size", data["size"])
+            rows.append(f"| {key} | {'x'.join(map(str, size))} | {r['whole']['step_s']:.3f} s | "
                         f"{r['split']['step_s']:.3f} s | {r['step_speedup']:.2f}x | {r['whole']['seconds']:.1f} s | "
                         f"{r['split']['seconds']:.1f} s | {r['split_latents_vs_whole']:.3g} | "
                         f"{queue.get('one_engine_s', '-')} s | {queue.get('two_engines_s', '-')} s | "
@@ -188,7 +222,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out", nargs="+")
     parser.add_argument("--tiny", action="store_true", help="two CPU engines and the self-test model (checks the code)")
-    parser.add_argument("--models", default="1.3b,14b")
+    parser.add_argument("--models", default=None, help="default 1.3b,14b,ring (--tiny: 1.3b, the self-test model)")
     parser.add_argument("--work", default="/tmp/wan-multi")
     parser.add_argument("--table", action="store_true")
     args = parser.parse_args()
@@ -201,12 +235,13 @@ def main() -> None:
 
     out = Path(args.out[0])
     out.parent.mkdir(parents=True, exist_ok=True)
-    setup = Setup(args.tiny, Path(args.work), out, (64, 64, 9) if args.tiny else (832, 480, 81))
+    setup = Setup(args.tiny, Path(args.work), out, TINY_SIZE if args.tiny else FULL_SIZE)
     setup.work.mkdir(parents=True, exist_ok=True)
     setup.results.update(machine=" + ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
                          or "cpu", torch=torch.__version__, diffusers=diffusers.__version__,
                          date=time.strftime("%Y-%m-%d"), size=list(setup.size))
-    for key in (["1.3b"] if args.tiny else args.models.split(",")):
+    models = args.models or ("1.3b" if args.tiny else "1.3b,14b,ring")
+    for key in models.split(","):
         print(f"[bench] {key} ...", flush=True)
         try:
             measure(setup, key)

@@ -61,6 +61,9 @@ class HardwareProfile:
     # Every GPU of the machine, this engine's own first (its device 0); () on a CPU or Mac. The sizes above
     # are the first one's.
     devices: tuple[GpuDevice, ...] = ()
+    # The collective backend a job split across GPUs uses here (engine/run/parallel.py): "nccl" (RCCL on ROCm)
+    # on GPUs, "gloo" for CPU engines, "" where this PyTorch has none (no NCCL: Windows; no torch.distributed).
+    collectives: str = "gloo"
 
     @property
     def device(self) -> str:
@@ -170,6 +173,20 @@ def visible_index(position: int) -> int:
     return position
 
 
+def collectives_here(device: str) -> str:
+    """The collective backend a split job's ranks use on ``device`` ("cuda" or "cpu") with this PyTorch: NCCL
+    (RCCL on ROCm) on GPUs, gloo on the CPU; "" where there is none. gloo cannot stand in on GPUs: its gather of
+    GPU tensors, which every split step uses, crashes the process (docs/data/collectives-probe-h200.json), and
+    PyTorch for Windows has no NCCL, so there a job runs on one GPU."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return ""
+    if device == "cuda":
+        return "nccl" if dist.is_nccl_available() else ""
+    return "gloo"
+
+
 def _gpu(position: int) -> GpuDevice:
     import torch
 
@@ -203,10 +220,12 @@ def detect_hardware() -> HardwareProfile:
         return HardwareProfile(
             backend=backend, device_name=props.name, arch=arch,
             vram_total_gb=round(total / GIB, 2), vram_free_gb=round(free / GIB, 2),
-            unified_memory=unified, triton=can_compile(backend, common["os"])[0], devices=devices, **common)
+            unified_memory=unified, triton=can_compile(backend, common["os"])[0], devices=devices,
+            collectives=collectives_here("cuda"), **common)
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return HardwareProfile(
             backend="mps", device_name=platform.processor() or "Apple GPU", arch="apple",
             vram_total_gb=common["ram_total_gb"], vram_free_gb=common["ram_available_gb"],
             unified_memory=True, **common)
-    return HardwareProfile(backend="cpu", device_name=platform.processor() or platform.machine(), **common)
+    return HardwareProfile(backend="cpu", device_name=platform.processor() or platform.machine(),
+                           collectives=collectives_here("cpu"), **common)

@@ -14,7 +14,7 @@ from engine.device.hardware import HardwareProfile
 from engine.models.spec import ModelSpec
 from engine.planning import memory as mem
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES, SpeedRequest, choose_speed, vae_dtype_for
-from engine.planning.split import CONTEXT_PARALLEL_BACKENDS, Split, choose_split
+from engine.planning.split import CONTEXT_PARALLEL_BACKENDS, NO_COLLECTIVES, Split, choose_split
 from engine.words import plural
 
 # Rungs of the ladder, fastest (and highest quality) first.
@@ -411,7 +411,7 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
     peak_ram = max(p.peak_ram_gb for p in phases)
     speed = choose_speed(hw, req.speed, rung.transformer, rung.fp8, override.vae_dtype, override.compile,
                          override.attention)
-    split, split_said = _split(spec, req, speed.attention_backend, override)
+    split, split_said = _split(spec, req, hw, speed.attention_backend, override)
     if split is not None and split.possible:
         speed = replace(speed, attention_backend=split_backend(split, speed.attention_backend))
     plan = Plan(
@@ -433,17 +433,25 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
     return replace(plan, decisions=tuple(decisions), suggestions=tuple(suggestions))
 
 
-def _split(spec: ModelSpec, req: PlanRequest, backend: str, override: Override) -> tuple[Split | None, list[str]]:
+def _split(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, backend: str,
+           override: Override) -> tuple[Split | None, list[str]]:
     """(how ``req.ranks`` GPUs share the denoise, the sentences saying so); (None, []) for one GPU. An attention
     backend the planner chose that cannot run split gives way to plain SDPA ("native", Ulysses); one the user
     chose is kept, and may make the split impossible."""
     if req.ranks < 2:
         return None, []
+    if not hw.collectives:
+        split = Split(req.ranks, "", NO_COLLECTIVES)
+        return split, [f"This job cannot be split across {req.ranks} GPUs: {split.reason}."]
     tokens = spec.tokens(req.width, req.height, req.frames)
     heads = spec.transformer.heads
     if backend not in CONTEXT_PARALLEL_BACKENDS and not override.attention:
         backend = "native"
     split = choose_split(req.ranks, heads, tokens, backend, req.speed.step_cache)
+    if split.kind == "ring" and hw.device == "cpu":
+        split = Split(req.ranks, "", f"{req.ranks} engines do not divide the model's {heads} attention heads, and "
+                                     "Ring attention's backends run only on GPUs; use a number of engines that "
+                                     "divides the heads")
     if not split.possible:
         return split, [f"This job cannot be split across {req.ranks} GPUs: {split.reason}."]
     return split, [f"Split across {req.ranks} GPUs (context parallel, {split.kind}): {split.reason}. Each GPU holds "
@@ -479,18 +487,30 @@ def gpus_for(settings, spec: ModelSpec, hw: HardwareProfile, engines: int | None
         return asked, f"{plural(asked, 'GPU')}, as the settings ask."
     if present < 2 or hw.gpu_count == 0:
         return 1, "One GPU: the machine has no other." if hw.gpu_count < 2 else "One GPU: the app runs one engine."
+    if not hw.collectives:
+        return 1, f"One GPU: {NO_COLLECTIVES}."
     req, override = settings.plan_request(), settings.override()
     alone = plan_memory(spec, req, hw, override)
     if alone.fits and alone.strategy in ON_DEVICE_RUNGS:
         return 1, f"One GPU: the job fits on it with '{alone.strategy}'."
     for ranks in range(2, present + 1):
-        split = plan_memory(spec, replace(req, ranks=ranks), hw, override)
+        split = plan_memory(spec, replace(req, ranks=ranks), smallest_gpu(hw, ranks), override)
         if split.fits and split.strategy in ON_DEVICE_RUNGS and split.split.possible:
             return ranks, (f"{ranks} GPUs: on one the job needs '{alone.strategy}'"
                            + ("" if alone.fits else " and still does not fit")
                            + f", split across {ranks} ({split.split.kind}) it fits with '{split.strategy}'.")
     return 1, (f"One GPU: splitting the denoise across up to {present} GPUs would not keep the transformer on the "
                "device (each GPU holds the whole model; only the activations are divided).")
+
+
+def smallest_gpu(hw: HardwareProfile, ranks: int) -> HardwareProfile:
+    """``hw`` as the smallest of the first ``ranks`` GPUs it lists (the engines a split job would run on, its own
+    first): every rank holds the whole model, so the smallest card decides whether it fits."""
+    if len(hw.devices) < ranks:
+        return hw
+    used = hw.devices[:ranks]
+    return replace(hw, vram_total_gb=min(hw.vram_total_gb, *(d.total_gb for d in used)),
+                   vram_free_gb=min(hw.vram_free_gb, *(d.free_gb for d in used)))
 
 
 def _fallback(spec, req, hw, ladder, override):

@@ -23,6 +23,9 @@ SPLIT_KINDS = ("ulysses", "ring")
 # Step caches that decide from the transformer's own output whether to skip a step: split, each GPU sees only its
 # part of the sequence and could decide otherwise than the others, and a GPU that skips leaves the others waiting.
 SELF_DECIDING_CACHES = ("first_block", "mag")
+# Why nothing splits where PyTorch has no collective backend for the device (hardware.collectives_here).
+NO_COLLECTIVES = ("this PyTorch build has no NCCL, which GPUs need to share one job (PyTorch for Windows has none), "
+                  "so it runs on one GPU; each GPU still serves its own jobs")
 
 
 @dataclass(frozen=True)

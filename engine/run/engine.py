@@ -407,7 +407,7 @@ class Engine:
         split = job.split
         split.open()
         job.emit(Info(job.id, f"GPU rank {split.group.rank} of {split.group.size} joined the split job "
-                              f"({plan.split.kind}) in {split.opened_seconds:.2f} s."))
+                              f"({plan.split.kind}, over {split.backend}) in {split.opened_seconds:.2f} s."))
 
     def _check_cancel(self, job: _Job) -> None:
         if job.should_cancel():

@@ -48,5 +48,16 @@ def describe_failure(exc: BaseException, phase: str | None) -> tuple[str, str]:
         return sentence(str(exc)), "Free some disk space or choose another outputs folder."
     if is_disk_full(exc):
         return f"The disk is full{where}.", "Free some disk space or choose another outputs folder."
-    return (sentence(f"{exc.__class__.__name__}{where}: {text}"),
+    return (sentence(f"{exc.__class__.__name__}{where}: {shortened(text)}"),
             "Try again; if it repeats, run 'python app.py doctor' and report the error with its output.")
+
+
+# The most of an unexpected error's text a user is shown (torch's "operator not available" errors list every
+# dispatch key, pages long); the engine's log keeps the whole traceback.
+MAX_ERROR_CHARS = 500
+
+
+def shortened(text: str) -> str:
+    """An error's first paragraph, cut at MAX_ERROR_CHARS."""
+    first = text.strip().split("\n\n", 1)[0].strip()
+    return first if len(first) <= MAX_ERROR_CHARS else first[:MAX_ERROR_CHARS].rstrip() + " …"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Callable
 
-from engine.planning.split import Split
+from engine.planning.split import NO_COLLECTIVES, Split
 from engine.settings.values import InputError
 
 # How long the ranks wait for each other to join the job's process group; the pool sends them the job together.
@@ -78,12 +78,17 @@ class PeerStopped(RuntimeError):
 
 
 def collective_backend(device: str) -> str:
-    """NCCL on CUDA and ROCm (RCCL answers to the same name), gloo on the CPU; no other device splits."""
-    if device == "cuda":
-        return "nccl"
-    if device == "cpu":
-        return "gloo"
-    raise InputError(f"a job cannot be split across {device} devices (no collective backend there): run it on one")
+    """The backend of a split job's process group on ``device``: NCCL on CUDA and ROCm (RCCL answers to the same
+    name), gloo on the CPU; refused on other devices and where this PyTorch has neither."""
+    from engine.device.hardware import collectives_here
+
+    if device not in ("cuda", "cpu"):
+        raise InputError(f"a job cannot be split across {device} devices (no collective backend there): run it "
+                         "on one")
+    backend = collectives_here(device)
+    if not backend:
+        raise InputError(NO_COLLECTIVES)
+    return backend
 
 
 class SplitSession:
@@ -94,6 +99,7 @@ class SplitSession:
         self.device = device
         self.store = None
         self.opened_seconds = 0.0   # what joining the group cost
+        self.backend = ""           # the collective backend it joined over
         self._agreed_cancel = False
 
     def open(self) -> None:
@@ -101,7 +107,7 @@ class SplitSession:
         import torch
         import torch.distributed as dist
 
-        backend = collective_backend(self.device)   # refused before waiting for anyone where there is none
+        backend = self.backend = collective_backend(self.device)   # refused before waiting for anyone without
         start = time.perf_counter()
         if dist.is_initialized():   # a group a failed job could not close
             dist.destroy_process_group()
@@ -113,7 +119,8 @@ class SplitSession:
             # The app makes each engine's own GPU its device 0; without this, diffusers' and torch's device
             # meshes would pick device ``rank`` of the visible ones, another engine's GPU.
             torch.cuda.set_device(0)
-            options["device_id"] = torch.device("cuda", 0)
+            if backend == "nccl":
+                options["device_id"] = torch.device("cuda", 0)
         dist.init_process_group(backend, store=dist.PrefixStore(self.group.job_key, self.store),
                                 rank=self.group.rank, world_size=self.group.size,
                                 timeout=timedelta(seconds=COLLECTIVE_TIMEOUT_S), **options)

@@ -7,6 +7,7 @@ was running, starts a fresh worker, and the next job runs there.
 """
 from __future__ import annotations
 
+import faulthandler
 import itertools
 import json
 import multiprocessing as mp
@@ -91,6 +92,9 @@ def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json
                  options: dict, env: dict | None = None) -> None:
     """Entry point of the worker process: load the libraries, say so, then serve requests until told to stop.
     ``env``: variables set before torch loads (which GPUs it sees, in which order: engine/service/pool.py)."""
+    # A crash in native code (a driver, a collective) prints each thread's Python stack to the console, so the
+    # report the page asks for says where it happened.
+    faulthandler.enable()
     # Platform settings must be in place before torch initialises the device.
     os.environ.update(env or {})
     for name, value in PLATFORM_ENV.items():

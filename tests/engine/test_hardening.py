@@ -528,3 +528,19 @@ def test_a_preset_file_holding_a_list_is_refused(tmp_path):
     path.write_text("[1, 2, 3]")
     with pytest.raises(PresetError, match="odd.json: a preset must be a JSON object, got list"):
         load_preset_file(path)
+
+
+def test_an_operator_missing_on_this_device_reads_as_one_short_sentence():
+    """torch's "operator not available" errors list every dispatch key (pages); the page shows the first part."""
+    import torch
+
+    from engine.run.failures import MAX_ERROR_CHARS, failure_event
+
+    q = torch.zeros(1, 2, 4, 8)
+    with pytest.raises(NotImplementedError) as info:
+        torch.ops.aten._scaled_dot_product_flash_attention(q, q, q)
+    assert len(str(info.value)) > 2000
+    event = failure_event("job", info.value, "denoise")
+    assert event.kind == "runtime" and "during denoise" in event.message
+    assert "_scaled_dot_product_flash_attention" in event.message and "'CPU' backend" in event.message
+    assert len(event.message) < MAX_ERROR_CHARS + 80 and "registered at" not in event.message

@@ -63,3 +63,25 @@ def test_every_gpu_is_listed_with_the_engines_own_first_and_survives_json(monkey
         HardwareProfile.from_dict({**two, "devices": "0,1"})
     monkeypatch.setenv("WAN_GPU_ORDER", "3,2")
     assert (visible_index(0), visible_index(1), visible_index(2)) == (3, 2, 2)
+
+
+def test_the_collective_backend_of_a_split_job_is_nccl_on_gpus_and_gloo_on_cpus(monkeypatch):
+    import torch.distributed as dist
+
+    from engine.device.hardware import collectives_here
+    from engine.run.parallel import collective_backend
+    from engine.settings.values import InputError
+
+    assert detect_hardware().collectives == "gloo"          # this CPU machine's torch has gloo
+    assert collectives_here("cpu") == collective_backend("cpu") == "gloo"
+    assert collectives_here("cuda") == ("nccl" if dist.is_nccl_available() else "")   # never gloo on GPUs
+    with pytest.raises(InputError, match="mps devices"):
+        collective_backend("mps")
+    if not dist.is_nccl_available():
+        with pytest.raises(InputError, match="no NCCL"):
+            collective_backend("cuda")
+    monkeypatch.setattr(dist, "is_available", lambda: False)   # a PyTorch built without torch.distributed
+    assert collectives_here("cpu") == ""
+    with pytest.raises(InputError, match="no NCCL"):
+        collective_backend("cpu")
+    assert HardwareProfile.from_dict({"backend": "cuda", "device_name": "x", "collectives": ""}).collectives == ""

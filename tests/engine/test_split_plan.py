@@ -97,3 +97,36 @@ def test_a_step_cache_that_decides_per_gpu_which_steps_to_skip_cannot_run_split(
     refused = choose_split(2, 40, 32760, "native", step_cache="mag")
     assert not refused.possible and "turn the step cache off or run on one GPU" in refused.reason
     assert choose_split(2, 40, 32760, "native", step_cache="taylor").kind == "ulysses"
+
+
+def test_the_smallest_card_decides_whether_a_split_job_fits(hd_14b):
+    """Every rank holds the whole model: a 36 GB card beside a 24 GB one does not make a split that fits."""
+    spec = KNOWN_MODELS[hd_14b.model]
+    mixed = replace(cards(2, 36), devices=(GpuDevice(0, "card", 36, 35), GpuDevice(1, "small", 24, 23)))
+    ranks, why = gpus_for(hd_14b, spec, mixed)
+    assert ranks == 1 and "each GPU holds the whole model" in why, why
+    assert gpus_for(hd_14b, spec, cards(2, 36))[0] == 2     # the same machine with two alike cards splits
+
+
+def test_without_nccl_nothing_splits_and_the_plan_says_why(hd_14b):
+    """PyTorch for Windows has no NCCL: the automatic choice stays on one GPU, an asked-for split is refused."""
+    spec = KNOWN_MODELS[hd_14b.model]
+    bare = replace(cards(2, 36), collectives="")
+    ranks, why = gpus_for(hd_14b, spec, bare)
+    assert ranks == 1 and "no NCCL" in why and "each GPU still serves its own jobs" in why
+    plan = plan_memory(spec, replace(hd_14b.plan_request(), ranks=2), bare)
+    assert not plan.split.possible and "no NCCL" in plan.split.reason
+    assert any("cannot be split across 2 GPUs" in said for said in plan.decisions)
+    with_nccl = plan_memory(spec, replace(hd_14b.plan_request(), ranks=2), replace(cards(2, 36), collectives="nccl"))
+    assert with_nccl.split.kind == "ulysses"
+
+
+def test_ring_attention_is_refused_on_cpu_engines_where_its_backends_do_not_run():
+    settings = replace(load_presets()["selftest-t2v"].settings, attention="_native_flash", width=64, height=64,
+                       frames=9)
+    cpu = HardwareProfile(backend="cpu", device_name="x86", ram_total_gb=24, ram_available_gb=20, cpu_count=2)
+    spec = KNOWN_MODELS[T2V_14B]   # 40 heads: 3 engines cannot divide them
+    plan = plan_memory(spec, replace(settings.plan_request(), ranks=3), cpu, settings.override())
+    assert not plan.split.possible and "only on GPUs" in plan.split.reason
+    on_gpus = plan_memory(spec, replace(settings.plan_request(), ranks=3), cards(3, 80), settings.override())
+    assert on_gpus.split.kind == "ring"
