@@ -207,7 +207,8 @@ def plain_video(pipe, setup: Setup, case: dict, prompt: str, out: Path) -> tuple
 
     from engine.run.schedulers import make_scheduler
 
-    pipe.scheduler = make_scheduler(dict(pipe.scheduler.config), case["shift"], case.get("sigmas"))
+    pipe.scheduler = make_scheduler(dict(pipe.scheduler.config), case["shift"], case.get("sigmas"),
+                                    case.get("scheduler", "unipc"), 1)
     marks, ends, kept = {}, [], {}
 
     def first_call(*_):
@@ -280,7 +281,7 @@ def cases(setup: Setup, folder: Path) -> dict:
     """The two warm cases: the FastWan preset at the full size, and the standard preset's long run."""
     return {
         "fastwan": {"preset": "fastwan21-t2v-1.3b", "model": str(folder), "steps": 3, "guidance": 1.0,
-                    "shift": 8.0, "sigmas": (1.0, 0.757, 0.522)},
+                    "shift": 1.0, "sigmas": (1.0, 0.757, 0.522), "scheduler": "flow_dmd"},
         "long": {"preset": "wan21-t2v-1.3b", "model": str(folder), "steps": setup.long_steps, "guidance": 5.0,
                  "shift": 3.0},
     }

@@ -633,7 +633,8 @@ class Engine:
         from engine.run.speedups import steps_per_transformer
 
         pipe = loaded.for_mode(request.settings.mode)
-        pipe.scheduler = make_scheduler(loaded.scheduler_config, request.settings.shift, request.settings.sigmas)
+        pipe.scheduler = make_scheduler(loaded.scheduler_config, request.settings.shift, request.settings.sigmas,
+                                        request.settings.scheduler, request.seed)
         total = request.settings.steps
         counts = steps_per_transformer(pipe, total)
         switch = switch_step(counts, total)

@@ -29,7 +29,7 @@ MODES = ("t2v", "i2v", "t2i")
 MODE_NAMES = {"t2v": "text to video", "i2v": "image to video", "t2i": "text to image"}
 # A preset belongs to a generation tab: text to video (text to image is its 1-frame mode) or image to video.
 PRESET_MODES = ("t2v", "i2v")
-SCHEDULERS = ("unipc", "flow_euler")
+SCHEDULERS = ("unipc", "flow_euler", "flow_dmd")   # engine/run/schedulers.py
 MIN_SIDE, MAX_SIDE = 32, 2048
 MAX_FRAMES = 257
 MAX_STEPS = 200
@@ -107,10 +107,11 @@ class Settings:
 
     def changed(self, **changes) -> "Settings":
         """These settings with ``changes`` (values that are None are left out); a fixed sigma schedule
-        that no longer matches the step count is dropped for the default scheduler."""
+        that no longer matches the step count is dropped: the same kind of step then samples its own evenly
+        spaced schedule (a distilled model keeps its sampler)."""
         settings = replace(self, **{k: v for k, v in changes.items() if v is not None})
         if settings.sigmas is not None and settings.steps != len(settings.sigmas):
-            settings = replace(settings, scheduler="unipc", sigmas=None)
+            settings = replace(settings, sigmas=None)
         return settings
 
     def plan_request(self) -> PlanRequest:

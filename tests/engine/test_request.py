@@ -97,5 +97,5 @@ def test_from_preset_drops_a_fixed_schedule_when_steps_change(presets):
     fast = presets["fastwan21-t2v-1.3b"]
     kept = GenerationRequest.from_preset(fast, "a cat")
     changed = GenerationRequest.from_preset(fast, "a cat", steps=8)
-    assert kept.settings.sigmas == (1.0, 0.757, 0.522) and kept.settings.scheduler == "flow_euler"
-    assert changed.settings.sigmas is None and changed.settings.scheduler == "unipc"
+    assert kept.settings.sigmas == (1.0, 0.757, 0.522) and kept.settings.scheduler == "flow_dmd"
+    assert changed.settings.sigmas is None and changed.settings.scheduler == "flow_dmd"   # its own even schedule

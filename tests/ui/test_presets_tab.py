@@ -85,11 +85,11 @@ def test_a_saved_preset_runs_as_the_form_would(ctx):
     preset = saved.preset
     # What the form does not show comes from the preset it was filled from (its fixed 3-step schedule).
     assert (preset.settings.model, preset.settings.width, preset.settings.frames, preset.settings.scheduler, preset.settings.sigmas) == (
-        "FastVideo/FastWan2.1-T2V-1.3B-Diffusers", 256, 9, "flow_euler", (1.0, 0.757, 0.522))
+        "FastVideo/FastWan2.1-T2V-1.3B-Diffusers", 256, 9, "flow_dmd", (1.0, 0.757, 0.522))
     assert preset.title == "fast-square" and "starting from FastWan2.1" in preset.description
     assert "Saved your preset **fast-square**" in saved.message
     other = save_user_preset(ctx, "fast-square", "t2v", "fastwan21-t2v-1.3b", "", "", 256, 256, 9, 4, 1.0, 8.0)
-    assert other.replaced and other.preset.settings.sigmas is None and other.preset.settings.scheduler == "unipc"
+    assert other.replaced and other.preset.settings.sigmas is None and other.preset.settings.scheduler == "flow_dmd"
     entry = next(e for e in preset_entries(ctx, CPU) if e["name"] == "fast-square")
     assert entry["user"] and "· *your preset*" in card_markdown(entry)
 
