@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import traceback
 from collections import OrderedDict
-from contextlib import closing, contextmanager
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -40,14 +40,12 @@ from engine.models.single_file import read_bytes, use_transformer_files
 from engine.models.spec import TEXT_TOKENS, ModelSpec
 from engine.outputs.bundle import Bundle
 from engine.outputs.export import output_stem
-from engine.outputs.kept_inputs import carry_inputs, keep_inputs
-from engine.outputs.latents import DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, load_latents, save_latents
-from engine.outputs.record import open_video_stream, redecode_record, run_record, write_media
+from engine.outputs.kept_inputs import keep_inputs
+from engine.outputs.latents import DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, save_latents
+from engine.outputs.record import run_record
 from engine.outputs.sidecar import write_sidecar
-from engine.planning.memory import VAE_TILES
 from engine.planning.planner import LADDER, TWO_EXPERT_RUNGS, Plan, plan_memory
 from engine.run.apply_plan import (
-    conv_settings,
     encoder_device,
     encoder_visiting,
     from_pretrained_kwargs,
@@ -60,7 +58,7 @@ from engine.run.apply_plan import (
     set_vae_tiling,
     torch_dtype,
 )
-from engine.run.decoding import decode_attempts, decode_latents, decode_stream, decoded_shape
+from engine.run.decode_stage import DecodeStage
 from engine.run.experts import EXPERTS, ExpertSwap, switch_step
 from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
@@ -75,9 +73,6 @@ from engine.settings.values import MODE_NAMES, InputError, check_experts
 
 SELFTEST_NOTE = "Noise from a self-test model: random weights, made to check the app works, not to look like anything."
 PROMPT_CACHE_SIZE = 4   # encodings are 512 x 4096 x 2 bytes each: 4 MB
-# The fast decoder's frames go to the encoder this many latent frames at a time (4 video frames): on an H200
-# at 832x480x81 in float16, 0.7 GiB and 0.126 s, against 8.2 GiB and 0.115 s for the whole clip at once.
-FAST_DECODE_CHUNK = 1
 CALIBRATION_FOLDER = ".calibration"   # in the models folder: MagCache's ratios per model and step count
 Emit = Callable[[Event], None]
 
@@ -196,7 +191,7 @@ class _Job:
     nested_seconds: float = 0.0         # seconds of the phases run inside others, for those to leave out
 
 
-class Engine:
+class Engine(DecodeStage):
     def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
                  latents_hours: float = DEFAULT_KEEP_HOURS, preview_seconds: float = PREVIEW_EVERY_SECONDS,
                  faults: PhaseHook = NO_FAULTS, calibrate: bool | None = None):
@@ -785,161 +780,6 @@ class Engine:
         if path not in loaded.fast_decoders:
             loaded.fast_decoders[path] = load_fast_decoder(path, loaded.plan.device)
         return DecoderPreview(loaded.fast_decoders[path], vae.config.latents_mean, vae.config.latents_std)
-
-    # ----- decode, with its own fallbacks --------------------------------------
-    def _decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle, job: _Job):
-        """(the media file, the frames' shape). A video planned untiled is streamed; a still, a tiled decode
-        or a stream out of memory decodes the whole clip (its fallbacks next: tiled, then on the CPU), then
-        writes it."""
-        pipe, plan = loaded.pipe, loaded.plan
-        if job.fast_decoder is not None:
-            return self._fast_decode_and_write(loaded, request, latents, bundle, job)
-        first = 0
-        if request.settings.mode != "t2i" and plan.vae_tile is None:
-            try:
-                return self._decode_streaming(pipe.vae, plan, request, latents, bundle, job)
-            except Exception as exc:
-                if not is_out_of_memory(exc) or job.phase != "vae_decode":
-                    raise
-                first = 1   # the stream was the planned attempt; it left nothing on disk
-                self._retrying_decode(job, decode_attempts(plan.vae_tile, plan.device, VAE_TILES)[first][0])
-        frames = self._decode(pipe.vae, pipe.video_processor, plan, latents, job, first)
-        with self._phase(job, "export"):
-            media = write_media(request, frames, bundle)
-        return media, frames.shape
-
-    def _decode_streaming(self, vae, plan: Plan, request: GenerationRequest, latents, bundle: Bundle, job: _Job):
-        """The VAE's frames go to the encoder as they decode, with the plan's convolution set-up."""
-        with conv_settings(plan.conv):
-            return self._write_streaming(request, decoded_shape(vae, latents),
-                                         decode_stream(vae, latents, plan.device), bundle, job)
-
-    def _write_streaming(self, request: GenerationRequest, shape: tuple, batches, bundle: Bundle, job: _Job):
-        """(the media file, its shape): the decoder's ``batches`` of frames go to the encoder as they come;
-        vae_decode times the decode (the encoding overlaps it), export only the encoder's tail after the last
-        frame. The file is complete or absent, whatever fails."""
-        job.phase = "export"   # the disk-room check is the export's, asked before the decode spends its time
-        with open_video_stream(request, shape, bundle) as video, closing(batches) as decoded:   # closed: caches freed
-            with self._phase(job, "vae_decode"):
-                for frames in decoded:
-                    video.send(frames)
-            with self._phase(job, "export"):
-                return video.close(), video.shape
-
-    def _retrying_decode(self, job: _Job, how: str) -> None:
-        free_device_memory()
-        job.emit(Info(job.id, f"Out of memory in the VAE decode; retrying {how} from the same latents."))
-
-    def _decode(self, vae, video_processor, plan: Plan, latents, job: _Job, first: int = 0):
-        """Decode as planned; on out-of-memory retry tiled, then on the CPU. The denoise is never repeated.
-        ``first``: the attempt to start from (1 when a streamed decode ran out of memory as planned)."""
-        attempts = decode_attempts(plan.vae_tile, plan.device, VAE_TILES)
-        for number, (how, tile, device) in enumerate(attempts[first:], first):
-            try:
-                frames = self._decode_once(vae, video_processor, latents, job, tile, device,
-                                           plan.conv if device == plan.device else "default")
-                if number:
-                    job.decode_fallback = how
-                    job.emit(Info(job.id, f"The VAE decode worked {how}."))
-                return frames
-            except Exception as exc:
-                if not is_out_of_memory(exc) or number == len(attempts) - 1:
-                    raise
-                self._retrying_decode(job, attempts[number + 1][0])
-            finally:
-                if device != plan.device:
-                    vae.to(plan.device)
-                set_vae_tiling(vae, plan.vae_tile)
-
-    def _decode_once(self, vae, video_processor, latents, job: _Job, tile: int | None, device: str,
-                     conv: str = "default"):
-        with self._phase(job, "vae_decode"), conv_settings(conv):
-            return decode_latents(vae, video_processor, latents, tile, device)
-
-    # ----- the fast decoder (approximate) ---------------------------------------
-    def _fast_decoder_file(self, resolved: ResolvedModel, job: _Job) -> Path:
-        """The fast decoder for this model's latents: on disk, else downloaded once (its own phase);
-        InputError saying where to put one when there is none."""
-        from engine.models.refs import hub_offline
-        from engine.run.fast_decoder import FastDecoderError, find_fast_decoder, locate_fast_decoder
-
-        z_dim = 48 if resolved.spec.wan22_vae else 16
-        try:
-            found = find_fast_decoder(self.models_dir, z_dim, resolved.folder)
-            if found is None:
-                with self._phase(job, "download"):
-                    found = locate_fast_decoder(self.models_dir, z_dim, resolved.folder, offline=hub_offline())
-            return found
-        except FastDecoderError as exc:
-            raise InputError(str(exc)) from None
-
-    def _fast_decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle,
-                               job: _Job):
-        """(the media file, the frames' shape) from the fast decoder: approximate, a fraction of the VAE's time
-        and memory; the frames are written as they decode, as the VAE's are."""
-        from engine.run.fast_decoder import check_matches, load_fast_decoder
-
-        path, config = job.fast_decoder, loaded.pipe.vae.config
-        decoder = loaded.fast_decoders.get(path)
-        if decoder is None:
-            job.phase = "vae_decode"
-            decoder = load_fast_decoder(path, loaded.plan.device)
-            check_matches(decoder.info, config.z_dim)
-            loaded.fast_decoders[path] = decoder
-        job.decoder = f"fast ({decoder.info.name})"
-        job.emit(Info(job.id, f"Decoding with the fast decoder {decoder.info.name}: approximate, softer than the "
-                              "model's VAE; choose the VAE decoder for the final video."))
-        if request.settings.mode == "t2i":
-            with self._phase(job, "vae_decode"):
-                frames = decoder.decode(latents, config.latents_mean, config.latents_std).cpu().numpy()
-            with self._phase(job, "export"):
-                return write_media(request, frames, bundle), frames.shape
-        shape = (decoder.info.frames_out(latents.shape[2]), latents.shape[3] * decoder.info.scale,
-                 latents.shape[4] * decoder.info.scale, 3)
-        batches = (frames.cpu().numpy() for frames in decoder.stream(latents, FAST_DECODE_CHUNK,
-                                                                    config.latents_mean, config.latents_std))
-        return self._write_streaming(request, shape, batches, bundle, job)
-
-    # ----- decode again, from saved latents ------------------------------------
-    def _decode_saved(self, path: Path, job: _Job, tiled: bool, on_cpu: bool) -> Event:
-        latents, meta = load_latents(path)
-        fields = dict(meta["request"])
-        request = GenerationRequest.from_dict(fields)
-        reset_peak_vram()
-        resolved = self._resolve(request.settings.model, job)
-        vae, video_processor = self._vae_for(resolved, job)
-        plan = self.plan_for(request, resolved.spec)
-        device = "cpu" if on_cpu else plan.device
-        tile = (plan.vae_tile or VAE_TILES[2]) if tiled else plan.vae_tile
-        job.device = device
-        vae.to(device)
-        frames = self._decode_once(vae, video_processor, latents, job, tile, device)
-        if device != plan.device and self.loaded is not None and vae is self.loaded.pipe.vae:
-            vae.to(plan.device)
-        bundle = Bundle.from_latents(path)   # the failed run's own name, unless a decode already filled it
-        if bundle.has_output():
-            bundle = Bundle(output_stem(path.parent.parent, request.settings.mode, request.prompt, request.seed))
-        with self._phase(job, "export"):
-            media = write_media(request, frames, bundle)
-        how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
-        inputs = carry_inputs(meta["inputs"], path.parent, bundle.stem) if meta.get("inputs") else None
-        record = redecode_record(request, media, path, how, meta.get("model"), fields, job.timings,
-                                 job.ram.peak_gb, self.hardware.to_dict(), inputs=inputs)
-        sidecar = write_sidecar(record, bundle.sidecar)
-        return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
-                           job.ram.peak_gb, f"Decoded again ({how}) from saved latents.")
-
-    def _vae_for(self, resolved: ResolvedModel, job: _Job):
-        """The loaded model's VAE, or the VAE alone from the model's files (nothing else is loaded)."""
-        if self.loaded is not None and self.loaded.model.ref == resolved.ref:
-            return self.loaded.pipe.vae, self.loaded.pipe.video_processor
-        import torch
-        from diffusers import AutoencoderKLWan
-        from diffusers.video_processor import VideoProcessor
-
-        with self._phase(job, "load"):
-            vae = AutoencoderKLWan.from_pretrained(resolved.folder, subfolder="vae", dtype=torch.float32)
-        return vae, VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
 
     @staticmethod
     def _speed_record(plan: Plan, request: GenerationRequest, job: _Job) -> dict:
