@@ -340,7 +340,7 @@ def decode(setup: Setup, folder: Path, latents) -> None:
 
     from engine.outputs.export import to_uint8
     from engine.run.decoding import decode_latents, decode_stream, denormalize
-    from engine.run.engine import FAST_DECODE_CHUNK
+    from engine.run.decode_stage import FAST_DECODE_CHUNK
     from engine.run.fast_decoder import load_fast_decoder, random_fast_decoder_state, write_fast_decoder
 
     results = setup.results.setdefault("decode", {})
