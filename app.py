@@ -54,8 +54,9 @@ def _overrides(parser: argparse.ArgumentParser) -> None:
 
 def _source_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--transformer", metavar="FILE",
-                        help="a single transformer file (.gguf or .safetensors) in place of the model's own; the "
-                             "rest (text encoder, VAE, ...) comes from --model")
+                        help="a single transformer file (.gguf or .safetensors) in place of the model's own, a path "
+                             "or a name in the models folder's transformers/; the rest (text encoder, VAE, ...) "
+                             "comes from --model")
     parser.add_argument("--transformer-2", metavar="FILE",
                         help="the same for Wan2.2 A14B's low-noise expert (transformer_2)")
     parser.add_argument("--guidance-2", type=float, metavar="SCALE",
@@ -211,9 +212,18 @@ def _settings(args):
         strategy=args.strategy, text_encoder=args.text_encoder,
         vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on",
         decoder=args.decoder, step_cache=args.step_cache, attention=args.attention, vae_dtype=args.vae_precision,
-        compile=None if args.compile is None else args.compile == "on", transformer=args.transformer,
-        transformer_2=args.transformer_2, loras=_loras(args), guidance_2=args.guidance_2,
+        compile=None if args.compile is None else args.compile == "on",
+        transformer=_transformer(args.transformer, args), transformer_2=_transformer(args.transformer_2, args),
+        loras=_loras(args), guidance_2=args.guidance_2,
         gpus=args.split)
+
+
+def _transformer(file: str | None, args) -> str | None:
+    """A --transformer file as an absolute path: from here, else by that name in the models folder's transformers/."""
+    from engine.models.single_file import transformer_folder
+    from engine.models.weights import find_file
+
+    return find_file(file, transformer_folder(args.models_dir)) if file else None
 
 
 def _loras(args) -> tuple | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import struct
 from pathlib import Path
 
@@ -122,3 +123,14 @@ def files_under(folder: Path, suffixes: tuple[str, ...]) -> list[str]:
         return []
     return sorted((path.relative_to(folder).as_posix() for path in folder.rglob("*")
                    if path.suffix.lower() in suffixes and path.is_file()), key=str.lower)
+
+
+def find_file(file: str, folder: Path) -> str:
+    """A file the command line names, as an absolute path: as given (from the working folder), else by that name in
+    ``folder`` (the models folder's loras/ or transformers/); a file in neither is returned as given, for the
+    settings' check to say it is not there."""
+    path = Path(file).expanduser()
+    if path.is_absolute() or path.exists():
+        return os.path.abspath(path)
+    in_folder = Path(folder) / path
+    return str(in_folder.resolve()) if in_folder.is_file() else os.path.abspath(path)

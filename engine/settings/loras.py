@@ -7,11 +7,10 @@ in the models folder's ``loras/``), and ``values.check_settings`` then checks ea
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 
 from engine.models.loras import EXPERTS, LORA_SUFFIX, Lora
-from engine.models.weights import files_under
+from engine.models.weights import files_under, find_file
 from engine.settings.values import InputError
 
 LORAS_FOLDER = "loras"        # inside the models folder: where the page (and a bare file name) finds LoRA files
@@ -90,13 +89,9 @@ def lora_folder(models_dir: str | Path) -> Path:
 
 
 def find_lora(file: str, models_dir: str | Path) -> str:
-    """The command line's LoRA file as an absolute path: as given (from the working folder), else by that name in
-    the models folder's loras/; a file in neither is returned as given, for the check to say it is not there."""
-    path = Path(file).expanduser()
-    if path.is_absolute() or path.exists():
-        return os.path.abspath(path)
-    in_folder = lora_folder(models_dir) / path
-    return str(in_folder.resolve()) if in_folder.is_file() else os.path.abspath(path)
+    """The command line's LoRA file as an absolute path: as given, else by that name in the models folder's loras/
+    (engine/models/weights.find_file)."""
+    return find_file(file, lora_folder(models_dir))
 
 
 def listed_lora_files(models_dir: str | Path) -> list[str]:

@@ -7,6 +7,8 @@ in the original Wan key layout under ComfyUI's ``model.diffusion_model.`` prefix
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -349,7 +351,16 @@ def test_app_plan_takes_a_transformer_file_and_refuses_one_that_does_not_fit(mod
     assert plan["transformer_files"][0][0] == str(files["gguf"].resolve())
     assert app.main([*common, "--transformer", str(files["1.3b"])]) == app.EXIT_BAD_INPUT
     assert "is shaped like Wan2.1 T2V 1.3B" in capsys.readouterr().err
-    args = app.parse_args(["generate", "--prompt", "a fox", "--model", "selftest-t2v", "--transformer", "high.gguf",
-                           "--transformer-2", "low.gguf", "--user-presets", str(tmp_path / "user_presets")])
+    # A name is looked for in the models folder's transformers/ (as the page lists them); one not there stays as
+    # given, from the working folder, for the check to say it is missing.
+    models = tmp_path / "models"
+    (models / "transformers" / "wan").mkdir(parents=True)
+    shutil.copy(files["gguf"], models / "transformers" / "wan" / "high.gguf")
+    args = app.parse_args(["generate", "--prompt", "a fox", "--model", "selftest-t2v", "--transformer",
+                           "wan/high.gguf", "--transformer-2", "low.gguf", "--models-dir", str(models),
+                           "--user-presets", str(tmp_path / "user_presets")])
     settings = app._settings(args)[1]
-    assert (settings.transformer, settings.transformer_2) == ("high.gguf", "low.gguf")
+    assert settings.transformer == str((models / "transformers" / "wan" / "high.gguf").resolve())
+    assert settings.transformer_2 == os.path.abspath("low.gguf")
+    assert app.main([*common, "--models-dir", str(models), "--transformer", "wan/high.gguf"]) == app.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["transformer_files"][0][0] == settings.transformer
