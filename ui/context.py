@@ -18,6 +18,10 @@ from engine.settings.values import TRANSFORMER_FILE_NAMES, InputError
 # The end of the message that refuses a model path from the page or the API.
 ALLOW_PATHS_HINT = "start the app with --allow-model-paths to use folders outside models/"
 
+# A value a caller left out that stands for the preset's own (the low-noise guidance, where None has a meaning of
+# its own: the same guidance for both experts).
+PRESETS_OWN = object()
+
 
 def _looks_like_path(ref: str) -> bool:
     """Written as a filesystem path (absolute, home-relative, dotted or with backslashes), not a repo id."""

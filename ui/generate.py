@@ -18,7 +18,7 @@ from engine.run.failures import failure_event
 from engine.service.jobqueue import QueueFull
 from engine.settings.request import GenerationRequest
 from engine.settings.values import InputError
-from ui.context import AppContext
+from ui.context import PRESETS_OWN, AppContext
 from ui.pacing import paced
 from ui.parts.chains import when_ended
 from ui.views.job_view import JobView
@@ -86,10 +86,12 @@ def _preset(ctx: AppContext, name, mode: str):
 
 
 def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prompt, model, width, height, frames,
-                  steps, guidance, shift, seed, *choices, image=None, last_image=None) -> GenerationRequest:
+                  steps, guidance, shift, seed, *choices, guidance_2=PRESETS_OWN, image=None,
+                  last_image=None) -> GenerationRequest:
     """The request for a page or API call, from the values as sent: a field left empty is missing (not the
     preset's), -1 or no seed is random; ``choices`` are the plan panel's dropdowns, its LoRA box and its
-    transformer files (override_fields' order).
+    transformer files (override_fields' order); ``guidance_2`` the Guidance 2 box (low_noise_guidance; left out
+    by a Python caller: the preset's).
     Raises InputError or ModelError saying what to change."""
     preset = _preset(ctx, preset_name, mode)
     # The preset's settings with the form's values as sent: a None stays None (missing), it is not the
@@ -97,20 +99,31 @@ def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prom
     ref = ctx.model_ref(model or preset.settings.model)
     settings = replace(preset.settings.changed(steps=steps), mode=mode, model=ref, width=width, height=height,
                        frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
-                       guidance_2=_guidance_2(ctx, preset, ref, guidance), **form_overrides(ctx, *choices))
+                       guidance_2=_guidance_2(ctx, preset.settings.guidance_2 if guidance_2 is PRESETS_OWN
+                                              else guidance_2, ref, guidance),
+                       **form_overrides(ctx, *choices))
     return GenerationRequest(
         settings, prompt, negative_prompt=preset.negative_prompt if negative_prompt is None else negative_prompt,
         seed=-1 if seed is None else seed, image=upload_path(image, "image"),
         last_image=upload_path(last_image, "last image"), preset=preset.name, outputs_dir=ctx.outputs_dir)
 
 
-def _guidance_2(ctx: AppContext, preset, ref: str, guidance) -> float | None:
-    """The preset's low-noise guidance (Wan2.2 A14B), kept only for a model with two experts and while the form's
-    guidance is on (at 1 or less it is off for both experts): the form has no box for it, so a two-expert preset
-    run with a model of one transformer, or without guidance, drops it rather than being refused."""
+def low_noise_guidance(value):
+    """The Guidance 2 box's value as a setting: empty or 0 (the box shows 0 for none) is None, the same guidance as
+    the high-noise expert's; anything else as it came, for the settings' check."""
+    return None if value is None or value == "" or (isinstance(value, (int, float)) and value == 0) else value
+
+
+def _guidance_2(ctx: AppContext, value, ref: str, guidance):
+    """The low-noise guidance asked for (Wan2.2 A14B), kept only for a model with two experts and while the form's
+    guidance is on (at 1 or less it is off for both experts): the box is on every form, so a value left in it for
+    a model of one transformer, or without guidance, is left out rather than refused."""
+    value = low_noise_guidance(value)
+    if value is None:
+        return None
     limits = ctx.client.catalog.limits(ref)
     guidance_off = isinstance(guidance, (int, float)) and not isinstance(guidance, bool) and guidance <= 1.0
-    return None if guidance_off or (limits is not None and limits.experts < 2) else preset.settings.guidance_2
+    return None if guidance_off or (limits is not None and limits.experts < 2) else value
 
 
 def _say(text: str) -> None:

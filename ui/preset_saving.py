@@ -8,7 +8,7 @@ from engine.settings.loras import parse_lora_lines
 from engine.settings.presets import Preset, PresetError, check_user_preset_name, preset_json
 from engine.settings.values import PRESET_MODES, InputError, check_settings
 from engine.settings.request import check_prompt, clean_prompt
-from ui.context import AppContext
+from ui.context import PRESETS_OWN, AppContext
 from ui.views.preset_cards import MODE_TITLES
 
 
@@ -29,7 +29,8 @@ def _text(value, what: str) -> str:
 
 def preset_data(ctx: AppContext, name: str, mode: str, preset: str | None, negative_prompt: str | None,
                 model: str | None, width, height, frames, steps, guidance, shift,
-                title: str | None = "", description: str | None = "", loras: str | None = None) -> dict:
+                title: str | None = "", description: str | None = "", loras: str | None = None,
+                guidance_2=PRESETS_OWN) -> dict:
     """The JSON object of a user preset holding these settings, checked as a run checks them.
 
     ``preset`` is the preset the form was filled from: values left out (None) come from it, and
@@ -37,7 +38,8 @@ def preset_data(ctx: AppContext, name: str, mode: str, preset: str | None, negat
     saved preset runs exactly as the form would. Raises a ValueError (PresetError, InputError,
     ModelError) that says what to change. ``loras``: the LoRA box's text (one ``file: strength[@high|@low]`` a
     line, each file found as a run finds it, a preset's published LoRA keeping its source); None keeps the
-    preset's LoRAs.
+    preset's LoRAs. ``guidance_2``: Wan2.2 A14B's low-noise guidance (None: the same as guidance; left out: the
+    preset's).
     """
     if mode not in PRESET_MODES:
         raise PresetError(f"mode must be one of {', '.join(PRESET_MODES)} (text or image to video), got {mode!r}")
@@ -47,6 +49,8 @@ def preset_data(ctx: AppContext, name: str, mode: str, preset: str | None, negat
     # Checked as text-to-video settings (image-to-video checks the same numbers).
     settings = base.settings.changed(mode="t2v", model=checked_model, width=width, height=height, frames=frames,
                                      steps=steps, guidance=guidance, shift=shift)
+    if guidance_2 is not PRESETS_OWN:
+        settings = replace(settings, guidance_2=guidance_2)
     if loras is not None:
         settings = replace(settings, loras=ctx.lora_files(parse_lora_lines(loras)))
     settings = check_settings(settings, ctx.client.catalog.limits(checked_model))
@@ -81,7 +85,8 @@ class Saved:
 
 def save_user_preset(ctx: AppContext, name: str, mode: str, preset: str | None, negative_prompt: str | None,
                      model: str | None, width, height, frames, steps, guidance, shift,
-                     title: str | None = "", description: str | None = "", loras: str | None = None) -> Saved:
+                     title: str | None = "", description: str | None = "", loras: str | None = None,
+                     guidance_2=PRESETS_OWN) -> Saved:
     """Save (or replace) one of the user's presets.
 
     Refusals are ValueErrors saying what to change; nothing is written then.
@@ -89,7 +94,7 @@ def save_user_preset(ctx: AppContext, name: str, mode: str, preset: str | None, 
     store = _store(ctx)
     name = check_user_preset_name(name, store.builtin)   # the name first: the likeliest mistake
     data = preset_data(ctx, name, mode, preset, negative_prompt, model, width, height, frames, steps,
-                       guidance, shift, title, description, loras)
+                       guidance, shift, title, description, loras, guidance_2)
     return Saved(*store.save(data))
 
 

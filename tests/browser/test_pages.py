@@ -376,3 +376,19 @@ def test_a_lora_added_from_the_models_folder_gets_a_slider_that_rewrites_its_lin
     page.locator("#t2v-lora-remove-0").click()
     expect(box).to_have_value("")
     expect(page.locator("#t2v-lora-slider-0")).to_have_count(0)
+
+
+def test_a_two_expert_preset_fills_the_guidance_2_box_and_another_resets_it(page, shot: Screenshots):
+    from playwright.sync_api import expect
+
+    _open_tab(page, "Text to Video")
+    box = page.locator("#t2v-guidance-2 input")
+    expect(box).to_have_value("0")       # the self-test preset has one transformer: 0, the same as Guidance
+    page.locator("#t2v-preset input").click()
+    page.get_by_role("option", name="Wan2.2 T2V A14B - 832x480, 81 frames, 40 steps").click()
+    expect(box).to_have_value("3")
+    expect(page.locator("#t2v-guidance input")).to_have_value("4")
+    shot(page, "guidance-2")
+    page.locator("#t2v-preset input").click()
+    page.get_by_role("option", name="Self-test T2V - tiny offline model").click()
+    expect(box).to_have_value("0")

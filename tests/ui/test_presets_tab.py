@@ -192,7 +192,7 @@ def test_the_api_names_are_public(client):
     assert {"/presets", "/save_preset", "/delete_preset"} <= set(endpoints)
     names = [p["parameter_name"] for p in endpoints["/save_preset"]["parameters"]]
     assert names == ["name", "mode", "preset", "negative_prompt", "model", "width", "height", "frames", "steps",
-                     "guidance", "shift", "title", "description"]
+                     "guidance", "shift", "title", "description", "guidance_2"]
 
 
 def test_presets_lists_expected_memory_and_plan_of_every_preset(client, server):

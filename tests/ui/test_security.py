@@ -29,7 +29,7 @@ I2V_TAIL = ["selftest-i2v", "waves", "", "selftest-i2v", 64, 64, 9, 2, 5.0, 3.0,
 PASSWD = Path("/etc/passwd")
 # The raw API wants every input, the plan overrides included (gradio_client fills them in itself).
 OVERRIDES = ["Auto", "Auto", "Auto", "vae", "Off", "Auto", "Auto", "Auto", "", "(the model's own)",
-             "(the model's own)", "Auto"]   # the plan panel's dropdowns, LoRAs, transformer files, GPUs
+             "(the model's own)", "Auto", 0]   # the plan panel's dropdowns, LoRAs, transformer files, GPUs, Guidance 2
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,10 @@ CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strate
 # Width, height, frames and steps share one row of a half-width column (gradio's default minimum is 160 px).
 NUMBER_MIN_WIDTH = 100
 # The settings the form shows, by their Settings names (the memory choices are the plan panel's).
-FORM_SETTINGS = ("model", "width", "height", "frames", "steps", "guidance", "shift")
+FORM_SETTINGS = ("model", "width", "height", "frames", "steps", "guidance", "shift", "guidance_2")
+# The low-noise expert's guidance box (Wan2.2 A14B's second expert; 0 or empty: the same as Guidance; left out for
+# models with one transformer).
+LOW_NOISE_GUIDANCE = "Guidance 2"
 
 
 @dataclass
@@ -55,6 +58,8 @@ class Form:
     last_image: gr.Image | None = None
     # The plan panel's LoRA box, once it is built (Reuse settings and Save as preset carry the LoRAs through it).
     loras: gr.Textbox | None = None
+    # Wan2.2 A14B's low-noise expert's guidance (0: the same as Guidance); sent after the plan's choices.
+    guidance_2: gr.Number | None = None
 
     def settings(self) -> list:
         """Components in the order build_request takes them (after mode; the plan overrides follow)."""
@@ -67,12 +72,18 @@ class Form:
 
     def settings_updates(self, settings: Settings, keep=()) -> dict:
         """{box: value} putting ``settings`` into the form; the names in ``keep`` are left as they are."""
-        return {getattr(self, name): getattr(settings, name) for name in FORM_SETTINGS if name not in keep}
+        return {getattr(self, name): shown(settings, name) for name in FORM_SETTINGS if name not in keep}
 
 
 def preset_values(preset: Preset) -> list:
     """A preset's values for Form.preset_fields()."""
-    return [*(getattr(preset.settings, name) for name in FORM_SETTINGS), preset.negative_prompt]
+    return [*(shown(preset.settings, name) for name in FORM_SETTINGS), preset.negative_prompt]
+
+
+def shown(settings: Settings, name: str):
+    """A setting as its box shows it: no low-noise guidance as 0 (the same as Guidance), as the box starts."""
+    value = getattr(settings, name)
+    return 0 if name == "guidance_2" and value is None else value
 
 
 @dataclass
@@ -149,11 +160,14 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
                               elem_id=f"{prefix}-steps", min_width=NUMBER_MIN_WIDTH)
             guidance = gr.Number(value=preset.settings.guidance, label="Guidance", step=0.5, elem_id=f"{prefix}-guidance",
                                  min_width=NUMBER_MIN_WIDTH)
+            guidance_2 = gr.Number(value=shown(preset.settings, "guidance_2"), label=LOW_NOISE_GUIDANCE, step=0.5,
+                                   elem_id=f"{prefix}-guidance-2", min_width=NUMBER_MIN_WIDTH)
             shift = gr.Number(value=preset.settings.shift, label="Shift", step=0.5, elem_id=f"{prefix}-shift",
                               min_width=NUMBER_MIN_WIDTH)
             seed = gr.Number(value=-1, label="Seed (-1 = random)", precision=0, elem_id=f"{prefix}-seed",
                              min_width=NUMBER_MIN_WIDTH, scale=2)
-    form = Form(preset_box, prompt, negative, model_box, width, height, frames, steps, guidance, shift, seed)
+    form = Form(preset_box, prompt, negative, model_box, width, height, frames, steps, guidance, shift, seed,
+                guidance_2=guidance_2)
     # preset_or_default: a user preset may have been deleted since the page loaded.
     # Only a person's choice fills the form: a preset set by code (history's Reuse, a saved preset)
     # comes with its own values.

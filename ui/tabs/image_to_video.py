@@ -67,19 +67,21 @@ def build(ctx: AppContext, after_job) -> Form:
                     aspect_btn = gr.Button("Use the image's aspect", size="sm", elem_id="i2v-use-aspect")
             job = build_job_panel("i2v")
 
-    # The plan overrides, the LoRAs and the transformer files come last, so callers that leave them out get
-    # Auto, none and the model's own.
+    # The plan overrides, the LoRAs, the transformer files, the GPUs and the low-noise guidance come last, so
+    # callers that leave them out get Auto, none, the model's own, automatic and the same guidance for both experts.
     def image_to_video(image, last_image, preset, prompt, negative_prompt, model, width, height, frames, steps,
                        guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae",
                        step_cache=OFF, compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
-                       transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, session: gr.Request = None):
+                       transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, guidance_2=0,
+                       session: gr.Request = None):
         yield from run_job(ctx, session, "image to video", engine_job(ctx, lambda: build_request(
             ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
             strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
-            transformer, transformer_2, gpus, image=image, last_image=last_image)), job.show())
+            transformer, transformer_2, gpus, guidance_2=guidance_2, image=image, last_image=last_image)),
+            job.show())
 
-    run = start_job(run_btn, cancel_btn, image_to_video, [image, last_image, *form.settings(), *panel.overrides()],
-                    job.outputs(), ctx, "image_to_video")
+    inputs = [image, last_image, *form.settings(), *panel.overrides(), form.guidance_2]
+    run = start_job(run_btn, cancel_btn, image_to_video, inputs, job.outputs(), ctx, "image_to_video")
     job.reveal_after(run)
     wire_cancel(ctx, cancel_btn, job.cancel_answer)
     after_job(run)

@@ -12,23 +12,24 @@ import html
 
 import gradio as gr
 
-from ui.context import AppContext
+from ui.context import PRESETS_OWN, AppContext
 from ui.parts.form import Form, preset_choices, preset_values
+from ui.generate import low_noise_guidance
 from ui.preset_saving import delete_user_preset, save_user_preset
 from ui.tabs.ids import TAB_IDS, tab_by_id
 from ui.views.plan_panel import lora_text
 from ui.views.preset_cards import MODE_TITLES, card_markdown, machine_markdown, preset_entries
 
 SAVE_HELP = ("The current values of the chosen tab's form (preset, model, negative prompt, size, frames, steps, "
-             "guidance, shift, LoRAs; not the prompt or the seed) become a preset of your own, listed above and in "
-             "that tab's Preset list. Names: letters, digits, '-' and '_', up to 64 characters. Saving again "
-             "under one of your names replaces that preset; the built-in presets' names are taken.")
+             "guidance, guidance 2, shift, LoRAs; not the prompt or the seed) become a preset of your own, listed "
+             "above and in that tab's Preset list. Names: letters, digits, '-' and '_', up to 64 characters. "
+             "Saving again under one of your names replaces that preset; the built-in presets' names are taken.")
 
 
 def _saved_fields(form: Form) -> list:
     """The components whose values a saved preset holds, in save_user_preset's order (after name and mode)."""
     return [form.preset, form.negative_prompt, form.model, form.width, form.height, form.frames, form.steps,
-            form.guidance, form.shift, *([form.loras] if form.loras is not None else [])]
+            form.guidance, form.shift, form.guidance_2, *([form.loras] if form.loras is not None else [])]
 
 
 def _escaped(exc: Exception) -> str:
@@ -179,9 +180,10 @@ def _build_save(ctx: AppContext, forms: dict[str, Form], listing: gr.JSON, dropd
             return ["**Not saved:** choose whose settings to save: Text to Video or Image to Video.",
                     gr.skip(), *dropdowns.skip()]
         try:
-            chosen = by_mode[mode]   # the form's values, then its LoRA box's text when it has one
+            chosen = by_mode[mode]   # the form's values, its Guidance 2, then its LoRA box's text when it has one
             saved = save_user_preset(ctx, name, mode, *chosen[:9], title=title, description=description,
-                                     loras=chosen[9] if len(chosen) > 9 else None)
+                                     guidance_2=low_noise_guidance(chosen[9]),
+                                     loras=chosen[10] if len(chosen) > 10 else None)
         except ValueError as exc:
             return [f"**Not saved:** {_escaped(exc)}", gr.skip(), *dropdowns.skip()]
         current = [chunk[0] for chunk in by_mode.values()]   # each form's Preset value
@@ -197,12 +199,15 @@ def _build_api(ctx: AppContext) -> None:
     def save_preset(name: str, mode: str = "t2v", preset: str = "", negative_prompt: str | None = None,
                     model: str = "", width: int | None = None, height: int | None = None,
                     frames: int | None = None, steps: int | None = None, guidance: float | None = None,
-                    shift: float | None = None, title: str = "", description: str = "") -> dict:
-        """Save settings as one of your presets; mode t2v or i2v; values left out (null) come from `preset`.
-        Returns {name, replaced, message, preset}; the preset is usable by its name at once."""
+                    shift: float | None = None, title: str = "", description: str = "",
+                    guidance_2: float | None = None) -> dict:
+        """Save settings as one of your presets; mode t2v or i2v; values left out (null) come from `preset`
+        (guidance_2, Wan2.2 A14B's low-noise guidance, too; 0 is the same as guidance). Returns {name, replaced,
+        message, preset}; the preset is usable by its name at once."""
         try:
             saved = save_user_preset(ctx, name, mode, preset, negative_prompt, model, width, height, frames,
-                                     steps, guidance, shift, title=title, description=description)
+                                     steps, guidance, shift, title=title, description=description,
+                                     guidance_2=PRESETS_OWN if guidance_2 is None else low_noise_guidance(guidance_2))
         except ValueError as exc:
             raise gr.Error(_escaped(exc), title="Preset not saved", print_exception=False) from None
         return saved.to_dict()

@@ -25,29 +25,31 @@ def build(ctx: AppContext, after_job) -> Form:
         with gr.Column(scale=1):
             job = build_job_panel("t2v", still=True)
 
-    # The plan overrides, the LoRAs and the transformer files come last, so callers that leave them out get
-    # Auto, none and the model's own.
+    # The plan overrides, the LoRAs, the transformer files, the GPUs and the low-noise guidance come last, so
+    # callers that leave them out get Auto, none, the model's own, automatic and the same guidance for both experts.
     def text_to_video(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
                       compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
-                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, session: gr.Request = None):
+                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, guidance_2=0,
+                      session: gr.Request = None):
         yield from run_job(ctx, session, "text to video", engine_job(ctx, lambda: build_request(
             ctx, "t2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
             strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
-            transformer, transformer_2, gpus)),
+            transformer, transformer_2, gpus, guidance_2=guidance_2)),
             job.show())
 
     def text_to_image(preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift,
                       seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae", step_cache=OFF,
                       compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
-                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, session: gr.Request = None):
+                      transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, guidance_2=0,
+                      session: gr.Request = None):
         yield from run_job(ctx, session, "text to image", engine_job(ctx, lambda: build_request(
             ctx, "t2i", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
             strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
-            transformer, transformer_2, gpus)),
+            transformer, transformer_2, gpus, guidance_2=guidance_2)),
             job.show(job.still))
 
-    inputs = [*form.settings(), *panel.overrides()]
+    inputs = [*form.settings(), *panel.overrides(), form.guidance_2]
     video_run = start_job(video_btn, cancel_btn, text_to_video, inputs, job.outputs(), ctx, "text_to_video")
     image_run = start_job(image_btn, cancel_btn, text_to_image, inputs, job.outputs(job.still), ctx, "text_to_image")
     job.reveal_after(video_run, image_run)
