@@ -8,13 +8,19 @@ import sys
 from tests.conftest import ROOT
 
 
-def test_the_speed_bench_runs_every_part_on_the_self_test_model(tmp_path):
-    out = tmp_path / "speed.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "speed.py"), str(out), "--tiny", "--work",
+def run_tiny(script: str, tmp_path) -> tuple[dict, object]:
+    """(the results, their file) of ``bench/SCRIPT --tiny``, which must end well with no part failed."""
+    out = tmp_path / f"{script}.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), str(out), "--tiny", "--work",
                            str(tmp_path / "work")], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     results = json.loads(out.read_text())
     assert "failures" not in results, results["failures"]
+    return results, out
+
+
+def test_the_speed_bench_runs_every_part_on_the_self_test_model(tmp_path):
+    results, out = run_tiny("speed.py", tmp_path)
     assert all(run["rc"] == 0 for side in results["cold"]["runs"].values() for run in side), results["cold"]
     assert results["cold"]["ratio"] > 0
     for case in ("fastwan", "long"):
@@ -37,12 +43,7 @@ def test_the_speed_bench_runs_every_part_on_the_self_test_model(tmp_path):
 
 def test_the_multi_gpu_bench_runs_on_two_cpu_engines(tmp_path):
     """bench/multi_gpu.py through the app's EnginePool with two CPU engines (gloo): whole, split and the queue."""
-    out = tmp_path / "multi.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "multi_gpu.py"), str(out), "--tiny", "--work",
-                           str(tmp_path / "work")], capture_output=True, text=True, timeout=600, cwd=ROOT)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    results = json.loads(out.read_text())
-    assert "failures" not in results, results["failures"]
+    results, out = run_tiny("multi_gpu.py", tmp_path)
     run = results["1.3b"]
     assert run["engines"] == 2 and run["split_latents_vs_whole"] == 0.0      # split exactly as whole (float32)
     assert run["split"]["split"]["ranks"] == 2 and run["split"]["split"]["kind"] == "ulysses"

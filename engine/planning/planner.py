@@ -447,11 +447,7 @@ def _split(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, backend: str,
     heads = spec.transformer.heads
     if backend not in CONTEXT_PARALLEL_BACKENDS and not override.attention:
         backend = "native"
-    split = choose_split(req.ranks, heads, tokens, backend, req.speed.step_cache)
-    if split.kind == "ring" and hw.device == "cpu":
-        split = Split(req.ranks, "", f"{req.ranks} engines do not divide the model's {heads} attention heads, and "
-                                     "Ring attention's backends run only on GPUs; use a number of engines that "
-                                     "divides the heads")
+    split = choose_split(req.ranks, heads, tokens, backend, req.speed.step_cache, on_gpus=hw.device != "cpu")
     if not split.possible:
         return split, [f"This job cannot be split across {req.ranks} GPUs: {split.reason}."]
     return split, [f"Split across {req.ranks} GPUs (context parallel, {split.kind}): {split.reason}. Each GPU holds "

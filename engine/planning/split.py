@@ -41,9 +41,11 @@ class Split:
         return self.kind in SPLIT_KINDS
 
 
-def choose_split(ranks: int, heads: int, tokens: int, backend: str, step_cache: str | None = None) -> Split:
+def choose_split(ranks: int, heads: int, tokens: int, backend: str, step_cache: str | None = None,
+                 on_gpus: bool = True) -> Split:
     """Ulysses over ``ranks`` devices when they divide the ``heads``, else Ring when the attention ``backend``
-    returns the log-sum-exp; otherwise why neither works, with the device counts that would."""
+    returns the log-sum-exp (those backends run on GPUs only: not for CPU engines, ``on_gpus`` False); otherwise
+    why neither works, with the device counts that would."""
     if step_cache in SELF_DECIDING_CACHES:
         return Split(ranks, "", f"step cache '{step_cache}' decides from each GPU's part of the sequence which "
                                 "steps to skip, and the GPUs must run every step together; turn the step cache "
@@ -59,6 +61,10 @@ def choose_split(ranks: int, heads: int, tokens: int, backend: str, step_cache: 
     if heads % ranks == 0:
         return Split(ranks, "ulysses", f"{ranks} GPUs divide the model's {heads} attention heads: each computes "
                                        f"{heads // ranks} of them over the whole sequence (Ulysses)")
+    if backend in RING_BACKENDS and not on_gpus:
+        return Split(ranks, "", f"{ranks} engines do not divide the model's {heads} attention heads, and Ring "
+                                f"attention's backends run only on GPUs; use a number of engines that divides "
+                                f"the heads")
     if backend in RING_BACKENDS:
         return Split(ranks, "ring", f"{ranks} GPUs do not divide the model's {heads} attention heads, so they "
                                     f"pass keys and values around a ring (Ring attention, with '{backend}')")
