@@ -156,7 +156,8 @@ class JobFailed(Event):
     hint: str               # what to do about it ("" when every problem already says so)
     phase: str | None = None
     kind: str = "runtime"   # "input" (settings), "model", "queue" (full), "runtime", "disk", "crash" (worker died),
-                            # "hung" (worker stopped answering) or "peer" (another GPU of a split job failed first)
+                            # "hung" (worker stopped answering), "peer" (another GPU of a split job failed first)
+                            # or "values" (a file or a phase gave NaN or infinite numbers)
     latents: str | None = None   # saved latents to decode again, when the denoising had finished
     problems: tuple[str, ...] = ()   # kind "input": one sentence per problem, each saying what to change
 

@@ -14,3 +14,15 @@ def sentence(text: str) -> str:
 def plural(count: int, word: str) -> str:
     """'1 frame', '9 frames'."""
     return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
+def value_kinds(nan: bool, inf: bool) -> str:
+    """What values that are no numbers are called: 'NaN', 'infinite', 'NaN and infinite'."""
+    return " and ".join(kind for kind, found in (("NaN", nan), ("infinite", inf)) if found)
+
+
+def share(fraction: float) -> str:
+    """A fraction as a message says it: '100%', 'over 99%', '12%', '0.3%', '0.0012%'."""
+    if 0.99 < fraction < 1:
+        return "over 99%"
+    return f"{100 * fraction:.2g}%" if fraction < 0.1 else f"{100 * fraction:.0f}%"

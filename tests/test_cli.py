@@ -208,3 +208,20 @@ def test_plan_splits_a_job_across_gpus_when_it_fits_only_split_and_split_1_keeps
         done = subprocess.run(app_command("plan", "--preset", "wan21-t2v-14b-720p", "--hardware", str(path), *extra),
                               capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
         assert done.returncode == 0 and words in done.stdout, done.stdout + done.stderr
+
+
+def test_generate_with_a_lora_of_nan_weights_exits_non_zero_naming_it(selftest_models_dir, outputs, tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from tests.engine.test_lora import diffusers_lora
+
+    lora = tmp_path / "broken.safetensors"
+    save_file({name: torch.full_like(t, float("nan")) for name, t in diffusers_lora().items()}, lora)
+    done = generate("--model", "selftest-t2v", "--prompt", "a cat", "--lora", f"{lora}:0.8",
+                    models_dir=selftest_models_dir, outputs=outputs)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert (f"The LoRA broken.safetensors holds NaN values in {len(diffusers_lora())} of its "
+            f"{len(diffusers_lora())} tensors") in done.stderr
+    assert "it is damaged; remove it or download it again." in done.stderr
+    assert not list(outputs.rglob("*.mp4")) and "Wrote" not in done.stdout

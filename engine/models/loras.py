@@ -99,8 +99,10 @@ def lora_file_problem(file: str, fetchable: bool = False) -> str | None:
         return f"LoRA file {str(path)!r} is not there: check its name and folder"
     try:
         header = read_header(path)
-    except (WeightFileError, OSError) as exc:
+    except WeightFileError as exc:
         return f"LoRA file {name!r} cannot be read: {exc}; download it again"
+    except OSError as exc:   # its words alone: the error's own text names the whole path
+        return f"LoRA file {name!r} cannot be read ({exc.strerror or type(exc).__name__}): check the file"
     keys = [key for key in header if key != "__metadata__"]
     if not any(key.endswith(_LORA_ENDS) or any(part in key for part in _LORA_PARTS) for key in keys):
         return (f"{name!r} is not a LoRA (none of its {len(keys)} tensors is a lora_A/lora_B or lora_down/lora_up "

@@ -16,6 +16,7 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from engine.models.gguf_header import GGUFHeaderError, check_gguf_header
 from engine.models.refs import ResolvedModel
 from engine.models.spec import KNOWN_MODELS, ModelSpec, TransformerShape, TransformerWeights
 from engine.models.weights import WEIGHTED_COMPONENTS, WeightFileError, files_under, read_header, weight_bytes
@@ -54,10 +55,11 @@ class TransformerFile:
     file_bytes: int
     mtime_ns: int
     scaled_fp8: bool = False   # ComfyUI's fp8 with a scale per weight: the loader multiplies them back
+    given: str = ""            # the path as the settings name it (a link's own name, not its target's)
 
     @property
     def name(self) -> str:
-        return Path(self.path).name
+        return Path(self.given or self.path).name
 
     @property
     def source(self) -> tuple[str, int, int]:
@@ -95,47 +97,68 @@ def _known_name(width: int, layers: int, in_channels: int) -> str | None:
     return None
 
 
-def _refused(path: Path, reason: str) -> InputError:
-    return InputError(f"the transformer file {path} {reason}")
+class _Problem(Exception):
+    """What is wrong with a transformer file, as a clause about it ("is not a GGUF file ...")."""
+
+
+def _refused(name: str, reason: str) -> InputError:
+    return InputError(f"the transformer file {name} {reason}")
 
 
 def read_transformer_file(path: str | Path) -> TransformerFile:
-    """The header of a ``.gguf`` or ``.safetensors`` transformer file; InputError saying what is wrong."""
-    path = Path(path).expanduser().resolve()
+    """The header of a ``.gguf`` or ``.safetensors`` transformer file; InputError saying what is wrong, naming the
+    file as given (never the target of a link, nor the folders above it)."""
+    given = Path(path).expanduser()
+    try:
+        return _read_transformer_file(given)
+    except _Problem as exc:
+        raise _refused(given.name, str(exc)) from None
+
+
+def _read_transformer_file(given: Path) -> TransformerFile:
+    path = given.resolve()
     try:
         stat = path.stat()
     except OSError as exc:
-        raise _refused(path, f"cannot be read ({exc.strerror or exc}): check the path") from None
-    if path.suffix.lower() not in TRANSFORMER_FILE_SUFFIXES:
-        raise _refused(path, "is not a .gguf or .safetensors file: give a single transformer file in one of those "
-                             "formats")
-    if path.suffix.lower() == ".gguf":
+        raise _Problem(f"cannot be read ({exc.strerror or exc}): check the path") from None
+    suffix = given.suffix.lower()   # a link's own (a hub cache's blobs have none)
+    if suffix not in TRANSFORMER_FILE_SUFFIXES:
+        raise _Problem("is not a .gguf or .safetensors file: give a single transformer file in one of those formats")
+    if suffix == ".gguf":
         tensors, quantised, scaled = _gguf_tensors(path, stat.st_size), True, False
     else:
         tensors, scaled = _safetensors_tensors(path)
         quantised = False
-    return _describe(path, stat, tensors, quantised, scaled)
+    return replace(_describe(path, stat, tensors, quantised, scaled), given=str(given))
 
 
 def _gguf_tensors(path: Path, size: int) -> dict[str, tuple[str, tuple[int, ...], int, int]]:
-    """{name: (type, shape, elements, bytes)} from a GGUF file's header (its tensors are mapped, never read)."""
+    """{name: (type, shape, elements, bytes)} from a GGUF file's header (its tensors are mapped, never read); the
+    header's counts and lengths are checked first, before the reader allocates for them."""
     import gguf
 
+    try:
+        check_gguf_header(path)
+    except GGUFHeaderError as exc:
+        raise _Problem(str(exc)) from None
+    except OSError as exc:
+        raise _Problem(f"cannot be read ({exc.strerror or exc})") from None
     try:
         reader = gguf.GGUFReader(path)
         tensors = {}
         for tensor in reader.tensors:
             shape = _gguf_original_shape(reader, tensor.name) or tuple(int(d) for d in reversed(tensor.shape))
             if int(tensor.data_offset) + int(tensor.n_bytes) > size:
-                raise ValueError("its data ends past the end of the file")
+                raise _Problem("is not a readable GGUF file (its data ends past the end of the file: it is cut "
+                               "short); download it again")
             tensors[tensor.name] = (tensor.tensor_type.name, shape, int(tensor.n_elements), int(tensor.n_bytes))
     except (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError) as exc:
-        raise _refused(path, f"is not a readable GGUF file ({exc}): it may be cut short; download it again") from None
+        raise _Problem(f"is not a readable GGUF file ({type(exc).__name__}): it may be damaged; download it "
+                       "again") from None
     unknown = sorted({kind for kind, *_ in tensors.values() if kind not in GGUF_PLAIN + GGUF_QUANTISED})
     if unknown:
-        raise _refused(path, f"holds tensors in {', '.join(unknown)}, which diffusers cannot load: use a file in "
-                             f"{', '.join(('Q8_0', 'Q6_K', 'Q5_K_M', 'Q4_K_M'))} or another of "
-                             f"{', '.join(GGUF_QUANTISED)}")
+        raise _Problem(f"holds tensors in {', '.join(unknown)}, which diffusers cannot load: use a file in "
+                       f"{', '.join(('Q8_0', 'Q6_K', 'Q5_K_M', 'Q4_K_M'))} or another of {', '.join(GGUF_QUANTISED)}")
     return tensors
 
 
@@ -152,9 +175,9 @@ def _safetensors_tensors(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ..
     try:
         header = read_header(path)
     except WeightFileError as exc:
-        raise _refused(path, f"is damaged: {exc}; download it again") from None
+        raise _Problem(f"is damaged: {exc}; download it again") from None
     except OSError as exc:
-        raise _refused(path, f"cannot be read ({exc.strerror or exc})") from None
+        raise _Problem(f"cannot be read ({exc.strerror or exc})") from None
     tensors = {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -168,8 +191,8 @@ def _safetensors_tensors(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ..
     weights = {n: kind for n, (kind, *_) in tensors.items() if not n.endswith((SCALED_MARKER, *SCALE_SUFFIXES))}
     unknown = sorted(set(weights.values()) - set(SAFETENSORS_FLOATS))
     if unknown:
-        raise _refused(path, f"holds {', '.join(unknown)} tensors, a quantisation diffusers cannot read from a single "
-                             "safetensors file: use a GGUF file, or a bf16, fp16 or fp8 safetensors one")
+        raise _Problem(f"holds {', '.join(unknown)} tensors, a quantisation diffusers cannot read from a single "
+                       "safetensors file: use a GGUF file, or a bf16, fp16 or fp8 safetensors one")
     return tensors, scaled
 
 
@@ -178,8 +201,8 @@ def _describe(path: Path, stat: os.stat_result, tensors: dict, gguf: bool, scale
         tensors = {name[len(PREFIX):]: info for name, info in tensors.items() if name.startswith(PREFIX)}
     patch = tensors.get("patch_embedding.weight")
     if patch is None or len(patch[1]) != 5:
-        raise _refused(path, "holds no patch_embedding.weight of a Wan transformer: it is not a Wan transformer "
-                             "file (a LoRA, another model, or one shard of several?); give a whole Wan transformer")
+        raise _Problem("holds no patch_embedding.weight of a Wan transformer: it is not a Wan transformer file (a "
+                       "LoRA, another model, or one shard of several?); give a whole Wan transformer")
     layers = 1 + max((int(name.split(".")[1]) for name in tensors
                       if name.startswith("blocks.") and name.split(".")[1].isdigit()), default=-1)
     ffn = tensors.get("blocks.0.ffn.0.weight") or tensors.get("blocks.0.ffn.net.0.proj.weight")

@@ -1,4 +1,5 @@
-"""Sizes of weights on disk, read from safetensors headers only (no tensor is loaded)."""
+"""Sizes of weights on disk, read from safetensors headers only (no tensor is loaded), and the limits a header is
+held to before it is parsed."""
 from __future__ import annotations
 
 import json
@@ -9,8 +10,19 @@ from pathlib import Path
 WEIGHTED_COMPONENTS = ("transformer", "transformer_2", "text_encoder", "image_encoder", "vae")
 
 
-# The safetensors library refuses headers above 100 MB; a length beyond that is garbage.
-MAX_HEADER_BYTES = 100_000_000
+# Header limits, about twice what the largest published Wan files need (docs/data/header-sizes.json, measured
+# by bench/header_sizes.py on the released architectures): the most tensors, 2,322, and the longest tensor table,
+# 293,760 bytes, are Wan2.1 VACE 14B in ComfyUI's "fp8 scaled" layout (a LoRA on every linear layer of Wan2.1
+# I2V 14B: 2,279 and 275,856). A header above them is refused before it is parsed: an 871,560-tensor header of
+# 98.5 MB took 13 s and 730 MB to parse, and far more in diffusers after it.
+MAX_TENSORS = 5_000
+TENSOR_TABLE_BYTES = 600_000
+# Beside the tensors, training tools write their notes into ``__metadata__`` (kohya's tag counts grow with the
+# dataset): not measured here, so a generous allowance.
+METADATA_BYTES = 2_000_000
+MAX_HEADER_BYTES = TENSOR_TABLE_BYTES + METADATA_BYTES
+# How a tensor's entry starts in the header's JSON: counted in the raw bytes, before any parsing.
+TENSOR_MARK = b'"data_offsets"'
 # Bytes per element of the safetensors dtypes (F4/F6 and other packed types are not size-checked).
 DTYPE_BYTES = {
     "F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
@@ -35,11 +47,10 @@ def read_header(path: Path) -> dict:
         raise WeightFileError(f"it is {size} bytes long, too short for a safetensors file")
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
-        if length > MAX_HEADER_BYTES or 8 + length > size:
-            raise WeightFileError(
-                f"its header claims {length:,} bytes but the file has {size:,} bytes; it is cut short or not "
-                "a safetensors file")
-        raw = f.read(length)
+        first = f.read(1)
+        _check_length(length, size, first)
+        raw = first + f.read(length - 1)
+    _check_tensor_count(raw)
     try:
         header = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
@@ -71,6 +82,34 @@ def read_header(path: Path) -> dict:
     if expected < size:
         raise WeightFileError(f"it has {size - expected:,} bytes more than its header describes")
     return header
+
+
+def megabytes(nbytes: int) -> str:
+    """'98.5 MB', '0.6 MB': a size in messages."""
+    return f"{nbytes / 1e6:,.1f} MB"
+
+
+def _check_length(length: int, size: int, first: bytes) -> None:
+    """Refuse a header length that cannot be: past the end of the file (a file that is no safetensors one, whose
+    first bytes read as a number, or one cut short inside its header), or above MAX_HEADER_BYTES."""
+    plausible = 2 <= length <= size - 8
+    if not plausible or length > MAX_HEADER_BYTES:
+        if first != b"{":
+            raise WeightFileError("it is not a safetensors file (it does not begin with a safetensors header)")
+        if not plausible:
+            raise WeightFileError("its header runs past the end of the file: the file is cut short")
+        raise WeightFileError(
+            f"its header is {megabytes(length)}, more than the {megabytes(MAX_HEADER_BYTES)} that any Wan model's or "
+            "LoRA's file needs: the file is damaged or is not a Wan weight file")
+
+
+def _check_tensor_count(raw: bytes) -> None:
+    """Refuse a header listing more than MAX_TENSORS tensors, counted before it is parsed."""
+    count = raw.count(TENSOR_MARK)
+    if count > MAX_TENSORS:
+        raise WeightFileError(
+            f"its header lists {count:,} tensors, more than the {MAX_TENSORS:,} that any Wan model's or LoRA's "
+            "file holds: the file is damaged or is not a Wan weight file")
 
 
 def _header(path: Path) -> dict:

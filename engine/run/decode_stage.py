@@ -29,6 +29,7 @@ from engine.planning.planner import Plan
 from engine.run.apply_plan import conv_settings, set_vae_tiling
 from engine.run.decoding import decode_attempts, decode_latents, decode_stream, decoded_shape
 from engine.run.failures import is_out_of_memory
+from engine.run.nonfinite import refuse_nonfinite
 from engine.settings.request import GenerationRequest
 from engine.settings.values import InputError
 
@@ -40,8 +41,37 @@ if TYPE_CHECKING:
 FAST_DECODE_CHUNK = 1
 
 
+# What to do when the denoise ends in NaN: with files of the user's own in the run (one, or several), or with the
+# model's alone.
+WITH_FILE_HINT = ("It passed the check of its values, yet it may be damaged or not suited to this model: run again "
+                  "without it, or with a lower LoRA strength; download it again if it keeps happening.")
+WITH_FILES_HINT = ("Each passed the check of its values, yet one may be damaged or not suited to this model: run "
+                   "again without them, or with lower LoRA strengths, to find which; download that one again.")
+OWN_WEIGHTS_HINT = ("Try a lower guidance or another memory strategy; if it keeps happening, the model's files may be "
+                    "damaged: download the model again.")
+
+
+def files_in_use(loaded: LoadedModel, request: GenerationRequest) -> list[str]:
+    """The files of the run besides the model's folder, as messages name them: its transformer files and LoRAs."""
+    files = [f"the transformer file {file.name}" for file in loaded.model.transformer_files if file is not None]
+    loras = [f"{lora.shown} at {lora.strength:g}" for lora in request.settings.loras if lora.strength]
+    if loras:
+        files.append(("the LoRA " if len(loras) == 1 else "the LoRAs ") + ", ".join(loras))
+    return files
+
+
 class DecodeStage:
     """Latents to a media file, for the Engine."""
+
+    def _check_latents(self, loaded: LoadedModel, request: GenerationRequest, latents) -> None:
+        """NonFiniteValues, naming the files in use, when the denoise ended in NaN or infinite values: nothing is
+        saved or decoded (a decode would write black frames)."""
+        files = files_in_use(loaded, request)
+        with_what = f" with {' and '.join(files)}" if files else f" with {loaded.model.ref}'s own weights"
+        several = len(files) > 1 or sum(bool(lora.strength) for lora in request.settings.loras) > 1
+        hint = (WITH_FILES_HINT if several else WITH_FILE_HINT) if files else OWN_WEIGHTS_HINT
+        refuse_nonfinite(latents, "The denoising", "the latents", f"{with_what}, so there is no video to decode; "
+                         "nothing was saved", hint)
 
     # ----- decode, with its own fallbacks --------------------------------------
     def _decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle, job: _Job):
@@ -115,10 +145,12 @@ class DecodeStage:
 
     # ----- the fast decoder (approximate) ---------------------------------------
     def _fast_decoder_file(self, resolved: ResolvedModel, job: _Job) -> Path:
-        """The fast decoder for this model's latents: on disk, else downloaded once (its own phase);
-        InputError saying where to put one when there is none."""
+        """The fast decoder for this model's latents: on disk, else downloaded once (its own phase), and read
+        (its layout, its latents' channels and its values checked) unless it is loaded already, all before the
+        denoise; InputError saying where to put one when there is none, or what is wrong with it."""
         from engine.models.refs import hub_offline
-        from engine.run.fast_decoder import FastDecoderError, find_fast_decoder, locate_fast_decoder
+        from engine.run.fast_decoder import (FastDecoderError, check_matches, find_fast_decoder, locate_fast_decoder,
+                                             read_fast_decoder)
 
         z_dim = 48 if resolved.spec.wan22_vae else 16
         try:
@@ -126,6 +158,8 @@ class DecodeStage:
             if found is None:
                 with self._phase(job, "download"):
                     found = locate_fast_decoder(self.models_dir, z_dim, resolved.folder, offline=hub_offline())
+            if self.loaded is None or found not in self.loaded.fast_decoders:
+                check_matches(read_fast_decoder(found)[0], z_dim)
             return found
         except FastDecoderError as exc:
             raise InputError(str(exc)) from None

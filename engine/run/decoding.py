@@ -3,6 +3,23 @@ from __future__ import annotations
 
 from engine.outputs.export import to_uint8
 from engine.run.apply_plan import set_vae_tiling
+from engine.run.nonfinite import refuse_nonfinite
+
+# What to do when the VAE decodes finite latents to NaN: in half precision its activations overflow (float16's
+# largest value is 65,504), in float32 its weights are wrong.
+VAE_OVERFLOW_HINT = ("The VAE overflowed in {dtype}: choose VAE precision float32 (--vae-precision float32 on the "
+                     "command line) and run again.")
+VAE_DAMAGED_HINT = "The model's VAE weights may be damaged: download the model again."
+
+
+def check_decoded(vae, decoded) -> None:
+    """Refuse the VAE's output when it holds NaN or infinite values (every one would be a black pixel)."""
+    import torch
+
+    dtype = decoder_dtype(vae)
+    hint = VAE_DAMAGED_HINT if dtype == torch.float32 else VAE_OVERFLOW_HINT.format(dtype=str(dtype).split(".")[-1])
+    refuse_nonfinite(decoded, "The VAE decode", "the frames' pixels", " from finite latents, so the video would "
+                     "be black", hint)
 
 
 def denormalize(vae, latents):
@@ -45,6 +62,7 @@ def decode_latents(vae, video_processor, latents, tile: int | None, device: str)
     with torch.inference_mode():
         latents = latents.to(device, dtype=decoder_dtype(vae))
         video = vae.decode(denormalize(vae, latents), return_dict=False)[0]
+        check_decoded(vae, video)
         frames = video_processor.postprocess_video(video, output_type="np")[0]
     return to_uint8(frames)
 
@@ -119,6 +137,7 @@ def _to_uint8_frames(vae, decoded):
     import torch
     from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
 
+    check_decoded(vae, decoded)
     if vae.config.patch_size is not None:
         decoded = unpatchify(decoded, patch_size=vae.config.patch_size)
     decoded = torch.clamp(decoded, min=-1.0, max=1.0)

@@ -33,6 +33,7 @@ from engine.events import (
     RankDone,
     StepFinished,
 )
+from engine.models.finite import check_transformer_values
 from engine.models.limits import check_model_limits, limits_of
 from engine.models.refs import ResolvedModel, classify_ref, resolve_model
 from engine.models.selftest import selftest_built
@@ -291,6 +292,7 @@ class Engine(DecodeStage):
             job.emit(Info(job.id, f"Unloading {old} to make room for {why}."))
             self.unload()
         with self._phase(job, "load") as phase:
+            check_transformer_values(resolved.transformer_files)   # sampled: a damaged file refused before it loads
             pipe = self._from_pretrained(resolved, plan)
             nbytes = read_bytes(resolved)
             phase.detail = read_rate(nbytes)
@@ -468,6 +470,7 @@ class Engine(DecodeStage):
 
     def _finish(self, loaded: LoadedModel, request: GenerationRequest, latents, job: _Job) -> JobFinished:
         """Latents saved (so a failed decode costs no denoising), decoded, exported; the sidecar last."""
+        self._check_latents(loaded, request, latents)   # NaN latents: nothing to save or decode
         bundle = self._save_latents(loaded, request, latents, job)
         media, shape = self._decode_and_write(loaded, request, latents, bundle, job)
         if self.latents_hours <= 0 and not request.keep_latents:

@@ -6,6 +6,7 @@ import errno
 from engine.events import JobFailed
 from engine.models.refs import ModelError
 from engine.outputs.export import DiskFull
+from engine.run.nonfinite import NonFiniteValues
 from engine.settings.values import InputError
 from engine.words import sentence
 
@@ -14,7 +15,7 @@ def failure_event(job_id: str, exc: BaseException, phase: str | None) -> JobFail
     """The JobFailed event for an exception raised during ``phase``."""
     message, hint = describe_failure(exc, phase)
     kind = ("input" if isinstance(exc, InputError) else "model" if isinstance(exc, ModelError)
-            else "disk" if is_disk_full(exc) else "runtime")
+            else "disk" if is_disk_full(exc) else "values" if isinstance(exc, NonFiniteValues) else "runtime")
     return JobFailed(job_id, message, hint, phase, kind, problems=getattr(exc, "problems", ()))
 
 
@@ -40,6 +41,8 @@ def describe_failure(exc: BaseException, phase: str | None) -> tuple[str, str]:
         return str(exc), ""   # each problem says what to change
     if isinstance(exc, ModelError):
         return sentence(f"the model cannot be used: {exc}"), "Pick another model or preset, or fix the model folder."
+    if isinstance(exc, NonFiniteValues):
+        return sentence(str(exc)), exc.hint
     text = str(exc) or exc.__class__.__name__
     if is_out_of_memory(exc):
         return (f"Out of device memory{where}.",

@@ -27,6 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
+from engine.models.finite import scan
+from engine.models.weights import WeightFileError, read_header
+from engine.run.nonfinite import refuse_nonfinite
+
 if TYPE_CHECKING:
     import torch
 
@@ -58,6 +62,10 @@ _BIASED = (1, 22)
 # The published widths (after decoder.1, .8, .14, .20) and time strides (decoder.7, .13, .19).
 _WIDTHS = (256, 128, 64, 64)
 _STRIDES = (2, 2, 1)
+
+
+# What to do with a fast decoder file that cannot be used.
+DOWNLOAD_AGAIN = f"download it again (taew2_1 or taew2_2 from {FAST_DECODER_HUB_REPO}), or choose the VAE decoder"
 
 
 class FastDecoderError(ValueError):
@@ -219,6 +227,7 @@ def _load_file(path: Path) -> dict:
     if path.suffix == ".safetensors":
         from safetensors.torch import load_file
 
+        read_header(path)   # a file that is no safetensors one, or one cut short, said in a sentence of ours
         return load_file(str(path), device="cpu")
     loaded = torch.load(path, weights_only=True, map_location="cpu")
     if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
@@ -248,12 +257,18 @@ def _read(path: Path, vae_space_latents: bool | None) -> tuple[FastDecoderInfo, 
                                f"as .safetensors or .pth")
     try:
         loaded = _load_file(path)
+    except WeightFileError as exc:
+        raise FastDecoderError(f"the fast decoder {path.name} cannot be used: {exc}; {DOWNLOAD_AGAIN}") from None
     except Exception as exc:  # noqa: BLE001 - any reading error means the same thing: a damaged or other file
-        raise FastDecoderError(f"{path.name} could not be read as weights ({type(exc).__name__}: {exc}): "
-                               f"download it again") from exc
+        # Only the error's kind: its words may quote the file's bytes (pickle's "invalid load key, '\x8f'").
+        raise FastDecoderError(f"the fast decoder {path.name} could not be read as weights ({type(exc).__name__}): "
+                               f"{DOWNLOAD_AGAIN}") from None
     state = {key: value for key, value in loaded.items()
              if isinstance(key, str) and key.startswith("decoder.") and isinstance(value, torch.Tensor)}
     layers = _layers_of(state, path.name)
+    problem = scan(sorted(state.items())).problem(f"the fast decoder {path.name}", DOWNLOAD_AGAIN)
+    if problem:
+        raise FastDecoderError(problem)
     return _info_of(path, state, layers, vae_space_latents), state, layers
 
 
@@ -431,6 +446,8 @@ def _to_uint8(x, patch_size: int):
     import torch
     import torch.nn.functional as F
 
+    refuse_nonfinite(x, "The fast decoder", "the frames' pixels", ", so the video would be black",
+                     "Choose the VAE decoder, or download the fast decoder again.")
     if patch_size > 1:
         x = F.pixel_shuffle(x, patch_size)
     x = x.float().clamp_(0.0, 1.0)

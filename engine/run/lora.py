@@ -208,6 +208,7 @@ def _load(pipe, lora: Lora, name: str, model: str, dtype) -> None:
     """Read ``lora``'s file into each transformer it is for as adapter ``name``; InputError saying why when it
     does not fit."""
     file, shown = lora.file, lora.name
+    _check_values(lora)
     try:
         for index, transformer in enumerate(_transformers(pipe)):
             if lora.expert != "both" and index != ("high", "low").index(lora.expert):
@@ -227,6 +228,16 @@ def _load(pipe, lora: Lora, name: str, model: str, dtype) -> None:
         if is_out_of_memory(exc):
             raise
         raise InputError(f"LoRA {shown} does not fit {model}: {_why(exc)}; pick a LoRA made for this model") from None
+
+
+def _check_values(lora: Lora) -> None:
+    """InputError when ``lora``'s file holds NaN or infinite values (each of its tensors looked at whole, as it is
+    read: a LoRA is small beside the model), naming how many and the first."""
+    from engine.models.finite import safetensors_scan
+
+    problem = safetensors_scan(lora.file).problem(f"the LoRA {lora.name}", "remove it or download it again")
+    if problem:
+        raise InputError(problem)
 
 
 def _why(exc: Exception) -> str:

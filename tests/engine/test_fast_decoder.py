@@ -214,3 +214,16 @@ def test_the_decoder_for_the_model_is_found_taew_first(tmp_path):
     assert find_fast_decoder(tmp_path, 16) == folder / "taew2_1.safetensors"
     assert find_fast_decoder(tmp_path, 48) == folder / "taew2_2.safetensors"
     assert find_fast_decoder(tmp_path, 32) is None
+
+
+def test_frames_that_overflow_are_refused_not_written_black(tmp_path, z16_state):
+    """Finite weights, each enormous: the frames come out infinite, which a video would show as black."""
+    from engine.run.nonfinite import NonFiniteValues
+
+    huge = {key: torch.full_like(value, 1e30) for key, value in z16_state.items()}
+    decoder = load_fast_decoder(write_fast_decoder(tmp_path / "taew2_1.safetensors", huge), "cpu")
+    with pytest.raises(NonFiniteValues, match=r"^The fast decoder produced infinite values \(in 100% "
+                                              r"of the frames' pixels\), so the video would be black$"):
+        decoder.decode(_latents(16, 1))
+    with pytest.raises(NonFiniteValues):
+        next(decoder.stream(_latents(16, 2), chunk=1))

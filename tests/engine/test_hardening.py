@@ -421,11 +421,21 @@ def test_a_safetensors_header_of_garbage_is_refused(model_copy):
     _damage_refused(model_copy, target, "its header is not valid JSON")
 
 
-def test_an_absurd_header_length_is_refused(model_copy):
+def test_an_absurd_header_length_is_refused_as_a_cut_file_without_quoting_it(model_copy):
     target = _weights(model_copy, "text_encoder")
     data = target.read_bytes()
     target.write_bytes(struct.pack("<Q", 2**62) + data[8:])
-    _damage_refused(model_copy, target, "its header claims")
+    message = _damage_refused(model_copy, target, "its header runs past the end of the file: the file is cut short")
+    assert f"{2**62:,}" not in message and str(2**62) not in message
+
+
+def test_a_file_that_is_no_safetensors_one_is_said_to_be_so_not_quoted_as_a_number(model_copy):
+    target = _weights(model_copy, "vae")
+    target.write_bytes(b"OggS\x00\x02" + bytes(range(256)) * 40)   # another format's file, renamed
+    message = _damage_refused(model_copy, target, "it is not a safetensors file (it does not begin with a "
+                                                  "safetensors header)")
+    (claimed,) = struct.unpack("<Q", target.read_bytes()[:8])
+    assert f"{claimed:,}" not in message and str(claimed) not in message
 
 
 @pytest.mark.parametrize("damage, expected", [

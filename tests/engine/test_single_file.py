@@ -213,12 +213,15 @@ def test_settings_check_each_file_before_any_model_is_read(files, tmp_path, pres
 
 
 # ----- runs ------------------------------------------------------------------------------------------------
-def test_the_same_weights_from_a_single_safetensors_file_give_exactly_the_model_s_latents(engine, model_dirs, files,
-                                                                                        presets, outputs, own_latents):
+def test_the_same_weights_from_a_single_safetensors_file_give_the_model_s_latents(engine, model_dirs, files, presets,
+                                                                                outputs, own_latents):
     single, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs,
                                                      transformer=str(files["safetensors"]), **RUN))
     assert isinstance(single, JobFinished), single
-    assert (latents_of(events) == own_latents).all()
+    # The same values, but not always bit for bit: the two loaders leave the weights at other memory alignments, and
+    # on some CPUs (an AMD EPYC here) the matrix kernels then sum in another order (2.3e-6 apart; the same weights
+    # copied to fresh memory give identical outputs). A wrong key or scale is orders of magnitude further off.
+    assert (latents_of(events) - own_latents).abs().max() < 1e-5
     # Loaded again for the file (the plan's reload key names it), and said why.
     assert "load" in [e.phase for e in events if isinstance(e, PhaseStarted)]
     assert any("to make room for another transformer file" in e.message for e in events if isinstance(e, Info))
