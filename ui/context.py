@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from engine.folders import inside
 from engine.models.loras import Lora, as_lora
 from engine.models.refs import REPO_ID, ModelError, check_ref_length
 from engine.models.selftest import SELFTEST_REFS
@@ -29,22 +30,18 @@ def _looks_like_path(ref: str) -> bool:
             or any(part in (".", "..") for part in ref.split("/")))
 
 
-def _inside(path: Path, folder: Path) -> bool:
-    """True when ``path`` is ``folder`` or below it, lexically or once links are followed."""
-    pairs = ((Path(os.path.abspath(path)), Path(os.path.abspath(folder))), (path.resolve(), folder.resolve()))
-    return any(p == f or f in p.parents for p, f in pairs)
-
-
 def checked_model_ref(ref: str | None, models_dir: str | Path, allow_paths: bool = False,
                       trusted: tuple[str, ...] = ()) -> str:
     """The model reference a page or API caller may use, or ModelError saying why not.
 
     Accepted: a built-in self-test model, a Hugging Face repo id (org/name), a folder inside
-    ``models_dir`` (by its name or its path, returned as an absolute path), and the references in
-    ``trusted`` (what the operator chose: --model and the presets). Any other filesystem path
-    (absolute, ``..``, ``~``, or a folder that exists elsewhere) is refused unless ``allow_paths``,
-    with the same message whether it exists or not, so the page cannot be used to probe the disk.
-    Touches nothing but ``stat``; the engine still checks the model itself.
+    ``models_dir`` (by its name or its path, returned as an absolute path; a link the operator put there is
+    theirs, and followed), and the references in ``trusted`` (what the operator chose: --model and the
+    presets). Anything else, absolute or relative (``/etc``, ``app.py``, ``engine/models``, ``nothere.py``,
+    ``../x``, markup), is refused with one sentence unless ``allow_paths``, the same whether it exists or not,
+    so the page cannot be used to probe the disk: paths are compared as written, and the only file system
+    question asked outside the models folder is whether a repo id's first name is an entry of the working
+    folder (where the engine would read ``engine/nothere`` as a folder, not as a repo id).
     """
     if ref is not None and not isinstance(ref, str):
         raise ModelError(f"the model must be text (a repo id, a folder or a self-test model), got "
@@ -54,30 +51,24 @@ def checked_model_ref(ref: str | None, models_dir: str | Path, allow_paths: bool
     if not ref or allow_paths or ref in SELFTEST_REFS or ref in trusted:
         return ref
     models = Path(models_dir)
-    refused = ModelError(
+    if ".." in ref.replace("\\", "/").split("/"):
+        raise _refused_model(ref)
+    if not _looks_like_path(ref) and (models / ref).is_dir():   # a folder of the models folder, by its name
+        return os.path.abspath(models / ref)
+    path = Path(ref).expanduser()
+    if inside(path, models, below=True, follow_links=False):    # by its path (the engine says if it is missing)
+        return os.path.abspath(path)
+    if _looks_like_path(ref) or not REPO_ID.match(ref) or os.path.lexists(ref.split("/")[0]):
+        raise _refused_model(ref)
+    return ref               # a repo id (one that does not exist is refused by the engine, with its own message)
+
+
+def _refused_model(ref: str) -> ModelError:
+    """The one answer for a model reference that is not accepted, whatever it names and whether it exists."""
+    return ModelError(
         f"model {ref!r} is a path outside the app's models folder, which the page does not accept; use a "
         f"Hugging Face repo id (org/name), {' or '.join(SELFTEST_REFS)}, or a folder inside the models "
         f"folder, or {ALLOW_PATHS_HINT}")
-    if _looks_like_path(ref):
-        if ".." in ref.replace("\\", "/").split("/"):
-            raise refused
-        path = Path(ref).expanduser()
-        if _inside(path, models):
-            return str(Path(os.path.abspath(path)))
-        raise refused
-    by_name = models / ref
-    if by_name.is_dir():     # a folder inside the models folder, named as the page shows it
-        return str(Path(os.path.abspath(by_name)))
-    local = Path(ref)
-    if local.exists():       # the engine would take this relative path as a local folder
-        if _inside(local, models):
-            return str(Path(os.path.abspath(local)))
-        raise refused
-    if not REPO_ID.match(ref):   # markup, an address, a scheme-relative path...: none of them names a model
-        raise ModelError(f"model {ref!r} is neither a Hugging Face repo id (org/name, letters, digits, '.', '_' and "
-                         f"'-'), nor {' or '.join(SELFTEST_REFS)}, nor a folder inside the models folder; give one "
-                         "of those")
-    return ref               # a repo id (one that does not exist is refused by the engine, with its own message)
 
 
 def checked_lora_file(file, models_dir: str | Path, allow_paths: bool = False, trusted: tuple[str, ...] = ()) -> str:
@@ -131,7 +122,7 @@ def _file_in(file: str, folder: Path, models_dir: str | Path, allow_paths: bool,
     if ".." in file.replace("\\", "/").split("/"):
         raise refused
     if path.is_absolute() or file.startswith("~"):
-        if allow_paths or _inside(path, Path(models_dir)):
+        if allow_paths or inside(path, models_dir, follow_links=False):
             return os.path.abspath(path)
         raise refused
     return os.path.abspath(Path(folder) / path)
@@ -145,7 +136,8 @@ def forget_served_copies(served_dir: str | None, names: list[str]) -> list[Path]
     gone = []
     for name in set(names):
         for copy in Path(served_dir).glob(f"*/{name}"):
-            if copy.is_file() and not copy.is_symlink():
+            if copy.is_file() and not copy.is_symlink() and not copy.parent.is_symlink() \
+                    and inside(copy, served_dir, below=True):
                 copy.unlink(missing_ok=True)
                 gone.append(copy)
                 if not any(copy.parent.iterdir()):

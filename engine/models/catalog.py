@@ -122,7 +122,7 @@ class ModelCatalog:
         folder = Path(ref.strip()).expanduser()
         key = (str(folder), files_stamp(folder))
         if self._recall(self._checked, key) is None:
-            check_model_folder(folder)
+            check_model_folder(folder, ref.strip())
             self._keep(self._checked, key, True)
 
     def _recall(self, memory: OrderedDict, key):

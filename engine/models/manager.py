@@ -1,6 +1,7 @@
 """The models on this machine, for the Models tab: what the Hugging Face cache and the app's models folder hold,
 each with its size on disk, its kind and the presets that use it; and deleting one, never outside those two
-folders and never one that the engine uses.
+folders (links followed), never one that a running job uses and never one that a loaded pipeline holds (its
+folder, transformer files, LoRAs and fast decoders, on any engine).
 
 Reads only names, sizes and small JSON files: no weights, no network.
 """
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
+from engine.folders import inside
 from engine.models.download import size_words
 from engine.models.refs import WEIGHT_SUFFIXES, ModelError, hub_cache_dir
 from engine.models.selftest import SELFTEST_REFS
@@ -34,6 +36,18 @@ OTHER = "other"
 
 class DeleteRefused(ModelError):
     """A delete that may not happen; the message says why."""
+
+
+@dataclass(frozen=True)
+class LoadedFiles:
+    """What an engine process's loaded pipeline holds, as it says (engine/service/worker.py): the model's
+    reference (None: nothing loaded) and the paths of its folder, transformer files, LoRAs and fast decoders."""
+    model: str | None
+    paths: tuple[str, ...]
+
+    def holds(self, path: Path) -> bool:
+        """Whether ``path`` (a file, or a folder: anything in it) is one of these files, links followed."""
+        return any(inside(held, path) for held in self.paths)
 
 
 @dataclass(frozen=True)
@@ -160,28 +174,28 @@ def find_entry(entries: Iterable[ModelEntry], key: object) -> ModelEntry:
                         "one from it")
 
 
-def _inside(path: Path, root: Path) -> bool:
-    """``path`` is strictly below ``root``, both as written and once links are followed."""
-    pairs = ((Path(os.path.abspath(path)), Path(os.path.abspath(root))), (path.resolve(), root.resolve()))
-    return all(r in p.parents for p, r in pairs)
-
-
-def check_deletable(entry: ModelEntry, models_dir: Path, in_use: Iterable[str], cache_dir: Path | None = None) -> None:
-    """DeleteRefused when ``entry`` lies outside the models folder and the Hub cache, or the running job or the
-    loaded pipeline uses it (``in_use``: the names they give)."""
+def check_deletable(entry: ModelEntry, models_dir: Path, in_use: Iterable[str], cache_dir: Path | None = None,
+                    loaded: Iterable[LoadedFiles] = ()) -> None:
+    """DeleteRefused when ``entry`` lies outside the models folder and the Hub cache once links are followed, a
+    loaded pipeline holds it (``loaded``: what each engine holds), or the running job uses it (``in_use``: the
+    names it gives)."""
     root = Path(models_dir) if entry.place == LOCAL else (Path(cache_dir) if cache_dir else hub_cache_dir())
-    if not _inside(entry.path, root):
+    if not (inside(entry.path, root, below=True, follow_links=False) and inside(entry.path, root, below=True)):
         folder = "the models folder" if entry.place == LOCAL else "the Hugging Face cache"
-        raise DeleteRefused(f"{entry.name} is not inside {folder} ({root}); the app deletes nothing elsewhere")
-    users = [name for name in in_use if named_by(entry, name, models_dir)]
-    if users:
-        raise DeleteRefused(f"{entry.name} is in use by the engine (the loaded model or the running job); wait for "
-                            "the job to end, or unload the model, then delete it")
+        raise DeleteRefused(f"{entry.name} is not inside {folder} (or is a link to a place outside it); the app "
+                            "deletes nothing elsewhere")
+    if any(held.holds(entry.path) for held in loaded):
+        raise DeleteRefused(f"{entry.name} is in use by the engine: it is loaded there, so press Unload first, "
+                            "then delete it")
+    if any(named_by(entry, name, models_dir) for name in in_use):
+        raise DeleteRefused(f"{entry.name} is in use by the engine: the running job uses it, so wait for the job "
+                            "to end, then delete it")
 
 
-def delete_entry(entry: ModelEntry, models_dir: Path, in_use: Iterable[str], cache_dir: Path | None = None) -> str:
+def delete_entry(entry: ModelEntry, models_dir: Path, in_use: Iterable[str], cache_dir: Path | None = None,
+                 loaded: Iterable[LoadedFiles] = ()) -> str:
     """Delete ``entry`` from disk once check_deletable lets it; what was freed, in words."""
-    check_deletable(entry, models_dir, tuple(in_use), cache_dir)
+    check_deletable(entry, models_dir, tuple(in_use), cache_dir, tuple(loaded))
     if entry.place == HUB:
         from huggingface_hub import scan_cache_dir
 

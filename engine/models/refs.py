@@ -72,82 +72,109 @@ def hub_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on")
 
 
-def check_model_folder(folder: Path) -> tuple[str, tuple[str, ...], bool]:
+@dataclass(frozen=True)
+class _Named:
+    """How the messages about a model folder name it: by ``shown``, the reference the user gave (a hub model's
+    snapshot folder and a link's target are the machine's, not the user's), else by the folder's path."""
+    folder: Path
+    shown: str | None = None
+
+    @property
+    def label(self) -> str:
+        return Path(self.shown).name if self.shown else self.folder.name
+
+    @property
+    def whole(self) -> str:
+        return self.shown or str(self.folder)
+
+    def where(self, file: Path) -> Path:
+        return file.relative_to(self.folder) if file.is_relative_to(self.folder) else file
+
+
+def check_model_folder(folder: Path, shown: str | None = None) -> tuple[str, tuple[str, ...], bool]:
     """Check a diffusers-layout folder; return its pipeline class, component names and whether it is a
-    text-and-image-to-video model (Wan2.2 TI2V-5B: ``expand_timesteps``)."""
+    text-and-image-to-video model (Wan2.2 TI2V-5B: ``expand_timesteps``). ``shown``: the reference the user gave,
+    which the messages name the model by, without the folder's own path or a link's target."""
+    named = _Named(folder, shown)
     index_file = folder / "model_index.json"
     if not index_file.is_file():
         raise ModelError(
-            f"{folder} has no model_index.json, so it is not a diffusers model folder; "
+            f"{named.whole} has no model_index.json, so it is not a diffusers model folder; "
             "point to the folder that holds model_index.json (a Wan '-Diffusers' repo)")
     try:
         index = json.loads(index_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{index_file} is not valid JSON ({exc}); download the model again") from exc
+        raise ModelError(f"{named.whole}/model_index.json is not valid JSON ({exc}); download the model again") from exc
     if not isinstance(index, dict):
-        raise ModelError(f"{index_file} is not a JSON object; download the model again")
+        raise ModelError(f"{named.whole}/model_index.json is not a JSON object; download the model again")
     pipeline_class = index.get("_class_name", "")
     if pipeline_class not in PIPELINES:
         raise ModelError(
-            f"{folder.name}: pipeline {pipeline_class!r} is not supported; "
+            f"{named.label}: pipeline {pipeline_class!r} is not supported; "
             f"use a Wan model for {' or '.join(PIPELINES)}")
     components = tuple(
         name for name, value in index.items()
         if not name.startswith("_") and isinstance(value, list) and value and value[0] is not None)
     for name in components:
-        part = folder / name
-        if not part.is_dir():
-            raise ModelError(f"{folder.name}: component '{name}' is missing (no folder {part}); download the model again")
-        if name in WEIGHTED:
-            if not (part / "config.json").is_file():
-                raise ModelError(f"{folder.name}: component '{name}' has no config.json; download the model again")
-            _check_json(folder, part / "config.json")
-            if not any(f.name.endswith(WEIGHT_SUFFIXES) for f in part.iterdir()):
-                raise ModelError(f"{folder.name}: component '{name}' has no weight files; download the model again")
-            check_weight_files(folder, part)
+        _check_component(named, name)
     return pipeline_class, components, bool(index.get("expand_timesteps", False))
 
 
-def _damaged(folder: Path, file: Path, reason: str) -> ModelError:
-    where = file.relative_to(folder) if file.is_relative_to(folder) else file
-    # A hub download is a link into the cache's blobs: that file is the one to delete.
-    stored = f" (stored at {file.resolve()})" if file.is_symlink() else ""
-    return ModelError(f"{folder.name}: weight file {where} is damaged: {reason}. "
-                      f"Delete {file}{stored} and download the model again")
+def _check_component(named: _Named, name: str) -> None:
+    part = named.folder / name
+    if not part.is_dir():
+        raise ModelError(f"{named.label}: component '{name}' is missing (no folder {name}/ in it); "
+                         "download the model again")
+    if name in WEIGHTED:
+        if not (part / "config.json").is_file():
+            raise ModelError(f"{named.label}: component '{name}' has no config.json; download the model again")
+        _check_json(named, part / "config.json")
+        if not any(f.name.endswith(WEIGHT_SUFFIXES) for f in part.iterdir()):
+            raise ModelError(f"{named.label}: component '{name}' has no weight files; download the model again")
+        check_weight_files(named.folder, part, named.shown)
 
 
-def _check_json(folder: Path, file: Path) -> object:
+def _damaged(named: _Named, file: Path, reason: str) -> ModelError:
+    if named.shown:
+        todo = "Delete that file, or the whole model on the Models tab, and download the model again"
+    else:   # a hub download is a link into the cache's blobs: that file is the one to delete
+        stored = f" (stored at {file.resolve()})" if file.is_symlink() else ""
+        todo = f"Delete {file}{stored} and download the model again"
+    return ModelError(f"{named.label}: weight file {named.where(file)} is damaged: {reason}. {todo}")
+
+
+def _check_json(named: _Named, file: Path) -> object:
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        where = file.relative_to(folder) if file.is_relative_to(folder) else file
-        raise ModelError(f"{folder.name}: {where} is not valid JSON ({exc.__class__.__name__}); "
+        raise ModelError(f"{named.label}: {named.where(file)} is not valid JSON ({exc.__class__.__name__}); "
                          "download the model again") from exc
 
 
-def check_weight_files(folder: Path, part: Path) -> None:
-    """Refuse a component whose safetensors files are truncated or have a garbage header.
+def check_weight_files(folder: Path, part: Path, shown: str | None = None) -> None:
+    """Refuse a component whose safetensors files are truncated or have a garbage header (``shown``: as in
+    check_model_folder).
 
     Cheap: reads each file's header and size only, never a tensor. A sharded component's index
     must name only shards that exist.
     """
+    named = _Named(folder, shown)
     for index_file in sorted(part.glob("*.safetensors.index.json")):
-        index = _check_json(folder, index_file)
+        index = _check_json(named, index_file)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
-            raise ModelError(f"{folder.name}: {index_file.relative_to(folder)} has no weight_map; "
-                             "download the model again")
+            raise ModelError(f"{named.label}: {named.where(index_file)} has no weight_map; download the model again")
         for shard in sorted(set(map(str, weight_map.values()))):
             if not (part / shard).is_file():
-                raise ModelError(f"{folder.name}: weight file {part.name}/{shard} is missing "
+                raise ModelError(f"{named.label}: weight file {part.name}/{shard} is missing "
                                  f"(named in {index_file.name}); download the model again")
     for file in sorted(part.glob("*.safetensors")):
         try:
             read_header(file)
         except WeightFileError as exc:
-            raise _damaged(folder, file, str(exc)) from None
+            raise _damaged(named, file, str(exc)) from None
         except OSError as exc:
-            raise _damaged(folder, file, f"it cannot be read ({exc.strerror or exc})") from None
+            raise _damaged(named, file, f"it cannot be read ({exc.strerror or exc})") from None
 
 
 def _progress_class(on_progress: Callable[[float, float | None, str], None]):
@@ -178,8 +205,8 @@ def _download(repo_id: str, on_progress) -> Path:
     except LocalEntryNotFoundError as exc:
         if offline:
             raise ModelError(
-                f"{repo_id} is not in the model cache ({hub_cache_dir()}) and offline mode is on "
-                "(HF_HUB_OFFLINE=1); go online once to download it, or give a local folder") from exc
+                f"{repo_id} is not in the Hugging Face cache and offline mode is on (HF_HUB_OFFLINE=1); go "
+                "online once to download it, or give a local folder") from exc
         raise ModelError(f"could not download {repo_id}: {exc}; check the network and the repo id") from exc
     except Exception as exc:  # network, auth or unknown-repo errors from the hub client
         raise ModelError(f"could not download {repo_id} ({exc.__class__.__name__}: {exc}); check the repo id and the network") from exc
@@ -240,7 +267,7 @@ def resolve_model(ref: str, models_dir: Path,
     else:
         folder = _download(ref, on_progress)
         revision = folder.name
-    pipeline_class, components, expand_timesteps = check_model_folder(folder)
+    pipeline_class, components, expand_timesteps = check_model_folder(folder, ref)
     return ResolvedModel(ref, folder, source, revision, pipeline_class, components, expand_timesteps,
                          spec_for(ref, folder), takes_last_frame(folder))
 

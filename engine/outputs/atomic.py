@@ -23,13 +23,15 @@ def temporary_path(final: Path) -> Path:
 def write_atomically(path: Path | str, write: Callable[[Path], object]) -> Path:
     """Make ``path`` with ``write(temporary path)``, then rename the result into place; ``path``.
 
-    Whatever fails (the writing, the rename, an interrupt), the temporary file is removed and the
-    error is raised as it came: callers decide what it means (``export.write_mp4`` turns a full disk
+    Whatever is at the temporary name beforehand is removed first (a link placed there would have the
+    writer write through it, outside the folder). Whatever fails (the writing, the rename, an interrupt),
+    the temporary file is removed and the error is raised as it came: callers decide what it means (``export.write_mp4`` turns a full disk
     into DiskFull).
     """
     path = Path(path)
     temporary = temporary_path(path)
     try:
+        temporary.unlink(missing_ok=True)   # what a dead writer left there, or a link: nothing is written through it
         write(temporary)
         os.replace(temporary, path)
     except BaseException:

@@ -8,12 +8,19 @@ A run that starts at ``<outputs>/<day>/<stem>`` (``export.output_stem``) may lea
 - ``<stem>.first.png`` / ``<stem>.last.png``: the input images of an image-to-video run.
 
 Every module that needs one of these paths asks a ``Bundle`` for it, so a suffix is written
-down here and nowhere else.
+down here and nowhere else; ``listed`` is the one walk of the outputs folder that finds them.
+
+Links inside the outputs folder are never followed, wherever they point (inside or out): a linked day
+folder or file is neither listed, read, written through nor deleted (a link among an output's own files is
+removed itself, never what it points to). The outputs folder itself may be a link.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine.folders import inside
 
 # The media file of an output, by its kind.
 MEDIA_SUFFIXES = {"video": ".mp4", "image": ".png"}
@@ -35,6 +42,35 @@ def _stem_of(path: Path | str, suffix: str) -> Path:
     if not path.name.endswith(suffix) or path.name == suffix:
         raise ValueError(f"{path.name!r} is not a file of an output (*{suffix})")
     return path.with_name(path.name[: -len(suffix)])
+
+
+def listed(outputs_dir: Path | str, suffix: str) -> list[Path]:
+    """Every ``<day>/<name><suffix>`` in the outputs folder, newest first (by when it was written): plain files in
+    plain day folders, inside the folder once links are followed; hidden names (partial writes) are left out."""
+    outputs_dir = Path(outputs_dir)
+    found = []
+    for day in _entries(outputs_dir):
+        if day.is_dir(follow_symlinks=False):
+            found += [(_written(item), Path(item.path)) for item in _entries(Path(day.path))
+                      if item.name.endswith(suffix) and item.name != suffix and item.is_file(follow_symlinks=False)]
+    found.sort(reverse=True)
+    return [path for _, path in found if inside(path, outputs_dir, below=True)]
+
+
+def _written(item: os.DirEntry) -> float:
+    try:
+        return item.stat(follow_symlinks=False).st_mtime
+    except OSError:   # removed meanwhile: listed last, and skipped by whoever reads it
+        return 0.0
+
+
+def _entries(folder: Path) -> list[os.DirEntry]:
+    """The folder's entries that are neither links nor hidden; none when it cannot be read."""
+    try:
+        with os.scandir(folder) as listing:
+            return [item for item in listing if not item.name.startswith(".") and not item.is_symlink()]
+    except OSError:
+        return []
 
 
 class RemovalError(OSError):

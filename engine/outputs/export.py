@@ -19,17 +19,30 @@ from typing import Iterable
 
 import numpy as np
 
+from engine.folders import inside
 from engine.outputs.atomic import temporary_path, write_atomically
 from engine.outputs.bundle import Bundle
 from engine.outputs.mp4_boxes import video_frame_count
+from engine.settings.values import InputError
 
 _SLUG = re.compile(r"[^a-z0-9]+")
 
 
-def output_stem(outputs_dir: Path, mode: str, prompt: str, seed: int, now: float | None = None) -> Path:
-    """A new, unused path stem: ``outputs/<date>/<time>_<mode>_<prompt words>_<seed>``."""
-    now = time.time() if now is None else now
+def day_folder(outputs_dir: Path, now: float) -> Path:
+    """The day's folder of the outputs at ``now``; InputError when it is a link (nothing is written through one,
+    wherever it points)."""
     day = Path(outputs_dir) / time.strftime("%Y-%m-%d", time.localtime(now))
+    if day.is_symlink() or not inside(day, outputs_dir, below=True):
+        raise InputError(f"the outputs folder's {day.name} is a link, and the app writes nothing through links: "
+                         f"make {day.name} a plain folder (or remove the link) and run again")
+    return day
+
+
+def output_stem(outputs_dir: Path, mode: str, prompt: str, seed: int, now: float | None = None) -> Path:
+    """A new, unused path stem: ``outputs/<date>/<time>_<mode>_<prompt words>_<seed>``; InputError when the day's
+    folder is a link (nothing is written through one, wherever it points)."""
+    now = time.time() if now is None else now
+    day = day_folder(outputs_dir, now)
     day.mkdir(parents=True, exist_ok=True)
     words = _SLUG.sub("-", prompt.lower()).strip("-")[:40].strip("-") or "untitled"
     base = f"{time.strftime('%H%M%S', time.localtime(now))}_{mode}_{words}_{seed}"
@@ -126,6 +139,7 @@ class Mp4Stream:
     def __init__(self, path: Path, fps: int, width: int, height: int, frames: int | None = None,
                  depth: int = STREAM_QUEUE_BATCHES):
         self.path, self.temporary = Path(path), temporary_path(Path(path))
+        self.temporary.unlink(missing_ok=True)   # as write_atomically: nothing is written through a link there
         self.fps, self.width, self.height, self.expected = fps, width, height, frames or 0
         self.sent = 0
         self.tail_seconds: float | None = None   # from close() (the last batch handed over) to the file in place

@@ -3,8 +3,10 @@
 Every finished run leaves the files of a ``Bundle`` at ``<outputs>/<day>/<stem>``: its media
 file (``.mp4`` or ``.png``) and its sidecar, perhaps with saved latents and the kept input images.
 An entry is read from the sidecar alone (``sidecar.Sidecar``), so the history needs no database
-and survives restarts. A sidecar that cannot be read, whose media file is gone, or that another
-program wrote is skipped; nothing here raises for a bad file.
+and survives restarts. Nothing here raises for a bad file: a sidecar that another program wrote, or
+whose media file is gone, is skipped; one that cannot be read (too large, too deep, not JSON, a
+value of the wrong type) is named among the unreadable ones (``History.unreadable``), and the
+others are listed all the same.
 
 An output is named by its key, ``<day>/<media file name>`` (``2025-01-31/153000_t2v_a-fox_7.mp4``).
 ``delete_output`` accepts only the key of an output that ``scan_history`` would list: inside the
@@ -17,11 +19,14 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from engine.outputs.bundle import SIDECAR_SUFFIX, Bundle, RemovalError, media_kind
-from engine.outputs.sidecar import Sidecar, read_sidecar
-from engine.settings.values import Settings
+from engine.folders import inside
+from engine.outputs.bundle import SIDECAR_SUFFIX, Bundle, RemovalError, listed, media_kind
+from engine.outputs.sidecar import ForeignFile, Sidecar, SidecarError, read_sidecar
+from engine.settings.values import Settings, as_int
 
 DEFAULT_LIMIT = 100
+# The most outputs one listing reads (each is a file to open): a larger limit lists this many.
+MAX_LIMIT = 1000
 KEY_EXAMPLE = "2025-01-31/153000_t2v_a-red-fox_7.mp4"
 
 
@@ -93,6 +98,20 @@ def reuse_values(entry: HistoryEntry) -> ReuseValues:
         last_image=entry.last_image)
 
 
+@dataclass(frozen=True)
+class Unreadable:
+    """A sidecar of this app's that cannot be read: its key-like name (``<day>/<file>.json``) and why."""
+    name: str
+    why: str
+
+
+@dataclass(frozen=True)
+class History:
+    """What a listing found: the outputs, newest first, and the sidecars it could not read."""
+    entries: list[HistoryEntry]
+    unreadable: list[Unreadable]
+
+
 # ----- reading ----------------------------------------------------------------
 def _plain(path: Path) -> bool:
     """A regular file or folder, not a link and not hidden (partial files start with a dot)."""
@@ -109,7 +128,13 @@ def _kept_input(bundle: Bundle, field: str, inputs: dict | None) -> str | None:
 
 def read_entry(sidecar: Path) -> HistoryEntry | None:
     """The entry a sidecar describes, or None when it is not a readable sidecar of an existing output."""
-    sidecar = Path(sidecar)
+    found = _read(Path(sidecar))
+    return found if isinstance(found, HistoryEntry) else None
+
+
+def _read(sidecar: Path) -> HistoryEntry | Unreadable | None:
+    """The entry a sidecar describes; Unreadable when it is this app's (or may be) but cannot be read; None when
+    it is no output's sidecar (another program's file, a link, a sidecar whose media file is gone)."""
     try:
         if not (_plain(sidecar) and _plain(sidecar.parent) and sidecar.is_file()):
             return None
@@ -119,8 +144,12 @@ def read_entry(sidecar: Path) -> HistoryEntry | None:
         if media is None or not media.is_file() or media.is_symlink():
             return None
         return _entry(sidecar, bundle, media, record)
-    except (OSError, ValueError):   # SidecarError is a ValueError
+    except (ForeignFile, FileNotFoundError):   # another program's JSON; a file deleted meanwhile
         return None
+    except SidecarError as exc:
+        return Unreadable(f"{sidecar.parent.name}/{sidecar.name}", str(exc))
+    except (OSError, ValueError) as exc:   # no permission to read it; a name that is no output's
+        return Unreadable(f"{sidecar.parent.name}/{sidecar.name}", getattr(exc, "strerror", None) or str(exc))
 
 
 def _entry(sidecar: Path, bundle: Bundle, media: Path, record: Sidecar) -> HistoryEntry:
@@ -137,35 +166,38 @@ def _entry(sidecar: Path, bundle: Bundle, media: Path, record: Sidecar) -> Histo
         last_image=_kept_input(bundle, "last_image", record.inputs), note=note)
 
 
-def _sidecars(outputs_dir: Path) -> list[Path]:
-    """Every ``<day>/<name>.json`` under the outputs folder, newest first (by the time it was written)."""
-    found = []
-    try:
-        days = [d for d in outputs_dir.iterdir() if _plain(d) and d.is_dir()]
-    except OSError:
-        return []
-    for day in days:
-        try:
-            with os.scandir(day) as listing:
-                for item in listing:
-                    if (item.name.endswith(SIDECAR_SUFFIX) and not item.name.startswith(".")
-                            and item.is_file(follow_symlinks=False)):
-                        found.append((item.stat(follow_symlinks=False).st_mtime, item.path))
-        except OSError:
-            continue
-    return [Path(path) for _, path in sorted(found, reverse=True)]
+def read_history(outputs_dir: Path | str, limit: int | None = DEFAULT_LIMIT) -> History:
+    """The outputs in ``outputs_dir``, newest first, at most ``limit`` (None: all), and the sidecars met on the
+    way that could not be read (they never hide the others)."""
+    entries, unreadable = [], []
+    for sidecar in listed(outputs_dir, SIDECAR_SUFFIX):
+        if limit is not None and len(entries) >= limit:
+            break
+        found = _read(sidecar)
+        if isinstance(found, HistoryEntry):
+            entries.append(found)
+        elif found is not None:
+            unreadable.append(found)
+    return History(entries, unreadable)
 
 
 def scan_history(outputs_dir: Path | str, limit: int | None = DEFAULT_LIMIT) -> list[HistoryEntry]:
     """The outputs in ``outputs_dir``, newest first, at most ``limit`` (None: all); bad sidecars are skipped."""
-    entries = []
-    for sidecar in _sidecars(Path(outputs_dir)):
-        if limit is not None and len(entries) >= limit:
-            break
-        entry = read_entry(sidecar)
-        if entry is not None:
-            entries.append(entry)
-    return entries
+    return read_history(outputs_dir, limit).entries
+
+
+def history_limit(value) -> int:
+    """How many outputs a caller of the history asks for: a whole number from 1 (nothing given: DEFAULT_LIMIT; more
+    than MAX_LIMIT: MAX_LIMIT); HistoryError saying what to give otherwise."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        return DEFAULT_LIMIT
+    problems: list[str] = []
+    limit = as_int("limit", value, problems)
+    if limit is None or limit < 1:
+        raise HistoryError(f"limit {value!r:.40} is not a number of outputs: give a whole number from 1 to "
+                           f"{MAX_LIMIT} (how many to list, newest first), or leave it out for the newest "
+                           f"{DEFAULT_LIMIT}")
+    return min(limit, MAX_LIMIT)
 
 
 # ----- finding one by its key, and deleting it ------------------------------
@@ -181,7 +213,7 @@ def _media_path(outputs_dir: Path, key) -> Path:
         raise HistoryError(f"{key!r} is not an output key: a key is '<day>/<file>.mp4' or '.png', "
                            f"such as {KEY_EXAMPLE!r}, as /history lists them")
     day, media = outputs_dir / parts[0], outputs_dir / parts[0] / parts[1]
-    if day.is_symlink() or media.is_symlink() or outputs_dir.resolve() not in media.resolve().parents:
+    if day.is_symlink() or media.is_symlink() or not inside(media, outputs_dir, below=True):
         raise HistoryError(f"{key!r} is not an output of this app: only files inside the outputs folder, "
                            "and no links, can be deleted")
     return media

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from engine.folders import inside
 from engine.outputs.bundle import INPUT_SUFFIXES, Bundle
 from engine.outputs.export import copy_file, write_png
 from engine.settings.images import upright_rgb
@@ -47,14 +48,14 @@ def keep_inputs(request, stem: Path) -> tuple[dict[str, str | None], list[str]]:
 def carry_inputs(kept: dict, folder: Path, stem: Path) -> dict[str, str | None]:
     """The input images a run kept in ``folder`` (``kept``: {field: file name or None}), for an output
     made later from its latents at ``stem``: the same files when the stem is the run's own, else copies.
-    A file that has gone since (or cannot be copied) is left out."""
+    A file that has gone since (or cannot be copied), or a link, is left out: nothing is read through one."""
     bundle = Bundle(Path(stem))
     carried: dict[str, str | None] = {}
     for field in INPUT_SUFFIXES:
         carried[field] = None
         name = kept.get(field)
         source = Path(folder) / name if isinstance(name, str) and Path(name).name == name else None
-        if source is None or not source.is_file():
+        if source is None or source.is_symlink() or not source.is_file() or not inside(source, folder, below=True):
             continue
         target = bundle.input(field)
         try:

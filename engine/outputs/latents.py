@@ -2,7 +2,8 @@
 
 A ``.latents.safetensors`` file is written atomically before the VAE decode, with the request and
 the model in its metadata. Latents of failed runs stay until the user removes them; latents of
-finished runs are removed after a configurable time unless the request asked to keep them.
+finished runs are removed after a configurable time unless the request asked to keep them. Only latents
+that ``bundle.listed`` finds are listed, decoded again or removed: none behind a link.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import time
 from pathlib import Path
 
 from engine.outputs.atomic import write_atomically
-from engine.outputs.bundle import LATENTS_SUFFIX, Bundle
+from engine.outputs.bundle import LATENTS_SUFFIX, Bundle, listed
 
 DEFAULT_KEEP_HOURS = 24.0
 DECODE_AGAIN_HINT = ("The denoised latents were saved: use Decode again (tiled, or on the CPU) "
@@ -28,8 +29,8 @@ def save_latents(latents, path: Path, metadata: dict) -> Path:
 
 
 def saved_latents(outputs_dir: Path | str) -> list[Bundle]:
-    """The outputs in ``outputs_dir`` (``<day>/<stem>``) that have saved latents, finished or not."""
-    return [Bundle.from_latents(path) for path in Path(outputs_dir).glob(f"*/*{LATENTS_SUFFIX}")]
+    """The outputs in ``outputs_dir`` (``<day>/<stem>``) that have saved latents, finished or not, newest first."""
+    return [Bundle.from_latents(path) for path in listed(outputs_dir, LATENTS_SUFFIX)]
 
 
 def read_metadata(path: Path) -> dict:
@@ -54,13 +55,19 @@ def cleanup_latents(outputs_dir: Path, keep_hours: float, now: float | None = No
     removed = []
     for bundle in saved_latents(outputs_dir):
         path = bundle.latents
-        if not bundle.has_media() or now - path.stat().st_mtime < keep_hours * 3600:
-            continue
         try:
-            if read_metadata(path).get("keep"):
+            if not bundle.has_media() or now - path.stat().st_mtime < keep_hours * 3600 or _kept(path):
                 continue
-        except (OSError, ValueError):
-            pass
-        path.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+        except OSError:   # gone meanwhile, or not ours to remove: the next clean-up tries again
+            continue
         removed.append(path)
     return removed
+
+
+def _kept(path: Path) -> bool:
+    """The run asked to keep its latents (a file whose metadata cannot be read is not kept)."""
+    try:
+        return bool(read_metadata(path).get("keep"))
+    except (OSError, ValueError):
+        return False

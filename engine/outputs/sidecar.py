@@ -15,29 +15,44 @@ what was written in ``"output"``, the memory plan and how the run went. A decode
 latents holds the prompt and seed at the top level, the whole request in ``"parameters"``, and
 ``"decoded"`` / ``"decoded_from"`` instead of the plan.
 
-Reading is defensive, because a sidecar is a file anyone may edit: a value is looked for at the
+Reading is defensive, because a sidecar is a file anyone may edit: a file larger than
+MAX_SIDECAR_BYTES or nested deeper than MAX_DEPTH is not read further; a value is looked for at the
 top level and then in ``"parameters"``; a part that is missing or of the wrong type counts as
 absent where the output can be understood without it, and makes the file unreadable
 (SidecarError) where it cannot (no media file name, mode, prompt, seed, size, frame count, steps,
-guidance or shift).
+guidance or shift). Every number read is finite and at most MAX_NUMBER in size, so an entry goes back
+out as JSON to any reader; each setting has the type a preset file gives it (``SETTING_TYPES``).
 """
 from __future__ import annotations
 
 import json
+import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine import APP_ID
-from engine.settings.values import MODES, Settings
+from engine.models.loras import as_lora
+from engine.settings.values import MODES, SETTING_TYPES, Settings
 from engine.outputs.export import write_json
 
 SCHEMA = 1
 # The numbers every readable sidecar has besides its seed (Sidecar reads them from "parameters" and "output").
 NUMBERS = ("width", "height", "frames", "steps", "guidance", "shift", "fps")
+# A sidecar this app writes is a few kB (one with 200 steps' seconds about 20 kB) and nested 5 levels deep:
+# a file past either limit is no sidecar of ours, and reading it whole would cost the history its speed.
+MAX_SIDECAR_BYTES = 1_000_000
+MAX_DEPTH = 32
+# The largest whole number every JSON reader holds exactly (a browser's included): no size, count or seed is near.
+MAX_NUMBER = 2**53
 
 
 class SidecarError(ValueError):
     """A file that is not a readable sidecar of this app; the message says why."""
+
+
+class ForeignFile(SidecarError):
+    """A JSON file that another program wrote (no ``"app": {"name": "wan-studio"}``): not a sidecar at all."""
 
 
 class _Parameter:
@@ -51,7 +66,7 @@ class _Parameter:
         self.name = name
 
     def __get__(self, sidecar, owner=None):
-        return self if sidecar is None else _number(sidecar.parameters[self.name], self.kind)
+        return self if sidecar is None else _number(sidecar.parameters[self.name], self.kind, self.name)
 
 
 @dataclass(frozen=True)
@@ -122,25 +137,26 @@ class Sidecar:
     @property
     def frames(self) -> int:
         """The frame count of the file written (a run's ``output``), else the request's."""
-        return _number((self.output or {}).get("frames", self.parameters["frames"]), int)
+        return _number((self.output or {}).get("frames", self.parameters["frames"]), int, "frames")
 
     @property
     def fps(self) -> int | None:
         """Frames a second (None for a still that a run wrote)."""
         fps = (self.output or {}).get("fps", self.parameters.get("fps"))
-        return None if fps is None else _number(fps, int)
+        return None if fps is None else _number(fps, int, "fps")
 
     @property
     def strategy(self):
         """The memory plan's strategy, as recorded (None without a plan)."""
-        return self.plan.get("strategy") if self.plan else None
+        return _text_or_none(self.plan.get("strategy")) if self.plan else None
 
     def settings(self) -> Settings:
         """The settings the output was made with: the numbers as read above, the rest from ``parameters``
         (what an older sidecar lacks takes Settings' defaults)."""
         numbers = {name: getattr(self, name) for name in ("width", "height", "frames", "steps", "guidance", "shift")}
-        fps = self.fps or self.parameters.get("fps") or Settings.fps   # a still's file has no frame rate
-        return Settings.from_dict({**self.parameters, **numbers, "model": self.model, "mode": self.mode, "fps": fps})
+        values = _setting_values(self.parameters)
+        fps = self.fps or values.get("fps") or Settings.fps   # a still's file has no frame rate
+        return Settings.from_dict({**values, **numbers, "model": self.model, "mode": self.mode, "fps": fps})
 
     # ----- writing ----------------------------------------------------------------
     def to_json(self) -> dict:
@@ -177,7 +193,7 @@ class Sidecar:
     def from_json(cls, data) -> "Sidecar":
         """The sidecar a parsed JSON value describes (any version), or SidecarError saying why it is none."""
         if not isinstance(data, dict) or not isinstance(data.get("app"), dict) or data["app"].get("name") != APP_ID:
-            raise SidecarError("not a sidecar of this app (no \"app\": {\"name\": \"wan-studio\"})")
+            raise ForeignFile("not a sidecar of this app (no \"app\": {\"name\": \"wan-studio\"})")
         try:
             decoded = data.get("decoded")
             sidecar = cls(
@@ -188,23 +204,25 @@ class Sidecar:
                 peak_ram_gb=_optional_float(data.get("peak_ram_gb")),
                 versions=data.get("versions"), hardware=data.get("hardware"),
                 inputs=_dict_or_none(data.get("inputs")), speed=_dict_or_none(data.get("speed")),
-                note=str(data.get("note") or ""),
+                note=data["note"] if isinstance(data.get("note"), str) else "",
                 run=None if decoded else _run_details(data),
                 decoded=DecodeDetails(str(decoded), data.get("decoded_from")) if decoded else None,
-                app_version=data["app"].get("version"), schema=_schema(data.get("schema", 0)))
+                app_version=_text_or_none(data["app"].get("version")), schema=_schema(data.get("schema", 0)))
             for name in NUMBERS:   # each must read now: a sidecar without them is no output's
                 getattr(sidecar, name)
             return sidecar
         except SidecarError:
             raise
-        except (KeyError, TypeError, AttributeError, ValueError, OverflowError) as exc:   # Overflow: an infinite number
-            raise SidecarError(f"not a readable sidecar: {exc.__class__.__name__} {exc}") from None
+        except KeyError as exc:
+            raise SidecarError(f"it has no {exc.args[0]}") from None
+        except (TypeError, AttributeError, ValueError) as exc:
+            raise SidecarError(str(exc)) from None
 
 
 def model_name(details, parameters: dict) -> str:
     """The model reference a sidecar names: its ``"model"`` object's ref, else the request's model."""
     ref = details.get("ref") if isinstance(details, dict) else None
-    return str(ref or parameters.get("model") or "")
+    return next((name for name in (ref, parameters.get("model")) if isinstance(name, str) and name), "")
 
 
 def _request_values(data: dict) -> dict:
@@ -218,8 +236,8 @@ def _request_values(data: dict) -> dict:
         raise SidecarError("a sidecar needs the file name, the mode and the prompt")
     return dict(
         file=file, mode=mode, prompt=prompt, negative_prompt=negative if isinstance(negative, str) else "",
-        seed=_number(data.get("seed", params.get("seed")), int), model=model_name(data.get("model"), params),
-        preset=data["preset"] if "preset" in data else params.get("preset"), parameters=params,
+        seed=_number(data.get("seed", params.get("seed")), int, "seed"), model=model_name(data.get("model"), params),
+        preset=_text_or_none(data["preset"] if "preset" in data else params.get("preset")), parameters=params,
         output=_dict_or_none(data.get("output")))
 
 
@@ -230,17 +248,66 @@ def _run_details(data: dict) -> RunDetails:
         experts=_dict_or_none(data.get("experts")))
 
 
-def _number(value, kind):
-    if isinstance(value, bool) or value is None:
-        raise ValueError("not a number")
+def _number(value, kind: type, name: str):
+    """``value`` as ``kind`` (int or float): a JSON number, finite, at most MAX_NUMBER in size, and whole for an
+    int; ValueError naming ``name`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} {_shown(value)} is not a number")
+    if not _real(value):
+        raise ValueError(f"{name} {_shown(value)} is out of range")
+    if kind is int and value != int(value):
+        raise ValueError(f"{name} {_shown(value)} is not a whole number")
     return kind(value)
 
 
+def _real(value) -> bool:
+    """A JSON number (not true or false), finite and at most MAX_NUMBER in size."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return abs(value) <= MAX_NUMBER and (isinstance(value, int) or math.isfinite(value))
+
+
+def _shown(value) -> str:
+    """A value as the file holds it, cut short for a message."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 24 else text[:24] + "..."
+
+
 def _optional_float(value) -> float | None:
+    return float(value) if _real(value) else None
+
+
+def _text_or_none(value) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _setting_values(parameters: dict) -> dict:
+    """The settings in a sidecar's ``parameters`` that have the type a preset file gives them (SETTING_TYPES),
+    numbers in range; any other counts as absent (Settings' default)."""
+    return {name: value for name, value in parameters.items() if name in SETTING_TYPES and _fits(name, value)}
+
+
+def _fits(name: str, value) -> bool:
+    kinds = SETTING_TYPES[name] if isinstance(SETTING_TYPES[name], tuple) else (SETTING_TYPES[name],)
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
+        return False
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _real(value)
+    if name == "sigmas" and value is not None:
+        return all(_real(sigma) for sigma in value)
+    if name == "loras":
+        return all(_lora_fits(entry) for entry in value)
+    return True
+
+
+def _lora_fits(entry) -> bool:
+    """A LoRA as a sidecar records it: a file name, a strength, an expert, and where it is published (or None)."""
     try:
-        return None if value is None or isinstance(value, bool) else float(value)
+        lora = as_lora(entry)
     except (TypeError, ValueError):
-        return None
+        return False
+    return (isinstance(lora.file, str) and _real(lora.strength) and isinstance(lora.expert, str)
+            and all(part is None or isinstance(part, str) for part in (lora.repo, lora.path)))
 
 
 def _dict_or_none(value) -> dict | None:
@@ -254,7 +321,7 @@ def _created(value) -> str | None:
 def _timings(value) -> dict[str, float]:
     """Phase -> seconds; anything that is not a number is left out."""
     items = value.items() if isinstance(value, dict) else ()
-    return {str(k): float(v) for k, v in items if isinstance(v, (int, float))}
+    return {str(k): float(v) for k, v in items if _real(v)}
 
 
 def _schema(value) -> int:
@@ -266,12 +333,47 @@ def _schema(value) -> int:
 
 # ----- the file -------------------------------------------------------------------
 def read_sidecar(path: Path | str) -> Sidecar:
-    """The sidecar in the file ``path``; OSError when it cannot be read, SidecarError when it is not one."""
+    """The sidecar in the file ``path``; OSError when it cannot be read, SidecarError when it is not one (larger
+    than MAX_SIDECAR_BYTES, not JSON text, nested deeper than MAX_DEPTH, or not a sidecar's layout)."""
+    return Sidecar.from_json(_parsed(_text(Path(path))))
+
+
+def _text(path: Path) -> str:
+    """The file's text, read only when it is small enough to be a sidecar."""
+    with open(path, "rb") as file:
+        size = os.fstat(file.fileno()).st_size
+        raw = file.read(MAX_SIDECAR_BYTES + 1) if size <= MAX_SIDECAR_BYTES else b""
+    if size > MAX_SIDECAR_BYTES or len(raw) > MAX_SIDECAR_BYTES:
+        raise SidecarError(f"it is {max(size, len(raw)) / 1e6:.1f} MB, larger than any sidecar "
+                           f"({MAX_SIDECAR_BYTES / 1e6:g} MB at most)")
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except ValueError as exc:   # not JSON, or not text
-        raise SidecarError(f"{Path(path).name} is not JSON text ({exc})") from None
-    return Sidecar.from_json(data)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SidecarError("it is not text (UTF-8)") from None
+
+
+def _parsed(text: str):
+    """The JSON value of a sidecar's text; SidecarError when it is not JSON or is nested deeper than MAX_DEPTH."""
+    try:
+        data = json.loads(text)
+    except RecursionError:   # the parser itself gives up on a deep nesting
+        raise SidecarError(f"it is nested more than {MAX_DEPTH} levels deep") from None
+    except ValueError as exc:
+        raise SidecarError(f"it is not JSON ({exc})") from None
+    if _depth(data) > MAX_DEPTH:
+        raise SidecarError(f"it is nested more than {MAX_DEPTH} levels deep")
+    return data
+
+
+def _depth(value) -> int:
+    """How deeply arrays and objects nest in ``value`` (walked without recursion; stops past MAX_DEPTH)."""
+    deepest, waiting = 0, [(value, 1)]
+    while waiting and deepest <= MAX_DEPTH:
+        item, depth = waiting.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, depth)
+            waiting.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def write_sidecar(sidecar: Sidecar, path: Path | str) -> Path:

@@ -200,6 +200,10 @@ class EnginePool:
         """What each engine process holds now, in engine order (see WorkerClient.memory)."""
         return [engine.memory(timeout=timeout) for engine in list(self.engines)]
 
+    def all_loaded_files(self, timeout: float = 2.0) -> list:
+        """The files each engine's loaded pipeline holds, in engine order (see WorkerClient.loaded_files)."""
+        return [engine.loaded_files(timeout=timeout) for engine in list(self.engines)]
+
     def all_running_settings(self) -> list:
         """The settings of every job running now (the models they use may not be deleted meanwhile)."""
         return [engine.running_settings for engine in list(self.engines) if engine.running_settings is not None]

@@ -26,6 +26,8 @@ from engine.device.hardware import HardwareProfile
 from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
 from engine.events import Event, Info, JobFailed, LatentsSaved, PhaseFinished, PhaseStarted, is_terminal
 from engine.models.catalog import ModelCatalog
+from engine.models.loras import EXPERTS
+from engine.models.manager import LoadedFiles
 from engine.models.refs import ModelError
 from engine.outputs.atomic import discard_temporary
 from engine.outputs.bundle import Bundle
@@ -72,6 +74,8 @@ def _serve_status(conn, state: _Starting) -> None:
             reply = EngineStarting(round(time.monotonic() - state.since, 1))
         elif question == ("hardware",):   # probed once before the engine said it was ready
             reply = engine.hardware.to_dict()
+        elif question == ("loaded",):
+            reply = _loaded_files(engine)
         else:
             from engine.device.usage import engine_memory
 
@@ -86,6 +90,27 @@ def _serve_status(conn, state: _Starting) -> None:
             conn.send(reply)
         except (BrokenPipeError, OSError):
             return
+
+
+def _loaded_files(engine) -> LoadedFiles | str:
+    """The files the engine's loaded pipeline holds (engine/models/manager.py's LoadedFiles; none loaded: no
+    paths), or what went wrong while it was read (a job may change the pipeline meanwhile)."""
+    loaded = engine.loaded
+    if loaded is None:
+        return LoadedFiles(None, ())
+    try:
+        from engine.run.lora import adapter_name, loaded_adapters
+        from engine.settings.loras import lora_folder, listed_lora_files
+
+        adapters = set(loaded_adapters(loaded.pipe))
+        folder = lora_folder(engine.models_dir)
+        loras = [str(folder / name) for name in listed_lora_files(engine.models_dir)
+                 if any(adapter_name(str(folder / name), expert) in adapters for expert in EXPERTS)]
+        files = [file[0] for file in loaded.plan.transformer_files if file]
+        return LoadedFiles(loaded.model.ref, (str(loaded.model.folder), *files, *loras,
+                                              *map(str, loaded.fast_decoders)))
+    except Exception as exc:   # never let a status question take the engine down
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json: str | None,
@@ -345,6 +370,19 @@ class WorkerClient:
     def memories(self, timeout: float = 2.0) -> list:
         """[what the engine process holds now]: the EnginePool's question, for one engine."""
         return [self.memory(timeout=timeout)]
+
+    def loaded_files(self, timeout: float = 2.0) -> LoadedFiles | EngineSilent | None:
+        """The files the loaded pipeline holds (its folder, transformer files, LoRAs, fast decoders), answered during
+        a job too (no engine process, or one still starting, holds none); EngineSilent when the engine does not
+        answer, None when it answered that it could not tell."""
+        reply = self._ask_status(("loaded",), timeout)
+        if reply is None or isinstance(reply, EngineStarting):
+            return LoadedFiles(None, ())
+        return reply if isinstance(reply, (LoadedFiles, EngineSilent)) else None
+
+    def all_loaded_files(self, timeout: float = 2.0) -> list:
+        """[the files the loaded pipeline holds]: the EnginePool's question, for one engine."""
+        return [self.loaded_files(timeout=timeout)]
 
     def all_running_settings(self) -> list:
         """The settings of the job that runs now, if any (as a list, as the EnginePool answers)."""

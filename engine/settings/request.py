@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import time
 import unicodedata
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -151,6 +152,12 @@ def check_outputs_dir(path: str) -> str | None:
         os.unlink(probe)
     except OSError as exc:
         return f"the outputs folder {str(folder)!r} is not writable ({exc.strerror or exc}); choose another with --outputs"
+    from engine.outputs.export import day_folder
+
+    try:
+        day_folder(folder, time.time())     # today's folder a link: said before the run, not after its denoise
+    except InputError as exc:
+        return str(exc)
     return None
 
 

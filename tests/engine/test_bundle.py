@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -10,10 +11,11 @@ import pytest
 import torch
 
 from engine.outputs.atomic import temporary_path, write_atomically
-from engine.outputs.bundle import Bundle, RemovalError, media_kind
+from engine.outputs.bundle import LATENTS_SUFFIX, Bundle, RemovalError, listed, media_kind
 from engine.outputs.export import copy_file, output_stem, write_json, write_png
 from engine.outputs.kept_inputs import carry_inputs
 from engine.outputs.latents import cleanup_latents, load_latents, save_latents, saved_latents
+from engine.settings.values import InputError
 
 STEM = "120000_i2v_a-fox_7"
 
@@ -122,6 +124,66 @@ def test_saved_latents_and_their_cleanup_go_by_the_bundle(tmp_path):
     assert cleanup_latents(tmp_path, keep_hours=0, now=os.path.getmtime(finished.latents) + 1) == [finished.latents]
     assert [b.stem.name for b in saved_latents(tmp_path)] == ["b"]
     assert not [p for p in day.iterdir() if p.name.startswith(".")]
+
+
+def _finished_long_ago(bundle: Bundle) -> Bundle:
+    """Latents of a finished run (its media beside them), two days old: what the clean-up removes."""
+    save_latents(torch.zeros(2, 3), bundle.latents, {"keep": False})
+    bundle.video.write_bytes(b"mp4")
+    old = os.path.getmtime(bundle.latents) - 2 * 86400
+    os.utime(bundle.latents, (old, old))
+    return bundle
+
+
+def test_a_linked_folder_in_the_outputs_is_neither_listed_nor_cleaned_up(tmp_path):
+    """outputs/leakdir -> a folder elsewhere: the latents clean-up after a job once deleted the latents there, and
+    Decode again took them. Links are not followed, wherever they point: out of the folder or back into it."""
+    outputs, elsewhere = tmp_path / "outputs", tmp_path / "elsewhere"
+    (outputs / "2025-01-01").mkdir(parents=True)
+    elsewhere.mkdir()
+    victim = _finished_long_ago(Bundle(elsewhere / "victimfile"))
+    save_latents(torch.zeros(2, 3), elsewhere / f"x{LATENTS_SUFFIX}", {"keep": False})     # pending, as if failed
+    (outputs / "leakdir").symlink_to(elsewhere, target_is_directory=True)
+    (outputs / "alias").symlink_to(outputs / "2025-01-01", target_is_directory=True)
+    own = _finished_long_ago(Bundle(outputs / "2025-01-01" / "a"))
+    (outputs / "2025-01-01" / f"linked{LATENTS_SUFFIX}").symlink_to(victim.latents)     # a linked file
+    assert listed(outputs, LATENTS_SUFFIX) == [own.latents]
+    assert [b.latents for b in saved_latents(outputs)] == [own.latents]
+    assert cleanup_latents(outputs, keep_hours=24) == [own.latents]
+    assert victim.latents.is_file() and (elsewhere / f"x{LATENTS_SUFFIX}").is_file()
+    assert (outputs / "2025-01-01" / f"linked{LATENTS_SUFFIX}").is_symlink()
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["victimfile.latents.safetensors", "victimfile.mp4",
+                                                           "x.latents.safetensors"]
+
+
+def test_nothing_is_written_through_a_linked_day_folder(tmp_path):
+    outputs, elsewhere = tmp_path / "outputs", tmp_path / "elsewhere"
+    outputs.mkdir()
+    elsewhere.mkdir()
+    now = 2 * 86400.0
+    day = time.strftime("%Y-%m-%d", time.localtime(now))
+    (outputs / day).symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(InputError, match=f"^The outputs folder's {day} is a link, and the app writes nothing through "
+                                         rf"links: make {day} a plain folder \(or remove the link\) and run again\.$"):
+        output_stem(outputs, "t2v", "a fox", 7, now=now)
+    assert list(elsewhere.iterdir()) == []
+    (outputs / day).unlink()
+    assert output_stem(outputs, "t2v", "a fox", 7, now=now).parent == outputs / day
+
+
+def test_no_writer_writes_through_a_link_at_its_temporary_name_and_no_input_is_copied_through_one(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "precious.png").write_bytes(b"precious")
+    day = tmp_path / "outputs" / "2025-01-01"
+    day.mkdir(parents=True)
+    bundle = Bundle(day / STEM)
+    temporary_path(bundle.image).symlink_to(outside / "precious.png")
+    write_png(np.zeros((4, 4, 3), np.uint8), bundle.image)
+    assert (outside / "precious.png").read_bytes() == b"precious" and bundle.image.read_bytes()[:4] == b"\x89PNG"
+    (day / "old.first.png").symlink_to(outside / "precious.png")       # a kept input that is a link
+    assert carry_inputs({"image": "old.first.png"}, day, day / "new") == {"image": None, "last_image": None}
+    assert not (day / "new.first.png").exists()
 
 
 def test_carried_inputs_are_named_by_the_new_bundle(tmp_path):

@@ -14,11 +14,15 @@ from engine.events import JobFinished
 from engine.outputs.export import read_video
 from engine.settings.request import GenerationRequest
 from engine.outputs.history import (
+    DEFAULT_LIMIT,
+    MAX_LIMIT,
     HistoryError,
     delete_output,
     find_entry,
+    history_limit,
     output_files,
     read_entry,
+    read_history,
     reuse_values,
     scan_history,
 )
@@ -250,6 +254,75 @@ def test_broken_and_foreign_sidecars_are_skipped(outputs, made):
     (outputs / "empty-day").mkdir()
     entries = scan_history(outputs)
     assert {e.key for e in entries} == good
+
+
+def _beside(folder: Path, stem: str, data: dict | str) -> str:
+    """A sidecar (and a media file for it) named ``stem``; its name as the history names it."""
+    (folder / f"{stem}.mp4").write_bytes(b"x")
+    text = data if isinstance(data, str) else json.dumps(dict(data, file=f"{stem}.mp4"))
+    (folder / f"{stem}.json").write_text(text)
+    return f"{folder.name}/{stem}.json"
+
+
+def test_a_bad_sidecar_is_named_as_unreadable_and_never_hides_the_others(outputs, made):
+    """One sidecar nested 200,000 deep (RecursionError), one with "seed": 10**300 or "width": 1e308 (numbers no
+    JSON reader holds), one of 50 MB: each once made the History tab say "Error" and list none of the outputs."""
+    import orjson
+
+    folder = outputs / Path(made["results"]["t2v"].paths[0]).parent.name
+    good = [e.key for e in scan_history(outputs)]
+    data = json.loads(Path(made["results"]["t2v"].sidecar).read_text())
+    bad = {
+        _beside(folder, "deep_t2v_x_1", json.dumps(data)[:-1] + ', "x": ' + "[" * 200_000 + "]" * 200_000 + "}"):
+            "it is nested more than 32 levels deep",
+        _beside(folder, "seed_t2v_x_1", dict(data, seed=10**300)): "seed 100000000000000000000000... is out of range",
+        _beside(folder, "wide_t2v_x_1", dict(data, parameters=dict(data["parameters"], width=1e308))):
+            "width 1e+308 is out of range",
+        _beside(folder, "big_t2v_x_1", json.dumps(dict(data, note="x" * 50_000_000))):
+            "it is 50.0 MB, larger than any sidecar (1 MB at most)",
+        _beside(folder, "cut_t2v_x_1", json.dumps(data)[:300]): "it is not JSON",
+    }
+    found = read_history(outputs)
+    assert [e.key for e in found.entries] == good
+    assert {u.name: u.why for u in found.unreadable}.keys() == bad.keys()
+    for unreadable in found.unreadable:
+        assert unreadable.why.startswith(bad[unreadable.name]), unreadable
+    assert [e.key for e in scan_history(outputs)] == good
+    orjson.dumps([e.to_dict() for e in found.entries])      # what gradio sends: every number fits
+    # A foreign JSON file and a sidecar whose media file is gone are no output's: skipped without a word.
+    (folder / "config.json").write_text(json.dumps({"name": "another program's"}))
+    (folder / "gone_t2v_x_1.json").write_text(json.dumps(dict(data, file="gone_t2v_x_1.mp4")))
+    assert {u.name for u in read_history(outputs).unreadable} == bad.keys()
+
+
+def test_odd_settings_in_a_sidecar_count_as_absent_and_reuse_gets_the_defaults(outputs, made):
+    folder = outputs / Path(made["results"]["t2v"].paths[0]).parent.name
+    data = json.loads(Path(made["results"]["t2v"].sidecar).read_text())
+    odd = dict(data["parameters"], strategy={"x": [1]}, sigmas=[0.5, "high"], loras=[{"file": "a", "strength": "max"}],
+               gpus=True, guidance_2=float("nan"), fps=10**20)
+    _beside(folder, "odd_t2v_x_1", dict(data, parameters=odd, preset={"name": "x"}, plan={"strategy": [1]}))
+    [entry] = [e for e in scan_history(outputs) if e.key.endswith("odd_t2v_x_1.mp4")]
+    settings = entry.settings
+    assert (settings.strategy, settings.sigmas, settings.loras, settings.gpus, settings.guidance_2) == (
+        None, None, (), 0, None)
+    assert settings.fps == made["requests"]["t2v"].settings.fps        # from the file written ("output")
+    assert entry.preset is None and entry.strategy is None
+    assert reuse_values(entry).settings == settings
+
+
+@pytest.mark.parametrize("value, expected", [
+    (None, DEFAULT_LIMIT), ("", DEFAULT_LIMIT), (5, 5), ("7", 7), (3.0, 3), (1e9, MAX_LIMIT), (10**30, MAX_LIMIT),
+])
+def test_the_history_limit_takes_any_whole_number_and_caps_it(value, expected):
+    assert history_limit(value) == expected
+
+
+@pytest.mark.parametrize("value", ["abc", -1, 0, 1.5, True, [3], float("nan")])
+def test_a_history_limit_that_is_no_count_says_what_to_give(value):
+    with pytest.raises(HistoryError, match=rf"^limit .* is not a number of outputs: give a whole number from 1 to "
+                                           rf"{MAX_LIMIT} \(how many to list, newest first\), or leave it out for the "
+                                           rf"newest {DEFAULT_LIMIT}$"):
+        history_limit(value)
 
 
 def test_links_are_neither_listed_nor_deleted(outputs, made, tmp_path):

@@ -16,8 +16,8 @@ import pytest
 from engine.models.download import (DownloadError, DownloadPlan, check_space, download_file, download_snapshot,
                                     partial_file)
 from engine.models.loras import Lora
-from engine.models.manager import (DeleteRefused, ModelEntry, check_deletable, delete_entry, find_entry,
-                                   list_models)
+from engine.models.manager import (DeleteRefused, LoadedFiles, ModelEntry, check_deletable, delete_entry,
+                                   find_entry, list_models)
 from engine.settings.presets import load_presets
 from tests.fake_hub import FakeHub
 
@@ -256,6 +256,30 @@ def test_what_the_engine_uses_is_not_deleted_and_the_rest_is(disk):
     delete_entry(hub_entry, models, ("selftest-t2v",), cache)
     assert not hub_entry.path.exists()
     assert [e.key for e in list_models(models, presets, cache) if e.place == "hub"] == []
+
+
+def test_what_any_engine_s_loaded_pipeline_holds_is_not_deleted(disk):
+    """Each engine says which files its pipeline holds (its folder: a hub snapshot or a folder of the models folder,
+    transformer files, LoRAs, fast decoders); a file held by any of them is refused, whatever the running job is."""
+    cache, models, presets = disk
+    entries = list_models(models, presets, cache)
+    hub_entry = find_entry(entries, f"hub:{REPO}")
+    snapshot = next((hub_entry.path / "snapshots").iterdir())
+    engines = [LoadedFiles(None, ()),                                      # an engine with nothing loaded
+               LoadedFiles(REPO, (str(snapshot), str(models / "wan-q4.gguf"), str(models / "loras" / "ink.safetensors"),
+                                  str(models / "fast_decoders" / "taew2_1.safetensors"))),
+               LoadedFiles("my-wan", (str(models / "my-wan"),))]
+    for key in (f"hub:{REPO}", "models:wan-q4.gguf", "models:loras/ink.safetensors",
+                "models:fast_decoders/taew2_1.safetensors", "models:my-wan"):
+        entry = find_entry(entries, key)
+        with pytest.raises(DeleteRefused, match=f"^{entry.name} is in use by the engine: it is loaded there, so "
+                                                "press Unload first, then delete it$"):
+            delete_entry(entry, models, (), cache, engines)
+        assert entry.path.exists()
+    delete_entry(find_entry(entries, "models:selftest-t2v"), models, (), cache, engines)
+    assert not (models / "selftest-t2v").exists()
+    delete_entry(find_entry(entries, "models:my-wan"), models, (), cache, engines[:2])     # its engine unloaded it
+    assert not (models / "my-wan").exists()
 
 
 def test_nothing_outside_the_models_folder_or_the_hub_cache_is_deleted(disk, tmp_path):

@@ -92,8 +92,35 @@ def test_hub_reference_missing_offline_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "empty-hf"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ModelError, match="not in the model cache .* offline mode is on"):
+    with pytest.raises(ModelError, match="tiny-org/not-downloaded is not in the Hugging Face cache and offline "
+                                         "mode is on") as raised:
         resolve_model("tiny-org/not-downloaded", tmp_path / "models")
+    assert str(tmp_path) not in str(raised.value)     # where the cache is, is the machine's business
+
+
+def test_a_model_reached_through_a_link_is_named_as_given_never_by_where_the_link_leads(model_dirs, tmp_path):
+    """The messages about a model folder name it by the reference the user gave: a link's target, or the path of
+    a hub model's blobs, is never shown (the command line's direct check still names the file to delete)."""
+    hidden = tmp_path / "private-disk" / "real-name"
+    shutil.copytree(model_dirs["tiny-t2v"], hidden)
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "wan").symlink_to(hidden, target_is_directory=True)
+    ref = str(models / "wan")
+    assert resolve_model(ref, models).folder == hidden                  # loaded from where it is
+    weights = next((hidden / "transformer").glob("*.safetensors"))
+    weights.write_bytes(weights.read_bytes()[:100])
+    for check in (lambda: resolve_model(ref, models), lambda: ModelCatalog().check_folder(ref)):
+        with pytest.raises(ModelError) as raised:
+            check()
+        message = str(raised.value)
+        assert message.startswith(f"wan: weight file transformer/{weights.name} is damaged: ")
+        assert message.endswith("Delete that file, or the whole model on the Models tab, and download the model again")
+        assert "private-disk" not in message and "real-name" not in message
+    (hidden / "model_index.json").unlink()
+    with pytest.raises(ModelError, match=f"^{ref} has no model_index.json") as raised:
+        resolve_model(ref, models)
+    assert "private-disk" not in str(raised.value)
 
 
 def test_selftest_model_is_built_once_and_reused(tmp_path):

@@ -93,6 +93,19 @@ def test_outputs_path_that_is_a_file_is_refused(good, tmp_path):
         check_request(good.with_values(outputs_dir=str(blocker / "sub")))
 
 
+def test_today_s_folder_as_a_link_is_refused_before_any_work(good, tmp_path):
+    import time
+
+    outputs, elsewhere = tmp_path / "linked-outputs", tmp_path / "elsewhere"
+    outputs.mkdir()
+    elsewhere.mkdir()
+    today = time.strftime("%Y-%m-%d")
+    (outputs / today).symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(InputError, match=f"outputs folder's {today} is a link, and the app writes nothing through"):
+        check_request(good.with_values(outputs_dir=str(outputs)))
+    assert list(elsewhere.iterdir()) == []
+
+
 def test_from_preset_drops_a_fixed_schedule_when_steps_change(presets):
     fast = presets["fastwan21-t2v-1.3b"]
     kept = GenerationRequest.from_preset(fast, "a cat")

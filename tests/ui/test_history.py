@@ -6,14 +6,19 @@ it changes, so they do not depend on each other's order.
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import time
 from pathlib import Path
 
 import pytest
 from gradio_client import handle_file
 
+from engine.outputs.history import DEFAULT_LIMIT, MAX_LIMIT, Unreadable
 from tests.conftest import open_page, selftest_app
+from tests.ui.test_security import _call_api
+from ui.views.history_view import summary_markdown
 
 T2V = ["selftest-t2v", "a red fox in the snow", "", "selftest-t2v", 64, 64, 5, 2, 5.0, 3.0, 7]
 I2V = ["selftest-i2v", "waves on a shore", "blurry", "selftest-i2v", 64, 48, 5, 2, 5.0, 3.0, 3]
@@ -75,6 +80,59 @@ def test_history_and_delete_output_through_the_api(client, server, made):
     assert Path(i2v["media"]).is_file()
 
 
+# ----- sidecars that cannot be read -----------------------------------------------------
+BAD_DAY = "2001-01-01"
+
+
+@pytest.fixture
+def bad_sidecars(server, made):
+    """Beside the good outputs, in a day folder of their own: sidecars nested 200,000 deep, with "seed": 10**300,
+    with "width": 1e308, of 50 MB, cut short (each with a media file); removed afterwards."""
+    good = next(server["outputs"].rglob(made["i2v"].replace(".mp4", ".json")))
+    data = json.loads(good.read_text())
+    texts = {"deep": json.dumps(data)[:-1] + ', "x": ' + "[" * 200_000 + "]" * 200_000 + "}",
+             "seed": json.dumps(dict(data, seed=10**300)),
+             "wide": json.dumps(dict(data, parameters=dict(data["parameters"], width=1e308))),
+             "big": json.dumps(dict(data, note="x" * 50_000_000)), "cut": json.dumps(data)[:300]}
+    folder = server["outputs"] / BAD_DAY
+    folder.mkdir()
+    for name, text in texts.items():
+        (folder / f"{name}_t2v_x_1.mp4").write_bytes(b"x")
+        (folder / f"{name}_t2v_x_1.json").write_text(text.replace(made["i2v"], f"{name}_t2v_x_1.mp4"))
+        os.utime(folder / f"{name}_t2v_x_1.json", (time.time() + 60,) * 2)    # the newest: read first
+    yield [f"{BAD_DAY}/{name}_t2v_x_1.json" for name in texts]
+    shutil.rmtree(folder)
+
+
+def test_history_survives_any_sidecar_and_lists_every_good_output(client, made, bad_sidecars):
+    files = [Path(e["media"]).name for e in client.predict(api_name="/history")]
+    assert made["i2v"] in files and not [f for f in files if f.endswith("_t2v_x_1.mp4")]
+    assert [Path(e["media"]).name for e in client.predict(1, api_name="/history")] == [files[0]]
+
+
+@pytest.mark.parametrize("limit", ["abc", None, -1, 1e9, 0, "2"])
+def test_a_bad_history_limit_gets_the_app_s_sentence_or_a_sane_default(server, made, limit):
+    reply = _call_api(server, "history", [limit])
+    if limit in (None, 1e9, "2"):       # left out, too many, a number as text: a count that makes sense
+        assert "event: complete" in reply, reply
+        entries = json.loads(reply.split("event: complete", 1)[1].split("data:", 1)[1].strip())[0]
+        assert entries and (len(entries) <= 2 if limit == "2" else True)
+    else:
+        assert "event: error" in reply, reply
+        assert (f"is not a number of outputs: give a whole number from 1 to {MAX_LIMIT} (how many to list, "
+                f"newest first), or leave it out for the newest {DEFAULT_LIMIT}") in reply, reply
+
+
+def test_the_summary_names_the_sidecars_that_could_not_be_read():
+    said = summary_markdown(2, DEFAULT_LIMIT, [Unreadable("2001-01-01/deep_t2v_x_1.json", "it is nested deep")])
+    assert said == ("2 outputs, newest first. Click one to see its settings. 1 sidecar could not be read, so its "
+                    "output is left out: 2001-01-01/deep_t2v_x_1.json (it is nested deep). Fix or remove "
+                    "those files in the outputs folder.")
+    many = [Unreadable(f"d/{n}.json", "cut") for n in range(7)]
+    assert summary_markdown(0, DEFAULT_LIMIT, many).endswith("d/4.json (cut); and 2 others. Fix or remove those "
+                                                             "files in the outputs folder.")
+
+
 # ----- the page, in a real browser ----------------------------------------------------
 @pytest.fixture(scope="module")
 def page(server, browser):
@@ -125,3 +183,15 @@ def test_the_page_shows_reuses_and_deletes_with_a_confirmation(page, client, ser
     expect(page.locator("#i2v-preset input")).to_have_value("Self-test I2V - tiny offline model")
     kept = re.escape(made["i2v"][: -len(".mp4")] + ".first.png")
     expect(page.locator("#i2v-image img")).to_have_attribute("src", re.compile(f"/{kept}$"))
+
+
+def test_the_history_tab_lists_the_good_outputs_and_names_the_unreadable_sidecars(page, made, bad_sidecars):
+    from playwright.sync_api import expect
+
+    page.get_by_role("tab", name="History").click()
+    page.locator("#history-refresh").click()
+    summary = page.locator("#history-summary")
+    expect(summary).to_contain_text("5 sidecars could not be read, so their outputs are left out")
+    for name in bad_sidecars:
+        expect(summary).to_contain_text(name)
+    expect(page.locator("#history-gallery .thumbnail-item", has_text="waves on a shore")).to_have_count(1)

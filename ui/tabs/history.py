@@ -1,8 +1,9 @@
 """History tab: past outputs from the outputs folder; see one's settings and timings, reuse them, or delete it.
 
 Everything is read from the outputs folder each time (engine.history), so the tab shows runs from
-before a restart and from other visitors. Public API: ``/history`` (the entries as dicts, newest
-first) and ``/delete_output`` (by key).
+before a restart and from other visitors; a sidecar that cannot be read is named in the summary and
+never hides the others. Public API: ``/history`` (the entries as dicts, newest first; unreadable sidecars
+left out) and ``/delete_output`` (by key).
 """
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from engine.outputs.history import (
     ReuseValues,
     delete_output,
     find_entry,
+    history_limit,
+    read_history,
     reuse_values,
     scan_history,
 )
@@ -137,10 +140,10 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     parts = _layout()
 
     def list_outputs():
-        entries = scan_history(ctx.outputs_dir, limit=DEFAULT_LIMIT)
-        items = [(entry.media, entry.label()) for entry in entries]
-        return (gr.Gallery(value=items, selected_index=None), [entry.key for entry in entries],
-                summary_markdown(len(entries), DEFAULT_LIMIT))
+        found = read_history(ctx.outputs_dir, limit=DEFAULT_LIMIT)
+        items = [(entry.media, entry.label()) for entry in found.entries]
+        return (gr.Gallery(value=items, selected_index=None), [entry.key for entry in found.entries],
+                summary_markdown(len(found.entries), DEFAULT_LIMIT, found.unreadable))
 
     history_tab = tab_by_id(tabs, "history")
     triggers = [parts.refresh.click] + ([history_tab.select] if history_tab is not None else [])
@@ -191,10 +194,15 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
 
 def _public_api(ctx: AppContext) -> None:
     def history(limit: int = DEFAULT_LIMIT) -> list[dict]:
-        """Past outputs, newest first (at most ``limit``): key, media and sidecar paths, created, mode,
-        prompt, negative prompt, model, preset, size, frames, steps, guidance, shift, seed, fps, plan
-        strategy, per-phase timings, peak VRAM and RAM, kept input images and note."""
-        return [entry.to_dict() for entry in scan_history(ctx.outputs_dir, limit=max(1, int(limit)))]
+        """Past outputs, newest first (at most ``limit``, 1 to 1000; left out: 100): key, media and sidecar paths,
+        created, mode, prompt, negative prompt, model, preset, size, frames, steps, guidance, shift, seed, fps,
+        plan strategy, per-phase timings, peak VRAM and RAM, kept input images and note. Sidecars that cannot be
+        read are left out (the History tab names them)."""
+        try:
+            count = history_limit(limit)
+        except HistoryError as exc:
+            raise _error(exc) from None
+        return [entry.to_dict() for entry in scan_history(ctx.outputs_dir, limit=count)]
 
     def delete_output_api(key: str) -> dict:
         """Delete the output with this key (as /history lists it) and its sidecar, latents and kept inputs.

@@ -2,8 +2,9 @@
 download a repo or one file of it, with its progress; delete one after a confirmation.
 
 A download checks the free disk space before its first byte. A delete takes only an entry of the list (never a
-path typed in), only inside the models folder or the Hub cache, and never one that the running job or the loaded
-pipeline uses: the worker client says what runs, the engine's status channel what is loaded.
+path typed in), only inside the models folder or the Hub cache, and never one that the running job uses or that a
+loaded pipeline holds (its folder, transformer files, LoRAs, fast decoder; on any engine): the worker client says
+what runs, each engine's status channel what it holds.
 """
 from __future__ import annotations
 
@@ -15,9 +16,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from engine.device.usage import EngineMemory, EngineSilent
+from engine.device.usage import EngineSilent
 from engine.models.download import DownloadError, download_file, download_snapshot, free_space, size_words
-from engine.models.manager import DeleteRefused, ModelEntry, delete_entry, find_entry, list_models, names_in
+from engine.models.manager import (DeleteRefused, LoadedFiles, ModelEntry, delete_entry, find_entry, list_models,
+                                   names_in)
 from engine.models.refs import REPO_ID, ModelError, hub_cache_dir
 from engine.models.single_file import TRANSFORMERS_FOLDER
 from engine.run.fast_decoder import FAST_DECODER_FOLDER
@@ -58,17 +60,19 @@ def free_where_downloads_go(ctx: AppContext) -> dict[str, int]:
 
 
 def names_in_use(ctx: AppContext) -> tuple[str, ...]:
-    """The names of what the running jobs and the loaded pipelines use, on every engine; DeleteRefused when an
-    engine does not say (it is hung: what it holds is not known)."""
-    names: tuple[str, ...] = ()
-    for running in ctx.client.all_running_settings():
-        names += names_in(running)
-    for memory in ctx.client.memories(timeout=2.0):
-        if isinstance(memory, EngineSilent):
-            raise DeleteRefused("an engine is not answering, so what it uses is not known; try again in a minute")
-        if isinstance(memory, EngineMemory) and memory.model:
-            names += (memory.model,)
-    return names
+    """The names of what the running jobs use, on every engine."""
+    return tuple(name for running in ctx.client.all_running_settings() for name in names_in(running))
+
+
+def loaded_files(ctx: AppContext) -> list[LoadedFiles]:
+    """What each engine's loaded pipeline holds; DeleteRefused when an engine does not say (it is hung, or could
+    not tell: what it holds is not known)."""
+    found = ctx.client.all_loaded_files(timeout=2.0)
+    if any(isinstance(held, EngineSilent) for held in found):
+        raise DeleteRefused("an engine is not answering, so what it holds is not known; try again in a minute")
+    if any(held is None for held in found):
+        raise DeleteRefused("an engine could not tell which files it holds (it was changing its model); try again")
+    return found
 
 
 def delete_model(ctx: AppContext, key, confirmed) -> str:
@@ -77,7 +81,7 @@ def delete_model(ctx: AppContext, key, confirmed) -> str:
         return CONFIRM_FIRST
     try:
         entry = find_entry(entries(ctx), key)
-        return delete_entry(entry, models_dir(ctx), names_in_use(ctx))
+        return delete_entry(entry, models_dir(ctx), names_in_use(ctx), loaded=loaded_files(ctx))
     except ModelError as exc:
         return f"Not deleted: {html.escape(str(exc), quote=False)}"
     except OSError as exc:   # a file another program holds open (Windows), a folder without write permission

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Sequence
 
 from engine.events import PHASES
-from engine.outputs.history import HistoryEntry
+from engine.outputs.history import HistoryEntry, Unreadable
 from engine.settings.values import MODE_NAMES
 from engine.words import plural
 from ui.views.job_view import PHASE_LABELS
@@ -77,8 +78,27 @@ def confirm_markdown(entry: HistoryEntry) -> str:
             "(sidecar), any saved latents and the kept input images. It cannot be undone.")
 
 
-def summary_markdown(count: int, limit: int) -> str:
+# How many unreadable sidecars the summary names; the rest are counted.
+NAMED_UNREADABLE = 5
+
+
+def summary_markdown(count: int, limit: int, unreadable: Sequence[Unreadable] = ()) -> str:
+    """How many outputs are listed and, by name, the sidecars that could not be read (left out of the list)."""
     if not count:
-        return "No outputs yet: what you generate appears here, newest first."
-    more = f" (the newest {limit}; older ones stay in the outputs folder)" if count >= limit else ""
-    return f"{count} output{'s' if count != 1 else ''}, newest first{more}. Click one to see its settings."
+        listing = "No outputs yet: what you generate appears here, newest first."
+    else:
+        more = f" (the newest {limit}; older ones stay in the outputs folder)" if count >= limit else ""
+        listing = f"{count} output{'s' if count != 1 else ''}, newest first{more}. Click one to see its settings."
+    return listing + unreadable_markdown(unreadable)
+
+
+def unreadable_markdown(unreadable: Sequence[Unreadable]) -> str:
+    """A sentence naming the sidecars that could not be read, and why (empty when there are none)."""
+    if not unreadable:
+        return ""
+    named = "; ".join(f"{escape_markdown(u.name)} ({escape_markdown(u.why)})" for u in unreadable[:NAMED_UNREADABLE])
+    rest = len(unreadable) - NAMED_UNREADABLE
+    others = f"; and {plural(rest, 'other')}" if rest > 0 else ""
+    return (f" {plural(len(unreadable), 'sidecar')} could not be read, so "
+            f"{'its output is' if len(unreadable) == 1 else 'their outputs are'} left out: {named}{others}. "
+            "Fix or remove those files in the outputs folder.")
