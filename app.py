@@ -475,22 +475,70 @@ def _presets_with_user_folder(folder: str):
     return user.presets, user
 
 
-# Where gradio keeps its copies of results and uploads: in the app's own folder, one per outputs folder.
+# Where gradio keeps its copies of results and uploads: in the app's own folder, one per running app.
 SERVED_ROOT = ROOT / ".served"
 
 
-def prepare_served_dir(outputs: str | Path, root: Path = SERVED_ROOT) -> Path:
-    """The folder gradio keeps its copies of results and uploads in, the app's own (not the shared system temp
-    folder, whose files other apps put there), emptied at every start; and gradio's telemetry off.
-    Must run before gradio is imported."""
-    import hashlib
+def prepare_served_dir(root: Path = SERVED_ROOT) -> Path:
+    """The folder gradio keeps its copies of results and uploads in: the app's own (not the shared system temp
+    folder, whose files other apps put there) and this running app's alone, named after its process, so a second
+    app on the same outputs folder never empties the first one's. Folders of apps that no longer run are removed.
+    Gradio's telemetry goes off. Must run before gradio is imported."""
+    import psutil
 
-    served = root / hashlib.sha256(str(Path(outputs).resolve()).encode()).hexdigest()[:16]
+    me = psutil.Process()
+    served = root / _instance_name(me.pid, me.create_time())
+    root.mkdir(parents=True, exist_ok=True)
+    for folder in root.iterdir():
+        if folder.is_symlink():
+            folder.unlink()
+        elif folder.name != served.name and not _instance_runs(folder.name):
+            shutil.rmtree(folder, ignore_errors=True)
     shutil.rmtree(served, ignore_errors=True)
-    served.mkdir(parents=True, exist_ok=True)
+    served.mkdir(parents=True)
     os.environ["GRADIO_TEMP_DIR"] = str(served)
     os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
     return served
+
+
+def _instance_name(pid: int, started: float) -> str:
+    return f"app-{pid}-{int(started * 1000)}"
+
+
+def _instance_runs(name: str) -> bool:
+    """Whether the app a served folder is named after still runs (the same process id, started at that time)."""
+    import psutil
+
+    try:
+        _, pid, _ = name.split("-")
+        process = psutil.Process(int(pid))
+        return _instance_name(process.pid, process.create_time()) == name
+    except (ValueError, psutil.Error):
+        return False
+
+
+def port_in_use(host: str, port: int) -> bool:
+    """Whether another program listens on ``port`` at ``host`` (checked by binding it, as the server will)."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror:
+        return False       # the server will say what is wrong with the name
+    family, _, _, _, address = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        if os.name != "nt":     # as the server binds: a port left in TIME_WAIT by a stopped app is free
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError:
+            return True
+    return False
+
+
+def port_taken_message(host: str, port: int) -> str:
+    free = next((p for p in range(port + 1, port + 50) if not port_in_use(host, p)), port + 1)
+    return f"Port {port} is in use (another Wan Studio?): start with --port {free}"
 
 
 def serve(args) -> int:
@@ -500,9 +548,13 @@ def serve(args) -> int:
 
     if args.max_queue is not None and args.max_queue < 1:
         raise SystemExit("error: --max-queue must be at least 1")
+    host = "0.0.0.0" if args.listen else args.host
+    if port_in_use(host, args.port):     # before anything is cleaned or started
+        print(port_taken_message(host, args.port), file=sys.stderr, flush=True)
+        return EXIT_BAD_INPUT
     auth = resolve_auth(args)
     Path(args.outputs).mkdir(parents=True, exist_ok=True)
-    served = prepare_served_dir(args.outputs)   # before gradio is imported
+    served = prepare_served_dir()   # before gradio is imported
     from starlette.middleware import Middleware
 
     from ui.app_ui import MAX_QUEUE, PAGE_CSS, STATE_SESSIONS, build_app, server_threads
@@ -519,15 +571,22 @@ def serve(args) -> int:
                      models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served))
     demo = build_app(ctx)
     try:
-        # quiet: gradio's own start-up lines (and its tip about share=True) give way to ours.
-        demo.launch(server_name="0.0.0.0" if args.listen else args.host, server_port=args.port,
-                    share=args.share, auth=auth, inbrowser=not args.no_browser,
-                    allowed_paths=[str(Path(args.outputs).resolve())], max_file_size="50mb",
-                    footer_links=["api"], css=PAGE_CSS, max_threads=server_threads(max_queue), quiet=True,
-                    prevent_thread_lock=True, state_session_capacity=STATE_SESSIONS,
-                    app_kwargs={"middleware": [Middleware(
-                        Guard, hosts=HostAllowList.for_server(args.host, args.listen, args.share, args.allowed_host),
-                        throttle=LoginThrottle())]})
+        try:
+            # quiet: gradio's own start-up lines (and its tip about share=True) give way to ours.
+            demo.launch(server_name=host, server_port=args.port,
+                        share=args.share, auth=auth, inbrowser=not args.no_browser,
+                        allowed_paths=[str(Path(args.outputs).resolve())], max_file_size="50mb",
+                        footer_links=["api"], css=PAGE_CSS, max_threads=server_threads(max_queue), quiet=True,
+                        prevent_thread_lock=True, state_session_capacity=STATE_SESSIONS,
+                        app_kwargs={"middleware": [Middleware(
+                            Guard, hosts=HostAllowList.for_server(args.host, args.listen, args.share,
+                                                                  args.allowed_host),
+                            throttle=LoginThrottle(), uploads_folder=served)]})
+        except OSError as exc:
+            if "empty port" not in str(exc):
+                raise
+            print(port_taken_message(host, args.port), file=sys.stderr, flush=True)   # taken since the check
+            return EXIT_BAD_INPUT
         print(f"{APP_NAME} is running at {demo.local_url} (Ctrl+C stops it)", flush=True)
         if demo.share_url:
             print(f"Share link for colleagues (password required): {demo.share_url}", flush=True)

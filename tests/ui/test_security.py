@@ -167,6 +167,43 @@ def test_a_folder_inside_the_models_folder_works_by_name_and_by_path(client, mod
     assert Path(video).exists() and seed == 12
 
 
+# The one answer for a model reference that is not accepted (the page's, before any work: never the Hub's).
+def _refusal(ref: str) -> str:
+    return (f"model {ref!r} is a path outside the app's models folder, which the page does not accept; use a Hugging "
+            f"Face repo id (org/name), selftest-t2v or selftest-i2v, or a folder inside the models folder, or "
+            f"{ALLOW_PATHS_HINT}")
+
+
+RELATIVE = ["app.py", "nothere.py", "engine/models", "engine/nothere", "../x", "tests/ui", "ui/../app.py"]
+
+
+def test_a_relative_path_gets_one_sentence_whether_it_exists_or_not(monkeypatch, models_here):
+    """In the app's folder, app.py and engine/models exist and nothere.py and engine/nothere do not: the answers
+    once differed ("a path outside", "neither a repo id", a Hub lookup) and so told what is on the disk."""
+    from engine.models.refs import ModelError
+    from ui.context import checked_model_ref
+
+    monkeypatch.chdir(ROOT)
+    assert (ROOT / "app.py").is_file() and (ROOT / "engine" / "models").is_dir()
+    for ref in RELATIVE:
+        with pytest.raises(ModelError) as raised:
+            checked_model_ref(ref, models_here)
+        assert str(raised.value) == _refusal(ref)
+    # A repo id whose first name is nothing in the working folder is a repo id, and reaches the engine unchanged.
+    assert checked_model_ref("nobody/no-such-wan-model", models_here) == "nobody/no-such-wan-model"
+
+
+@pytest.mark.parametrize("ref", RELATIVE)
+def test_the_page_answers_a_relative_path_before_any_work_and_without_asking_the_hub(client, app, ref):
+    before = _outputs_files(app)
+    with pytest.raises(Exception) as raised:
+        client.predict(*_t2v(ref), api_name="/text_to_video")
+    message = str(raised.value)
+    assert f"The model cannot be used: {_refusal(ref)}." in message, message
+    assert "Hugging Face cache" not in message and str(ROOT) not in message
+    assert _outputs_files(app) == before
+
+
 def test_with_allow_model_paths_a_folder_outside_models_works(tmp_path, models_folder, model_dirs):
     outside = model_dirs["tiny-t2v"]
     assert models_folder not in outside.parents
@@ -330,6 +367,21 @@ def test_a_deleted_output_no_longer_downloads_from_where_the_page_got_it(app):
     assert not [p for p in Path(ROOT / ".served").rglob(Path(entry["media"]).name)]
 
 
+def test_forgetting_served_copies_never_deletes_through_a_link(tmp_path):
+    from ui.context import forget_served_copies
+
+    served, elsewhere = tmp_path / "served", tmp_path / "elsewhere"
+    (served / "abc123").mkdir(parents=True)
+    elsewhere.mkdir()
+    for folder in (served / "abc123", elsewhere):
+        (folder / "120000_t2v_x_1.mp4").write_bytes(b"video")
+    (served / "linked").symlink_to(elsewhere, target_is_directory=True)
+    (served / "def456").mkdir()
+    (served / "def456" / "120000_t2v_x_1.mp4").symlink_to(elsewhere / "120000_t2v_x_1.mp4")
+    assert forget_served_copies(str(served), ["120000_t2v_x_1.mp4"]) == [served / "abc123" / "120000_t2v_x_1.mp4"]
+    assert (elsewhere / "120000_t2v_x_1.mp4").read_bytes() == b"video"
+
+
 def test_other_apps_files_in_the_shared_temp_folder_are_neither_served_nor_taken_as_input(app, image_file):
     import tempfile
 
@@ -354,22 +406,32 @@ def test_a_page_in_the_outputs_folder_is_served_as_text_not_run(app):
     response = httpx.get(app["url"] + f"gradio_api/file={page.resolve()}", timeout=10)
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
-    assert response.headers["content-disposition"] == "attachment"
+    assert response.headers["content-disposition"].startswith("attachment")
     assert response.headers["x-content-type-options"] == "nosniff"
     page.unlink()
 
 
-def test_the_app_keeps_its_served_copies_in_its_own_folder_emptied_at_start(tmp_path, monkeypatch):
+def test_the_app_keeps_its_served_copies_in_a_folder_of_its_own_and_removes_those_of_apps_that_ended(
+        tmp_path, monkeypatch):
+    import psutil
+
     import app as app_module
 
     monkeypatch.delenv("GRADIO_TEMP_DIR", raising=False)
     monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)
-    served = app_module.prepare_served_dir(tmp_path / "outputs", root=tmp_path / "served")
-    (served / "left-from-before").mkdir()
-    again = app_module.prepare_served_dir(tmp_path / "outputs", root=tmp_path / "served")
-    assert again == served and list(served.iterdir()) == []
+    root = tmp_path / "served"
+    running = psutil.Process(os.getppid())        # another process that runs: its folder stays
+    theirs = root / app_module._instance_name(running.pid, running.create_time())
+    ended = root / "app-999999999-1000"           # no such process: an app that ended
+    older = root / "b7672158b83e687f"             # the folder layout of earlier versions
+    for folder in (theirs, ended, older):
+        (folder / "kept").mkdir(parents=True)
+    served = app_module.prepare_served_dir(root=root)
+    assert served.parent == root and list(served.iterdir()) == []
+    assert (theirs / "kept").exists() and not ended.exists() and not older.exists()
     assert os.environ["GRADIO_TEMP_DIR"] == str(served) and os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
-    assert app_module.prepare_served_dir(tmp_path / "other", root=tmp_path / "served") != served
+    (served / "left").mkdir()
+    assert app_module.prepare_served_dir(root=root) == served and list(served.iterdir()) == []
 
 
 # ----- 3. upload size ------------------------------------------------------------
