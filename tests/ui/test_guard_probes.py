@@ -235,10 +235,15 @@ def test_wrong_passwords_sent_at_once_get_exactly_the_free_tries(tmp_path, selft
                      "--models-dir", str(selftest_models_dir)) as (url, _):
         def wrong(_):
             return httpx.post(url + "login", data={"username": USER, "password": "guess"}, timeout=30)
+        started = time.monotonic()
         with concurrent.futures.ThreadPoolExecutor(40) as pool:
             answers = list(pool.map(wrong, range(40)))
+        took = time.monotonic() - started
         codes = [a.status_code for a in answers]
-        assert codes.count(400) == FREE_LOGIN_TRIES and codes.count(429) == 40 - FREE_LOGIN_TRIES, codes
+        # The first wait is a second: a try that reaches the server after it (a slow machine) is a sixth free one.
+        free = codes.count(400)
+        assert free == FREE_LOGIN_TRIES or (took > 1.0 and free == FREE_LOGIN_TRIES + 1), (codes, took)
+        assert codes.count(429) == 40 - free, codes
         for refused in (a for a in answers if a.status_code == 429):
             wait = int(refused.json()["detail"].split("wait ", 1)[1].split(" s", 1)[0])
             assert wait >= 1
