@@ -21,7 +21,7 @@ from pathlib import Path
 from engine.models.download import size_words
 from ui.guard.holdings import Holdings
 from ui.guard.hosts import HostAllowList, host_of
-from ui.guard.reading import Refused, file_key, plain_path, read_request, single_keys
+from ui.guard.reading import WATCHED_HEADERS, Refused, file_key, plain_path, read_request, single_keys
 from ui.guard.responses import answer, one_way_files, status_of, watching_answer
 from ui.guard.routes import RouteTable
 from ui.guard.throttle import LoginThrottle
@@ -57,8 +57,7 @@ class Guard:
 
     async def _check(self, scope, receive, send):
         """(receive, send) for gradio, once the request passed every check; Refused saying why it did not."""
-        headers = single_keys((k.lower(), v) for k, v in scope.get("headers", ())
-                              if k.lower() in (b"host", b"origin", b"referer", b"cookie", b"content-type"))
+        headers = single_keys((k.lower(), v) for k, v in scope.get("headers", ()) if k.lower() in WATCHED_HEADERS)
         host = headers.get(b"host", b"").decode("latin-1")
         if not self.hosts.allows(host):
             raise Refused(400, f"This app is not served under the name {host_of(host)!r}.")
