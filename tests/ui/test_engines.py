@@ -64,6 +64,11 @@ def test_two_jobs_run_side_by_side_and_each_user_gets_their_own(app):
 
 def test_one_users_jobs_start_in_the_order_they_asked_and_none_is_mixed_up(app):
     user = Client(app["url"], verbose=False)
+    # A long job of the same user holds one engine (and keeps the user's event stream open: gradio_client drops
+    # a job it submits just as the stream of a finished one closes, which a loaded machine can hit); the four
+    # short ones run in turn on the other engine.
+    holder = user.submit(*long_job(700), api_name="/text_to_video")
+    _wait_denoising(holder)
     seeds = [701, 702, 703, 704]
     jobs = []
     for seed in seeds:
@@ -75,6 +80,9 @@ def test_one_users_jobs_start_in_the_order_they_asked_and_none_is_mixed_up(app):
         sidecar = _sidecar(app, video)
         assert sidecar["seed"] == seed and sidecar["prompt"] == f"fox {seed}"
     assert len({Path(video).name for video, *_ in results}) == len(seeds)
+    assert not holder.done()
+    assert "Cancelling your job" in user.predict(api_name="/cancel")
+    assert "Cancelled during the denoising" in holder.result(timeout=60)[1]
 
 
 def test_a_crashed_engine_leaves_the_other_serving(app):
