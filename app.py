@@ -270,7 +270,8 @@ def generate(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     # No page to show previews on: the engine makes none. Only the engines the job runs on are started.
-    pool = EnginePool(args.models_dir, args.gpus, latents_hours=args.latents_hours, preview_seconds=-1)
+    pool = EnginePool(args.models_dir, args.gpus, latents_hours=args.latents_hours, preview_seconds=-1,
+                      outputs_dir=args.outputs)
     pool.start(every=False)
     engines = pool.wait_started()
     if pool.problem:
@@ -286,7 +287,7 @@ def generate(args) -> int:
 def decode(args) -> int:
     from engine.service.worker import WorkerClient
 
-    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours)
+    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, outputs_dir=args.outputs)
     return _follow(client, client.decode(args.latents, tiled=args.tiled, on_cpu=args.cpu))
 
 
@@ -364,7 +365,9 @@ def plan(args) -> int:
             hardware = HardwareProfile.from_file(args.hardware)
         else:
             from engine.device.hardware import detect_hardware
-            hardware = detect_hardware()
+            from engine.run.time_plan import measured_hardware
+
+            hardware = measured_hardware(detect_hardware(), args.outputs)   # as the engine runs it
         chosen = plan_settings(settings, hardware, catalog)
     except (PresetError, HardwareError, ModelError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -565,7 +568,7 @@ def serve(args) -> int:
     max_queue = args.max_queue or MAX_QUEUE
     jobs = JobQueue(max_queue, engines=args.gpus.known or 1)
     client = EnginePool(args.models_dir, args.gpus, latents_hours=args.latents_hours,
-                        preview_seconds=args.preview_every, on_resize=jobs.resize)
+                        preview_seconds=args.preview_every, on_resize=jobs.resize, outputs_dir=args.outputs)
     client.start()  # the engine processes load their libraries while the page starts and loads
     ctx = AppContext(client, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
                      models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served))

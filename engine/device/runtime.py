@@ -27,6 +27,40 @@ def free_device_memory() -> None:
         torch.mps.empty_cache()
 
 
+def release_memory() -> None:
+    """After a model is dropped: its device memory, and its RAM, back to the system.
+
+    Pinned RAM (the weights of an offloading plan) goes back to torch's pinned-memory cache when freed, not to
+    the system, and the next plan would count it as taken: the cache is emptied. And the C library keeps freed
+    small blocks for the process: it is asked to give them back (glibc's malloc_trim; elsewhere nothing)."""
+    import torch
+
+    free_device_memory()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        empty_host_cache = getattr(getattr(torch, "accelerator", None), "empty_host_cache", None) \
+            or getattr(torch._C, "_host_emptyCache", None)
+        if empty_host_cache is not None:
+            empty_host_cache()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """glibc's malloc_trim(0): freed heap blocks back to the system (a no-op where the C library has none)."""
+    import ctypes
+    import ctypes.util
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim = libc.malloc_trim
+    except (OSError, AttributeError):   # musl and other C libraries: nothing to ask
+        return
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    trim(0)
+
+
 def reset_peak_vram() -> None:
     import torch
 

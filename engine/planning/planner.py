@@ -192,15 +192,29 @@ class _Rung:
         return self.name == "expert_swap"
 
 
-def ladder_for(spec: ModelSpec, hw: HardwareProfile) -> tuple[str, ...]:
-    """The rungs this model can take on this machine, fastest first: a CPU-only machine has one; the rungs that
-    swap experts need two (Wan2.2 A14B); fp8 storage has nothing to add to transformers that stay quantised."""
-    if hw.device == "cpu":
-        return ("all_on_device",)
+def rungs_for(spec: ModelSpec) -> tuple[str, ...]:
+    """Every rung this model can run on, fastest first: the rungs that swap experts need two (Wan2.2 A14B); fp8
+    storage has nothing to add to transformers that stay quantised. The one list that the planner's choice, the
+    engine's step-down on out of memory and the settings check all go by."""
     ladder = tuple(name for name in LADDER if spec.experts > 1 or name not in TWO_EXPERT_RUNGS)
     if spec.quantized_transformer:
         ladder = tuple(name for name in ladder if not name.startswith("fp8"))
     return ladder
+
+
+def ladder_for(spec: ModelSpec, hw: HardwareProfile) -> tuple[str, ...]:
+    """The rungs the planner chooses from on this machine: a CPU-only machine has one (its "device" is its RAM),
+    any other every rung of the model (``rungs_for``)."""
+    if hw.device == "cpu":
+        return ("all_on_device",)
+    return rungs_for(spec)
+
+
+def rungs_below(spec: ModelSpec, strategy: str) -> tuple[str, ...]:
+    """The rungs an out-of-memory run may step down to from ``strategy``, next first (none from a strategy the
+    model has no rung for)."""
+    ladder = rungs_for(spec)
+    return ladder[ladder.index(strategy) + 1:] if strategy in ladder else ()
 
 
 def _weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> dict[str, float]:

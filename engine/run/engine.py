@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Callable
 
 from engine.device.hardware import GIB, HardwareProfile, detect_hardware
-from engine.device.runtime import RamPeakSampler, clock, free_device_memory, peak_vram_gb, reset_peak_vram, synchronize
+from engine.device.runtime import RamPeakSampler, clock, peak_vram_gb, release_memory, reset_peak_vram, synchronize
 from engine.events import (
     DownloadProgress,
     Event,
@@ -45,7 +45,7 @@ from engine.outputs.kept_inputs import keep_inputs
 from engine.outputs.latents import DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, save_latents
 from engine.outputs.record import run_record
 from engine.outputs.sidecar import write_sidecar
-from engine.planning.planner import LADDER, TWO_EXPERT_RUNGS, Plan, plan_memory
+from engine.planning.planner import Plan, plan_memory, rungs_below
 from engine.run.apply_plan import (
     encoder_device,
     encoder_visiting,
@@ -68,7 +68,7 @@ from engine.run.parallel import GateCancelled, PeerStopped, RankGroup, SplitSess
 from engine.run.preview import PREVIEW_EVERY_SECONDS, DecoderPreview, LivePreview, PreviewMap, preview_map_for
 from engine.run.schedulers import make_scheduler
 from engine.run.step_clock import FirstPass, transformers_of
-from engine.run.time_plan import TimePlanner, calibration_enabled, fastest_attention
+from engine.run.time_plan import TimePlanner, calibration_enabled, with_fastest_attention
 from engine.settings.request import GenerationRequest, check_request
 from engine.settings.values import MODE_NAMES, InputError, check_experts
 
@@ -190,14 +190,18 @@ class _Job:
     open_phases: list = field(default_factory=list)   # the phases running now, outermost first
     split: SplitSession | None = None   # this engine's part in a job split across GPUs (None: the whole job)
     nested_seconds: float = 0.0         # seconds of the phases run inside others, for those to leave out
+    loras_beside: bool = False          # its LoRAs compute beside the weights (not merged): uncompiled
 
 
 class Engine(DecodeStage):
     def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
                  latents_hours: float = DEFAULT_KEEP_HOURS, preview_seconds: float = PREVIEW_EVERY_SECONDS,
-                 faults: PhaseHook = NO_FAULTS, calibrate: bool | None = None):
+                 faults: PhaseHook = NO_FAULTS, calibrate: bool | None = None, outputs_dir: Path | str | None = None):
         self.models_dir = Path(models_dir)
         self._hardware = hardware
+        # Where the app keeps its outputs, and this machine's measured rates beside them: an attention backend
+        # measured in an earlier session is this engine's (and so the page's plan's) from the first probe on.
+        self.outputs_dir = Path(outputs_dir) if outputs_dir else None
         self.loaded: LoadedModel | None = None
         # How long the latents of a finished run are kept (0: removed as soon as the video is written).
         self.latents_hours = latents_hours
@@ -219,20 +223,28 @@ class Engine(DecodeStage):
 
     @property
     def hardware(self) -> HardwareProfile:
+        """This machine as the plan sees it: detected once, with the attention backend this machine's calibration
+        measured fastest (when it was measured: now or in an earlier session, in the outputs folder)."""
         if self._hardware is None:
             self._hardware = detect_hardware()
+            if self.outputs_dir is not None:
+                self._use_calibration(self.timing.known(self.outputs_dir, self._hardware))
         return self._hardware
+
+    def _use_calibration(self, calibration) -> None:
+        self._hardware = with_fastest_attention(self._hardware, calibration)
 
     # ----- model management -------------------------------------------------
     def unload(self) -> None:
-        """Drop the loaded pipeline and give its memory back."""
+        """Drop the loaded pipeline and give its memory back: the device's, and its RAM (pinned RAM too) to the
+        system."""
         if self.loaded is not None:
             pipe = self.loaded.pipe
             self.loaded = None
             if hasattr(pipe, "remove_all_hooks"):
                 pipe.remove_all_hooks()
             del pipe
-        free_device_memory()
+        release_memory()
 
     @contextmanager
     def _phase(self, job: _Job, name: str):
@@ -323,11 +335,8 @@ class Engine(DecodeStage):
         return plan_memory(spec, replace(settings.plan_request(), ranks=ranks), self.hardware, override)
 
     def _next_rung(self, request: GenerationRequest, spec: ModelSpec, plan: Plan) -> Plan | None:
-        """The plan one rung down the ladder (the first lower rung that fits, else the next one)."""
-        ladder = tuple(name for name in LADDER if spec.experts > 1 or name not in TWO_EXPERT_RUNGS)
-        if plan.strategy not in ladder:
-            return None
-        lower = [self.plan_for(request, spec, name) for name in ladder[ladder.index(plan.strategy) + 1:]]
+        """The plan one rung down the planner's ladder (the first lower rung that fits, else the next one)."""
+        lower = [self.plan_for(request, spec, name) for name in rungs_below(spec, plan.strategy)]
         return next((p for p in lower if p.fits), lower[0] if lower else None)
 
     # ----- one run ----------------------------------------------------------
@@ -511,9 +520,7 @@ class Engine(DecodeStage):
         backend measured among them becomes the hardware's, which the plan picks."""
         calibration = self.timing.calibration(Path(request.outputs_dir), self.hardware,
                                               lambda work: self._timed(job, "calibrate", work))
-        fastest = fastest_attention(calibration)
-        if fastest and self.hardware.attention != fastest:
-            self._hardware = replace(self.hardware, attention=fastest)
+        self._use_calibration(calibration)
         return calibration
 
     def _timed(self, job: _Job, phase: str, work: Callable):
@@ -724,8 +731,10 @@ class Engine(DecodeStage):
         pipe = loaded.for_mode(request.settings.mode)
         if request.settings.loras:
             with self._phase(job, "lora") as phase:
-                setup = apply_loras(pipe, request.settings.loras, loaded.model.ref, torch_dtype(loaded.plan.dtype))
+                setup = apply_loras(pipe, request.settings.loras, loaded.model.ref, torch_dtype(loaded.plan.dtype),
+                                    streamed=loaded.plan.transformer != "device")
                 phase.detail = setup.detail
+            job.loras_beside = bool(setup.beside)
         elif loaded_adapters(pipe):
             setup = apply_loras(pipe, ())
         else:
@@ -791,7 +800,9 @@ class Engine(DecodeStage):
         return {"decoder": job.decoder, "step_cache": cache, "step_cache_detail": job.cache,
                 "approximate": job.decoder != "vae" or bool(cache),
                 "vae_dtype": plan.vae_dtype, "conv": plan.conv,
-                "compiled": plan.compile and not any(lora.strength for lora in request.settings.loras),
+                "compiled": plan.compile and not job.loras_beside,
+                "loras": ("beside the weights" if job.loras_beside else "merged")
+                if any(lora.strength for lora in request.settings.loras) else None,
                 "attention": plan.attention_backend,
                 "predicted_seconds": dict(job.predicted.seconds) if job.predicted is not None else None}
 

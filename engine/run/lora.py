@@ -6,10 +6,15 @@ the file's path, size and modification time and its expert: an adapter stays on 
 changing which LoRAs are on, or their strengths, reads at most the new files and never reloads the model; a file
 changed on disk gets a new name, and its old adapter is deleted. Adapters a run does not use stay loaded but off (up to KEEP_IDLE of them).
 
-Exactness: a run without LoRAs (or with every strength 0) turns the adapters off (``disable_lora``), which makes
-each adapted layer call its base layer alone: the output is the model's own, bit for bit. (A weight of 0 through
-``set_adapters`` is exact too, since it adds zeros, but still computes every LoRA product; an adapter at 0 is
-not even loaded here.)
+The LoRAs on are merged into the weights while the set and strengths stay the same (engine/run/lora_fusion.py):
+no cost per step, and the transformer stays compiled. Where a merge cannot be made (GGUF, fp8 storage, a
+transformer streamed from RAM, no room in RAM for the originals) they compute beside the weights, uncompiled,
+and the log says why.
+
+Exactness: a run without LoRAs (or with every strength 0) takes any merge out (the original weights copied
+back) and turns the adapters off (``disable_lora``), which makes each adapted layer call its base layer alone:
+the output is the model's own, bit for bit. (A weight of 0 through ``set_adapters`` is exact too, since it adds
+zeros, but still computes every LoRA product; an adapter at 0 is not even loaded here.)
 
 A run's LoRA files are found (or fetched once from the Hub, for a preset's published LoRA) and checked against
 the model's experts before the model loads (``lora_files``).
@@ -32,28 +37,32 @@ ADAPTER_PREFIX = "lora_"
 # Adapters a run leaves off are kept loaded, at most this many (the oldest loaded go first): switching back to
 # one is free, yet they hold memory (a rank-64 LoRA of a 14B model is about 0.3 GB in bfloat16).
 KEEP_IDLE = 4
-# Why a LoRA runs with the transformer uncompiled (diffusers' LoRA guide, "torch.compile" and "hotswapping").
-COMPILE_NOTE = ("The transformer runs uncompiled while LoRAs are on: diffusers recompiles it whenever an adapter is "
-                "loaded or a strength changes, which would cost more than compiling saves.")
+# Why LoRAs computed beside the weights run with the transformer uncompiled (diffusers' LoRA guide, "torch.compile"
+# and "hotswapping").
+COMPILE_NOTE = ("The transformer runs uncompiled while LoRAs compute beside its weights: diffusers recompiles it "
+                "whenever an adapter is loaded or a strength changes, which would cost more than compiling saves.")
 
 
 @dataclass(frozen=True)
 class LoraSetup:
     """What ``apply_loras`` did: the LoRAs on, the files read from disk this time, the ones left off (strength 0),
-    the adapters deleted, and the transformers it had to uncompile."""
+    the adapters deleted, and the transformers it had to uncompile; how the LoRAs on run: ``merged`` into the
+    weights (its words), or computed ``beside`` them (why they are not merged)."""
     on: tuple[Lora, ...] = ()
     read: tuple[str, ...] = ()
     off: tuple[str, ...] = ()
     idle: int = 0
     deleted: int = 0
     uncompiled: tuple[str, ...] = ()
+    merged: str = ""
+    beside: str = ""
 
     @property
     def detail(self) -> str:
-        """The phase row's words: '2 on, 1 read from disk'."""
+        """The phase row's words: '2 on, 1 read from disk, merged'."""
         if not self.on:
             return "none on"
-        return f"{len(self.on)} on, {len(self.read)} read from disk"
+        return f"{len(self.on)} on, {len(self.read)} read from disk, {'merged' if self.merged else 'beside the weights'}"
 
     def sentences(self) -> list[str]:
         """What the job's log says about its LoRAs."""
@@ -64,6 +73,10 @@ class LoraSetup:
             how = ([f"{plural(len(self.read), 'file')} read from disk"] if self.read else []) + \
                   ([f"{kept} already loaded"] if kept else [])
             said.append(f"LoRAs on: {names} ({', '.join(how)}).")
+            if self.merged:
+                said.append(f"They are {self.merged}.")
+            elif self.beside:
+                said.append(f"They compute beside the weights at every step: {self.beside}.")
         for name in self.off:
             said.append(f"LoRA {name} has strength 0: it is off for this run.")
         if not self.on and self.idle:
@@ -162,25 +175,30 @@ def _download(lora: Lora, folder: Path) -> Path:
                          f"{lora.name}") from exc
 
 
-def apply_loras(pipe, loras, model: str = "the model", dtype=None) -> LoraSetup:
+def apply_loras(pipe, loras, model: str = "the model", dtype=None, streamed: bool = False) -> LoraSetup:
     """Put ``loras`` (Lora values or (file, strength) pairs, in order) on ``pipe``: each file not yet loaded is
     read into the transformer (both experts when there are two, or the one its ``expert`` names), then exactly
-    these adapters are on, at these strengths; none on turns the adapters off. ``dtype``: the plan's compute
-    dtype, which the adapters take when the weights are stored in fp8. InputError (the adapter left out again)
-    when a file does not fit ``model``, or names an expert ``model`` does not have."""
+    these adapters are on, at these strengths, merged into the weights where they can be; none on takes any
+    merge out and turns the adapters off. ``dtype``: the plan's compute dtype, which the adapters take when the
+    weights are stored in fp8; ``streamed``: the plan streams the transformer from RAM (no merge then).
+    InputError (the adapter left out again) when a file does not fit ``model``, or names an expert ``model``
+    does not have."""
+    from engine.run.lora_fusion import merge, merged_key, merged_words, unmerge, why_not_merged
+
     loras = [as_lora(entry) for entry in loras]
     on = [replace(lora, strength=float(lora.strength)) for lora in loras if lora.strength]
     off = tuple(lora.shown for lora in loras if not lora.strength)
     check_experts(on, len(_transformers(pipe)), model)
     present = loaded_adapters(pipe)
+    names = [adapter_name(lora.file, lora.expert) for lora in on]
+    key = tuple(zip(names, (lora.strength for lora in on)))
+    for transformer in _transformers(pipe):   # another set or strength: the merge comes out first, exactly
+        if merged_key(transformer) not in (None, key):
+            unmerge(transformer)
     if not on:
         if present:
             pipe.disable_lora()
         return LoraSetup(off=off, idle=len(present))
-    from engine.run.speedups import uncompile_transformer
-
-    uncompiled = uncompile_transformer(pipe)   # adapters change the blocks' code: see COMPILE_NOTE
-    names = [adapter_name(lora.file, lora.expert) for lora in on]
     deleted = _delete_unwanted(pipe, present, names)
     read = []
     for lora, name in zip(on, names):
@@ -190,7 +208,17 @@ def apply_loras(pipe, loras, model: str = "the model", dtype=None) -> LoraSetup:
     pipe.enable_lora()
     # Each transformer is given every name: PEFT's layers skip the adapters they do not hold (an expert's own).
     pipe.set_adapters(names, adapter_weights=[lora.strength for lora in on])
-    return LoraSetup(on=tuple(on), read=tuple(read), off=off, deleted=deleted, uncompiled=uncompiled)
+    beside = next((why for t in _transformers(pipe) if (why := why_not_merged(t, names, streamed))), "")
+    if beside:
+        from engine.run.speedups import uncompile_transformer
+
+        return LoraSetup(on=tuple(on), read=tuple(read), off=off, deleted=deleted, beside=beside,
+                         uncompiled=uncompile_transformer(pipe))   # adapters change the blocks' code: COMPILE_NOTE
+    for transformer in _transformers(pipe):
+        if merged_key(transformer) != key:
+            merge(transformer, names, [lora.strength for lora in on])
+    return LoraSetup(on=tuple(on), read=tuple(read), off=off, deleted=deleted,
+                     merged=merged_words(_transformers(pipe)))
 
 
 def _delete_unwanted(pipe, present: list[str], wanted: list[str]) -> int:

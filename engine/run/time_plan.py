@@ -58,6 +58,21 @@ def fastest_attention(calibration) -> str:
     return quickest(seconds) if seconds else ""
 
 
+def with_fastest_attention(hardware, calibration):
+    """``hardware`` with the attention backend ``calibration`` measured fastest (as it is when none was measured):
+    the one profile the engine runs with and the page and the command line plan with."""
+    fastest = fastest_attention(calibration)
+    return replace(hardware, attention=fastest) if fastest and hardware.attention != fastest else hardware
+
+
+def measured_hardware(hardware, folder: Path | str):
+    """``hardware`` as the engine will run it once it has read this machine's calibration kept in ``folder`` (the
+    outputs folder); unchanged when none was kept for this device and torch."""
+    from engine.device.calibrate import Calibration
+
+    return with_fastest_attention(hardware, Calibration.load(Path(folder), hardware))
+
+
 @dataclass
 class TimePlanner:
     models_dir: Path
@@ -88,6 +103,20 @@ class TimePlanner:
                             torch_version=hardware.torch_version)
             self._keep(found, folder)
         self._calibration, self._folder = found, Path(folder)
+        return found
+
+    def known(self, folder: Path, hardware):
+        """This machine's rates if they were measured already (in memory or kept in ``folder``), without
+        measuring; None otherwise or when turned off."""
+        if not self.enabled:
+            return None
+        from engine.device.calibrate import Calibration
+
+        if self._calibration is not None and self._calibration.matches(hardware):
+            return self._calibration
+        found = Calibration.load(folder, hardware)
+        if found is not None:
+            self._calibration, self._folder = found, Path(folder)
         return found
 
     def _keep(self, calibration, folder: Path) -> None:

@@ -117,12 +117,15 @@ class EnginePool:
 
     def __init__(self, models_dir: Path | str = "models", gpus: GpuChoice = GpuChoice(),
                  latents_hours: float | None = None, preview_seconds: float | None = None,
-                 faults: PhaseHook = NO_FAULTS, on_resize: Callable[[int], None] | None = None):
+                 faults: PhaseHook = NO_FAULTS, on_resize: Callable[[int], None] | None = None,
+                 outputs_dir: Path | str | None = None):
         """``on_resize(n)``: told how many engines there are once the machine's GPUs are known (the queue runs
-        that many jobs at once). ``faults`` go to the first engine process only (tests)."""
+        that many jobs at once). ``faults`` go to the first engine process only (tests). ``outputs_dir``: the
+        app's outputs folder (the engines find this machine's measured rates there)."""
         self.models_dir = str(models_dir)
         self.choice = gpus
-        self._options = {"latents_hours": latents_hours, "preview_seconds": preview_seconds}
+        self._options = {"latents_hours": latents_hours, "preview_seconds": preview_seconds,
+                         "outputs_dir": outputs_dir}
         self._on_resize = on_resize
         self._lock = threading.Lock()
         first = gpus.indices[0] if gpus.indices else 0

@@ -77,19 +77,26 @@ def _serve_status(conn, state: _Starting) -> None:
         elif question == ("loaded",):
             reply = _loaded_files(engine)
         else:
-            from engine.device.usage import engine_memory
-
-            loaded = engine.loaded
-            hardware = engine.hardware
-            try:
-                reply = engine_memory(hardware.backend, hardware.device_name,
-                                      loaded.model.ref if loaded else None, loaded.plan.strategy if loaded else None)
-            except Exception as exc:   # never let a status question take the engine down
-                reply = f"{type(exc).__name__}: {exc}"
+            reply = _memory(engine)
         try:
             conn.send(reply)
         except (BrokenPipeError, OSError):
             return
+
+
+def _memory(engine):
+    """What the engine holds now (EngineMemory), or the error's words. Its own function, so that the loaded model
+    it looks at is referenced only while it answers: kept in the status loop's variables, it stayed in memory
+    beside the next model after a swap (both on the device at once)."""
+    from engine.device.usage import engine_memory
+
+    loaded = engine.loaded
+    hardware = engine.hardware
+    try:
+        return engine_memory(hardware.backend, hardware.device_name,
+                             loaded.model.ref if loaded else None, loaded.plan.strategy if loaded else None)
+    except Exception as exc:   # never let a status question take the engine down
+        return f"{type(exc).__name__}: {exc}"
 
 
 def _loaded_files(engine) -> LoadedFiles | str:
@@ -195,11 +202,13 @@ class WorkerClient:
 
     def __init__(self, models_dir: Path | str = "models", hardware_json: str | None = None,
                  latents_hours: float | None = None, preview_seconds: float | None = None,
-                 faults: PhaseHook = NO_FAULTS, env: dict[str, str] | None = None):
+                 faults: PhaseHook = NO_FAULTS, env: dict[str, str] | None = None,
+                 outputs_dir: Path | str | None = None):
         """``latents_hours``: how long finished runs' latents are kept; ``preview_seconds``: the least time
         between live previews (0: every step; negative: none); ``faults``: the engine's phase hook in the
         first engine process (tests inject faults with it, such as a crash in a phase), NO_FAULTS after;
-        ``env``: variables every engine process of this client starts with (its GPU: engine/service/pool.py)."""
+        ``env``: variables every engine process of this client starts with (its GPU: engine/service/pool.py);
+        ``outputs_dir``: the app's outputs folder, where the engine finds this machine's measured rates."""
         self.models_dir = str(models_dir)
         self.env = dict(env or {})
         self.catalog = ModelCatalog()   # the models' specs and checks, read once per version of their files
@@ -209,6 +218,8 @@ class WorkerClient:
             self.options["latents_hours"] = latents_hours
         if preview_seconds is not None:
             self.options["preview_seconds"] = preview_seconds
+        if outputs_dir is not None:
+            self.options["outputs_dir"] = str(outputs_dir)
         self.hardware_json = hardware_json
         self._cancel = _SPAWN.Event()
         self._job_lock = threading.Lock()
@@ -393,7 +404,8 @@ class WorkerClient:
         return self._ask_status(("ping",), timeout) == "pong"
 
     def hardware_profile(self) -> HardwareProfile:
-        """The engine process's hardware, asked once and cached (the app never probes the GPU itself)."""
+        """The engine process's hardware as its plans see it, asked once and kept until the next job ends (the app
+        never probes the GPU itself)."""
         if self._hardware_profile is None:
             self._hardware_profile = HardwareProfile.from_dict(self.hardware())
         return self._hardware_profile
@@ -426,6 +438,9 @@ class WorkerClient:
             yield from self._exchange(lambda timings: ("run", request, job_id, timings, group), job_id)
         finally:
             self.running_settings = None
+            # A job may have measured the machine (its fastest attention backend is the plan's from now on):
+            # the page's next plan asks the engine again.
+            self._hardware_profile = None
 
     def engine_count(self, timeout: float = 0.0) -> int:
         return 1

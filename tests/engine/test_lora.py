@@ -275,3 +275,59 @@ def test_lora_text_reads_as_file_and_strength(tmp_path):
     (models / "loras" / "mine.safetensors").write_bytes(b"")
     assert find_lora("mine.safetensors", models) == str((models / "loras" / "mine.safetensors").resolve())
     assert find_lora("other.safetensors", models) == os.path.abspath("other.safetensors")
+
+
+def test_a_merged_lora_computes_what_the_adapters_compute_and_comes_out_exactly(model_dirs, loras):
+    """LoRAs on a transformer that stays on the device are merged into its weights (no products per step), equal
+    to the adapters computed beside the weights; another strength re-merges from the originals without reading the
+    file again; none on copies the originals back, bit for bit."""
+    from diffusers import WanPipeline
+
+    from engine.run.lora_fusion import MERGE_ATTRIBUTE, merged_key
+
+    pipe = WanPipeline.from_pretrained(model_dirs["tiny-t2v"])
+    original = {name: tensor.clone() for name, tensor in pipe.transformer.state_dict().items()}
+    inputs = (torch.randn(1, 16, 1, 4, 4, generator=torch.Generator().manual_seed(0)), torch.tensor([500]),
+              torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1)))
+
+    def output():
+        with torch.inference_mode():
+            return pipe.transformer(*inputs, return_dict=False)[0]
+
+    base = output()
+    both = [(loras["original"], 0.7), (loras["musubi"], 1.3)]   # the original layout has bias diffs too
+    beside = apply_loras(pipe, both, streamed=True)   # as on a plan that streams the transformer from RAM
+    assert beside.beside.startswith("the transformer is streamed from RAM") and not beside.merged
+    assert merged_key(pipe.transformer) is None
+    computed = output()
+    merged = apply_loras(pipe, both)
+    assert merged.read == () and merged.merged.startswith("merged into the weights of 20 layers")
+    assert "They are merged into the weights" in " ".join(merged.sentences())
+    assert merged_key(pipe.transformer) is not None
+    layers = getattr(pipe.transformer, MERGE_ATTRIBUTE).originals
+    assert all(module.merged for module in layers)   # PEFT's layers run their base layer alone
+    fused = output()
+    assert not torch.equal(fused, base)
+    assert torch.allclose(fused, computed, rtol=1e-4, atol=1e-5), float((fused - computed).abs().max())
+    # Another strength: the merge is taken out and made again from the originals, exactly as a first merge.
+    apply_loras(pipe, [(loras["original"], 0.2)])
+    apply_loras(pipe, both)
+    assert torch.equal(output(), fused)
+    apply_loras(pipe, [])
+    assert merged_key(pipe.transformer) is None
+    after = {name.replace(".base_layer", ""): tensor for name, tensor in pipe.transformer.state_dict().items()}
+    assert all(torch.equal(after[name], tensor) for name, tensor in original.items())
+    assert torch.equal(output(), base)
+
+
+def test_fp8_and_streamed_weights_keep_their_loras_beside_them_and_say_why(model_dirs, loras):
+    from diffusers import WanPipeline
+
+    plain = WanPipeline.from_pretrained(model_dirs["tiny-t2v"])
+    stored = copy.deepcopy(plain.transformer)
+    stored.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=torch.float32)
+    fp8 = WanPipeline(**{**plain.components, "transformer": stored})
+    setup = apply_loras(fp8, [(loras["original"], 1.0)], dtype=torch.float32)
+    assert setup.beside == "the weights are stored in fp8, where a merge would round the LoRA's change to fp8"
+    assert "They compute beside the weights at every step: the weights are stored in fp8" in " ".join(
+        setup.sentences())
