@@ -1,12 +1,15 @@
 """Check the planner against a real GPU: emulate smaller cards and run each preset through the engine.
 
     python bench/validate_memory.py OUT.json [--models 1.3b,5b,14b] [--budgets 48,24,16,12,8]
+    python bench/validate_memory.py OUT.json --tiny   # the same code on the CPU with the self-test models (CI)
 
 For every budget the GPU is capped with torch.cuda.set_per_process_memory_fraction, the
 engine is told the card has that much memory, and each preset that the planner says fits
 runs through the engine's own code path (planning, placement, offload hooks, encode,
 denoise, decode) with real-size random-weight models. Recorded per run: the strategy,
-the predicted and the measured peak device memory, the step time and any step-down.
+the predicted and the measured peak device memory, the step time and any step-down. ``--tiny`` runs each
+self-test preset through the same cases on the CPU (the engine loads the self-test folders as users load
+models; the peak compared is RAM's), so the script cannot rot between GPU runs.
 """
 from __future__ import annotations
 
@@ -25,8 +28,6 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-import engine.outputs.record as record_module  # noqa: E402
-import engine.run.engine as engine_module  # noqa: E402
 from bench import realsize  # noqa: E402
 from engine.device.hardware import GIB, HardwareProfile  # noqa: E402
 from engine.events import JobFinished, PlanReady  # noqa: E402
@@ -107,21 +108,17 @@ class BenchEngine(Engine):
         return pipe
 
 
-def fake_mp4(frames, path, fps):
-    """No ffmpeg on the GPU machine: keep the frames' shape only (export is not what is measured)."""
-    Path(path).write_text(json.dumps({"shape": list(frames.shape), "fps": fps}))
-    return Path(path)
-
-
-def run_case(engine: Engine, preset, budget_gb: float, work: Path, image: Path) -> dict:
+def run_case(engine: Engine, preset, budget_gb: float, work: Path, image: Path, model: str | None = None) -> dict:
     steps = preset.settings.steps if preset.settings.sigmas else STEPS
     request = GenerationRequest.from_preset(
-        preset, "a red fox running through fresh snow, cinematic", model=preset.settings.model, steps=steps, seed=1,
-        image=str(image) if preset.settings.mode == "i2v" else None, outputs_dir=str(work / "out"))
-    size = engine.plan_for(request, engine_module.spec_for(preset.settings.model, None))
+        preset, "a red fox running through fresh snow, cinematic", model=model or preset.settings.model, steps=steps,
+        seed=1, image=str(image) if preset.settings.mode == "i2v" else None, outputs_dir=str(work / "out"))
+    spec = spec_for(model, Path(model)) if model else spec_for(preset.settings.model, None)
+    size = engine.plan_for(request, spec)
+    peak = "predicted_peak_vram_gb" if engine.hardware.device != "cpu" else "predicted_peak_ram_gb"
     row = {"budget_gb": budget_gb, "preset": preset.name, "fits": size.fits, "strategy": size.strategy,
            "text_encoder": size.text_encoder, "vae_tile": size.vae_tile, "load": size.load,
-           "predicted_peak_gb": size.predicted_peak_vram_gb}
+           "predicted_peak_gb": getattr(size, peak)}
     if not size.fits:
         row["status"] = "planner: does not fit"
         return row
@@ -131,13 +128,13 @@ def run_case(engine: Engine, preset, budget_gb: float, work: Path, image: Path) 
     row["seconds"] = round(time.perf_counter() - started, 2)
     used = [e.plan for e in events if isinstance(e, PlanReady)][-1]
     reused = any("encoding is reused" in getattr(e, "message", "") for e in events)
-    phases = {k: v["peak_vram_gb"] for k, v in used["phases"].items()}
+    phases = {k: v[peak.replace("predicted_", "")] for k, v in used["phases"].items()}
     ran = {k: v for k, v in phases.items() if not (reused and k == "text_encode")}
     row.update(strategy_used=used["strategy"], predicted_phases=phases, prompt_reused=reused,
                predicted_peak_run_gb=round(max(ran.values()), 3))
     if isinstance(result, JobFinished):
         sidecar = json.loads(Path(result.sidecar).read_text())
-        measured = result.peak_vram_gb
+        measured = result.peak_vram_gb if engine.hardware.device != "cpu" else result.peak_ram_gb
         row.update(status="ok", measured_peak_gb=measured,
                    ratio=round(measured / row["predicted_peak_run_gb"], 3),
                    step_s=round(float(np.mean(sidecar["step_seconds"])), 3), timings=sidecar["timings"],
@@ -147,20 +144,44 @@ def run_case(engine: Engine, preset, budget_gb: float, work: Path, image: Path) 
     return row
 
 
+def tiny(out: Path, work: Path) -> None:
+    """Each self-test preset through run_case on the CPU, its model loaded from a saved folder."""
+    from engine.device.hardware import detect_hardware
+    from engine.models.selftest import SELFTEST_I2V, SELFTEST_T2V, build_selftest_pipeline
+
+    presets, rows = load_presets(), []
+    image = work / "first-frame.png"
+    from PIL import Image
+    Image.new("RGB", (64, 64), (180, 90, 40)).save(image)
+    engine = Engine(work / "models", detect_hardware())
+    for ref in (SELFTEST_T2V, SELFTEST_I2V):
+        folder = work / "models" / ref
+        if not folder.exists():
+            build_selftest_pipeline(ref).save_pretrained(folder)
+        row = run_case(engine, presets[ref], 0.0, work, image, model=str(folder))
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    out.write_text(json.dumps({"device": "cpu", "rows": rows}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--models", default="1.3b,5b,14b")
     parser.add_argument("--budgets", default="48,24,16,12,8")
+    parser.add_argument("--tiny", action="store_true", help="the self-test models on the CPU (checks the code)")
+    parser.add_argument("--work", default="/tmp/wan-bench", help="a folder for the models and outputs it makes")
     args = parser.parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    if args.tiny:
+        return tiny(Path(args.out), work)
     total_gb = torch.cuda.get_device_properties(0).total_memory / GIB
     presets = load_presets()
-    work = Path("/tmp/wan-bench")
     (work / "empty-model").mkdir(parents=True, exist_ok=True)
     image = work / "first-frame.png"
     from PIL import Image
     Image.new("RGB", (640, 608), (180, 90, 40)).save(image)
-    record_module.write_mp4 = fake_mp4
     ram = psutil.virtual_memory()
     rows = []
     out = Path(args.out)
@@ -183,8 +204,6 @@ def main() -> None:
                 rows.append(row)
                 out.write_text(json.dumps({"device": torch.cuda.get_device_name(0), "rows": rows}, indent=2))
             engine.unload()
-            gc.collect()
-            torch.cuda.empty_cache()
         del engine
         gc.collect()
         torch.cuda.set_per_process_memory_fraction(1.0)

@@ -53,3 +53,14 @@ def test_the_multi_gpu_bench_runs_on_two_cpu_engines(tmp_path):
     from bench.multi_gpu import table
 
     assert "| 1.3b | 64x64x9 |" in table([out])
+
+
+def test_the_memory_validation_bench_runs_each_self_test_preset_through_the_engine(tmp_path):
+    out = tmp_path / "validate.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "validate_memory.py"), str(out), "--tiny", "--work",
+                           str(tmp_path / "work")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [row["preset"] for row in rows] == ["selftest-t2v", "selftest-i2v"]
+    assert all(row["status"] == "ok" and row["measured_peak_gb"] > 0 and row["predicted_peak_run_gb"] > 0
+               for row in rows), rows

@@ -64,6 +64,9 @@ class HardwareProfile:
     # The collective backend a job split across GPUs uses here (engine/run/parallel.py): "nccl" (RCCL on ROCm)
     # on GPUs, "gloo" for CPU engines, "" where this PyTorch has none (no NCCL: Windows; no torch.distributed).
     collectives: str = "gloo"
+    # Free space where a disk rung would write its copy of the transformer (the models folder's disk); -1: not
+    # known (the page's copy: the engine plans with the real figure when the job runs).
+    disk_free_gb: float = -1.0
 
     @property
     def device(self) -> str:

@@ -19,7 +19,7 @@ from engine.words import plural
 
 # Rungs of the ladder, fastest (and highest quality) first.
 LADDER = ("all_on_device", "text_encoder_offload", "expert_swap", "group_offload", "fp8_storage",
-          "fp8_group_offload", "leaf_offload")
+          "fp8_group_offload", "leaf_offload", "disk_offload")
 # Rungs only a model with two experts (Wan2.2 A14B) has.
 TWO_EXPERT_RUNGS = ("expert_swap",)
 RUNG_TEXT = {
@@ -30,8 +30,11 @@ RUNG_TEXT = {
     "group_offload": "transformer streamed block by block from RAM (group offload)",
     "fp8_storage": "transformer weights stored in fp8 on the device",
     "fp8_group_offload": "fp8 transformer weights streamed block by block from RAM",
-    "leaf_offload": "transformer streamed layer by layer from RAM (slowest, least device memory)",
+    "leaf_offload": "transformer streamed layer by layer from RAM (least device memory)",
+    "disk_offload": "transformer streamed block by block from files on disk (slowest: for when RAM cannot hold it)",
 }
+# Room left on the disk beside a disk rung's copy of the transformer.
+DISK_MARGIN_GB = 2.0
 CPU_ONLY = "CPU only"
 CPU_ONLY_TEXT = "everything in RAM, computed on the CPU"
 
@@ -278,6 +281,10 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
         # The shared layers plus the blocks in flight (current, prefetched, being released).
         tr_dev = mem.shared_gb(spec, nbytes) + mem.GROUP_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8)
         tr_ram = tr_full
+    elif rung.transformer == "disk":
+        # As group offload on the device; in RAM only the blocks in flight, read from their files as they come.
+        tr_dev = mem.shared_gb(spec, nbytes) + mem.GROUP_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8)
+        tr_ram = mem.GROUP_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8)
     else:  # leaf: one layer at a time, the next one prefetched
         tr_dev = max(mem.LEAF_RESIDENT_MIN_GB, mem.LEAF_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8))
         tr_ram = tr_full
@@ -295,7 +302,7 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
     resident = tr_idle + vae + te_dev_always + ie_dev_always     # on the device between phases
     idle_ram = base_ram + tr_ram + te_ram_idle + ie_ram_idle     # in RAM between phases
     te_place = {"device": "device", "offload": "device", "streamed": "streamed", "cpu": "cpu"}[rung.text_encoder]
-    tr_place = {"device": "device", "group": "streamed", "leaf": "streamed"}[rung.transformer]
+    tr_place = {"device": "device", "group": "streamed", "leaf": "streamed", "disk": "streamed"}[rung.transformer]
     places = {"text_encoder": te_place, "transformer": tr_place, "vae": "device"}
     if rung.swap and spec.experts > 1:
         places["transformer_2"] = "cpu"
@@ -306,6 +313,10 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
         # Straight to the device; an fp8 transformer is briefly held in 16-bit while it is cast.
         load_dev = max(resident, resident - tr_full + mem.transformer_weights_gb(spec, nbytes)) if rung.fp8 else resident
         load_ram = base_ram + tr_ram + te_ram_idle + ie_ram_idle
+    elif rung.transformer == "disk":
+        # The transformer loads alone and is written to its files, then the rest loads beside its blocks in flight.
+        load_dev = 0.0
+        load_ram = base_ram + max(tr_full, te + ie + vae + tr_ram) + mem.staging_gb(spec)
     else:
         load_dev = 0.0
         load_ram = base_ram + te + ie + vae + tr_full + mem.staging_gb(spec)
@@ -346,7 +357,8 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
 
 
 def _rung(name: str, text_encoder: str, vae_tile: int | None, load: str, vae_bytes: int = 4) -> _Rung:
-    transformer = {"group_offload": "group", "fp8_group_offload": "group", "leaf_offload": "leaf"}.get(name, "device")
+    transformer = {"group_offload": "group", "fp8_group_offload": "group", "leaf_offload": "leaf",
+                   "disk_offload": "disk"}.get(name, "device")
     return _Rung(name, text_encoder, transformer, name.startswith("fp8"), vae_tile, load, vae_bytes)
 
 
@@ -382,7 +394,8 @@ def _candidates(name: str, override: Override, hw: HardwareProfile, spec: ModelS
     else:
         tiles = [None, *mem.VAE_TILES]
     loads = ["cpu"] if hw.device == "cpu" else ["cpu", "device_map"]
-    if name in ("expert_swap", "group_offload", "fp8_group_offload", "leaf_offload") or spec.transformer_files:
+    if name in ("expert_swap", "group_offload", "fp8_group_offload", "leaf_offload", "disk_offload") or \
+            spec.transformer_files:
         loads = ["cpu"]   # offloaded weights live in RAM anyway; a single transformer file is read into RAM whole
     for te in te_places:
         for tile in tiles:
@@ -398,6 +411,8 @@ def _choose(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Ov
     first = None
     vae_bytes = _vae_bytes(hw, override)
     for name in ladder:
+        if name == "disk_offload" and not _disk_room(spec, hw):
+            continue
         for te, tile, load in _candidates(name, override, hw, spec):
             rung = _rung(name, te, tile, load, vae_bytes)
             phases = _phases(spec, req, hw, rung)
@@ -410,6 +425,16 @@ def _choose(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Ov
     if chosen:
         return (*chosen, True)
     return (*(_fallback(spec, req, hw, ladder, override) or first), False)
+
+
+def disk_copy_gb(spec: ModelSpec, hw: HardwareProfile) -> float:
+    """GiB a disk rung writes: the transformer's weights (every expert's)."""
+    return mem.transformer_weights_gb(spec, _dtypes(hw)[1])
+
+
+def _disk_room(spec: ModelSpec, hw: HardwareProfile) -> bool:
+    """Whether the disk can take a disk rung's copy of the transformer (not known: assumed, the engine checks)."""
+    return hw.disk_free_gb < 0 or hw.disk_free_gb >= disk_copy_gb(spec, hw) + DISK_MARGIN_GB
 
 
 def fits(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override = Override()) -> bool:
@@ -562,6 +587,14 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
         said.append(f"The text encoder ({te_gb:.1f} GB) runs on the CPU: it would not fit on the device beside the rest.")
     if plan.swaps_experts and spec.experts > 1:
         said.append(_explain_swap(spec, hw, plan, override))
+    if plan.transformer == "disk":
+        said.append(f"Slow: the {tr_gb:.1f} GB transformer is written to files on disk as it loads and read back "
+                    f"block by block at every step, so each step waits on the disk; it is the last rung, taken "
+                    f"because no rung that keeps the transformer in RAM fits {plan.budget_ram_gb:.1f} GB of RAM. "
+                    "More RAM, a smaller size or fewer frames, or a quantised (GGUF) transformer make it faster.")
+        if not _disk_room(spec, hw):
+            said.append(f"The disk has {hw.disk_free_gb:.1f} GB free, and this needs {disk_copy_gb(spec, hw):.1f} GB "
+                        f"plus {DISK_MARGIN_GB:.0f} GB to spare: free some space.")
     if plan.transformer in ("group", "leaf"):
         said.append(f"The {tr_gb:.1f} GB transformer stays in RAM and streams to the device "
                     f"{'block by block' if plan.transformer == 'group' else 'layer by layer'}"

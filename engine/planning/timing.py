@@ -304,12 +304,18 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], image_to_video: bool, 
         one = replace(one, elementwise=one.elementwise + extra)
         cast = ", fp8 weights cast each pass"
     offload = ""
-    if plan.transformer in ("group", "leaf") and plan.device != "cpu":
+    if plan.transformer in ("group", "leaf", "disk") and plan.device != "cpu":
         blocks = spec.transformer.layers * spec.transformer.block_params
         block_bytes = blocks * (1 if plan.fp8 else nbytes)
         gbps, kind = _copy_gbps(cal, plan.pin_memory)
+        if plan.transformer == "disk":   # every block read from its file at every pass: the disk sets the pace
+            disk = cal.disk_gbps or DEFAULT_DISK_GBPS
+            if disk < gbps:
+                gbps, kind = disk, ("from disk, measured by the last load" if cal.disk_gbps else
+                                    "from disk, a conservative default: no load measured yet")
         copy = block_bytes / (gbps * GB)
-        one = _offloaded(one, copy, plan.transformer if plan.use_stream else "none")
+        one = _offloaded(one, copy, {"disk": "group"}.get(plan.transformer, plan.transformer)
+                         if plan.use_stream else "none")
         offload = (f", +{one.copies:.2f} s of {block_bytes / GB:.1f} GB streamed ({kind}, {gbps:.0f} GB/s, "
                    f"{plan.transformer} offload)")
     step = one.total * passes

@@ -115,6 +115,9 @@ def place_components(pipe, plan: Plan) -> None:
             continue   # one expert on the device at a time: engine/run/experts.py places them
         if plan.transformer == "device":
             model.to(plan.device)
+        elif plan.transformer == "disk":
+            if not is_streaming(model):
+                raise RuntimeError("a disk plan's transformer is offloaded to its files as it loads (offload_to_disk)")
         else:
             if plan.pin_memory:
                 pin_in_place(model)    # else a 30 GB model would sit in RAM twice until its first step
@@ -126,6 +129,22 @@ def place_components(pipe, plan: Plan) -> None:
     place_encoders(pipe, plan)
     pipe.vae.to(plan.device)
     set_vae_tiling(pipe.vae, plan.vae_tile)
+
+
+def load_transformers(folder: Path, plan: Plan, loaded: dict) -> dict:
+    """Each transformer of the model folder not in ``loaded`` (its single files), loaded on the CPU alone: what a
+    disk plan does first, so that each goes to its files before the rest of the model takes RAM."""
+    wanted = tuple(name for name in TRANSFORMERS if name not in loaded)
+    return {**loaded, **load_into_ram(folder, wanted, plan)}
+
+
+def offload_to_disk(model, plan: Plan, folder: Path) -> None:
+    """Stream ``model`` from files in ``folder``, block by block, with diffusers' group offloading: each block's
+    weights are written there once (now), its RAM given up, and read back as the block is about to run."""
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    model.enable_group_offload(onload_device=plan.device, offload_device="cpu", offload_type="block_level",
+                               num_blocks_per_group=1, use_stream=plan.use_stream, low_cpu_mem_usage=True,
+                               offload_to_disk_path=str(folder))
 
 
 def keep_encoder_exact(pipe, folder: Path | None) -> None:

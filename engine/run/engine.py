@@ -47,19 +47,23 @@ from engine.outputs.record import run_record
 from engine.outputs.sidecar import write_sidecar
 from engine.planning.planner import Plan, plan_memory, rungs_below
 from engine.run.apply_plan import (
+    TRANSFORMERS,
     encoder_device,
     encoder_visiting,
     from_pretrained_kwargs,
     keep_encoder_exact,
     load_into_ram,
     load_transformer_files,
+    load_transformers,
     loaded_into_ram,
+    offload_to_disk,
     place_components,
     place_encoders,
     set_vae_tiling,
     torch_dtype,
 )
 from engine.run.decode_stage import DecodeStage
+from engine.run.disk_offload import disk_offload_folder, disk_room_gb, remove_disk_offload
 from engine.run.experts import EXPERTS, ExpertSwap, switch_step
 from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
@@ -245,6 +249,7 @@ class Engine(DecodeStage):
                 pipe.remove_all_hooks()
             del pipe
         release_memory()
+        remove_disk_offload(self.models_dir)   # a disk plan's copy of the transformer
 
     @contextmanager
     def _phase(self, job: _Job, name: str):
@@ -316,12 +321,17 @@ class Engine(DecodeStage):
         self.loaded = LoadedModel(resolved, pipe, plan, dict(pipe.scheduler.config), experts=experts)
         return self.loaded
 
-    @staticmethod
-    def _from_pretrained(resolved: ResolvedModel, plan: Plan):
+    def _from_pretrained(self, resolved: ResolvedModel, plan: Plan):
         import diffusers
 
         pipeline_class = getattr(diffusers, resolved.pipeline_class)
         in_ram = load_into_ram(resolved.folder, loaded_into_ram(plan), plan) | load_transformer_files(resolved, plan)
+        if plan.transformer == "disk":   # each transformer alone first, to its files, before the rest takes RAM
+            in_ram = load_transformers(resolved.folder, plan, in_ram)
+            folder = disk_offload_folder(self.models_dir, fresh=True)
+            for name in TRANSFORMERS:
+                if name in in_ram:
+                    offload_to_disk(in_ram[name], plan, folder / name)
         pipe = pipeline_class.from_pretrained(resolved.folder, **from_pretrained_kwargs(plan), **in_ram)
         pipe.set_progress_bar_config(disable=True)  # progress goes out as events instead
         return pipe
@@ -332,7 +342,8 @@ class Engine(DecodeStage):
         """The memory plan for ``request``; ``ranks`` > 1: for one of that many GPUs sharing the denoise."""
         settings = request.settings
         override = replace(settings.override(), strategy=strategy or settings.strategy)
-        return plan_memory(spec, replace(settings.plan_request(), ranks=ranks), self.hardware, override)
+        hardware = replace(self.hardware, disk_free_gb=disk_room_gb(self.models_dir))
+        return plan_memory(spec, replace(settings.plan_request(), ranks=ranks), hardware, override)
 
     def _next_rung(self, request: GenerationRequest, spec: ModelSpec, plan: Plan) -> Plan | None:
         """The plan one rung down the planner's ladder (the first lower rung that fits, else the next one)."""

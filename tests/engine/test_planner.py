@@ -261,3 +261,41 @@ def test_no_streamed_text_encoder_without_a_copy_stream():
     assert chosen.fits and chosen.text_encoder != "streamed" and not chosen.use_stream
     forced = plan_memory(KNOWN_MODELS[T2V_13], PlanRequest(832, 480, 81), unified, Override(text_encoder="streamed"))
     assert forced.text_encoder == "streamed"      # still the user's to force
+
+
+def _small_ram_gpu(available: float, disk_free: float = -1.0) -> HardwareProfile:
+    """A 4 GB card in a 16 GB machine: RAM, not the card, decides whether the 1.3B runs."""
+    return HardwareProfile(backend="cuda", device_name="4 GB card", arch="sm_89", vram_total_gb=4, vram_free_gb=3.6,
+                           ram_total_gb=16, ram_available_gb=available, disk_free_gb=disk_free)
+
+
+def test_the_disk_rung_is_taken_only_when_no_ram_rung_fits_and_says_it_is_slow():
+    spec, request = KNOWN_MODELS[T2V_13], PlanRequest(832, 480, 81)
+    roomy = plan_memory(spec, request, _small_ram_gpu(15.5, disk_free=500))
+    assert roomy.fits and roomy.strategy == "fp8_group_offload"   # a RAM rung fits: never the disk
+    tight = plan_memory(spec, request, _small_ram_gpu(14.5, disk_free=500))
+    assert tight.fits and tight.strategy == "disk_offload" and tight.transformer == "disk"
+    assert tight.predicted_peak_ram_gb < roomy.predicted_peak_ram_gb
+    slow = next(d for d in tight.decisions if d.startswith("Slow:"))
+    assert "read back block by block at every step" in slow and "no rung that keeps the transformer in RAM" in slow
+    # No room on the disk for the transformer's copy: the rung is not taken, and the plan says what to free.
+    full = plan_memory(spec, request, _small_ram_gpu(14.5, disk_free=3))
+    assert not full.fits and full.strategy == "disk_offload"
+    assert any("The disk has 3.0 GB free, and this needs 2.6 GB plus 2 GB to spare" in d for d in full.decisions)
+
+
+def test_a_disk_plan_s_step_is_paced_by_the_disk_s_measured_rate():
+    from dataclasses import replace
+
+    from engine.planning.timing import predict_times
+    from tests.engine.test_timing import H200_CALIBRATION
+
+    spec, request = KNOWN_MODELS[T2V_13], PlanRequest(832, 480, 81)
+    hardware = _small_ram_gpu(14.5, disk_free=500)
+    disk = plan_memory(spec, request, hardware)
+    group = plan_memory(spec, request, hardware, Override(strategy="group_offload"))
+    fast, slow = (replace(H200_CALIBRATION, disk_gbps=gbps) for gbps in (5.0, 0.5))
+    steps = {name: predict_times(spec, 832, 480, 81, 4, 5.0, plan, cal)
+             for name, plan, cal in (("group", group, slow), ("disk fast", disk, fast), ("disk slow", disk, slow))}
+    assert steps["group"].step_seconds < steps["disk fast"].step_seconds < steps["disk slow"].step_seconds
+    assert "from disk, measured by the last load" in steps["disk slow"].how["denoise"]

@@ -113,3 +113,23 @@ def test_a_streamed_text_encoder_encodes_the_same_and_the_loaded_model_follows_a
     assert engine.loaded.pipe is loaded and "transfer" in phases and is_streaming(engine.loaded.pipe.text_encoder)
     _, phases = generate("a fox at dawn", "streamed")
     assert "transfer" not in phases, "moved although the placement had not changed"
+
+
+def test_a_disk_plan_writes_the_transformer_to_its_folder_and_an_unload_removes_it(model_dirs, presets, outputs,
+                                                                                   tmp_path):
+    import os
+
+    from engine.run.disk_offload import OFFLOAD_FOLDER
+
+    stale = tmp_path / "m" / OFFLOAD_FOLDER / "999999999"   # an engine process that was killed with a disk plan
+    stale.mkdir(parents=True)
+    engine = Engine(tmp_path / "m", CPU)
+    result, _ = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, strategy="disk_offload"))
+    assert isinstance(result, JobFinished), result
+    folder = tmp_path / "m" / OFFLOAD_FOLDER / str(os.getpid()) / "transformer"
+    written = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    weights = sum(p.numel() * p.element_size() for p in engine.loaded.pipe.transformer.parameters())
+    assert written >= weights * 0.9, (written, weights)   # the blocks' weights (the shared layers stay in RAM)
+    assert not stale.exists()
+    engine.unload()
+    assert not folder.parent.exists()
