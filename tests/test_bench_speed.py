@@ -64,3 +64,21 @@ def test_the_memory_validation_bench_runs_each_self_test_preset_through_the_engi
     assert [row["preset"] for row in rows] == ["selftest-t2v", "selftest-i2v"]
     assert all(row["status"] == "ok" and row["measured_peak_gb"] > 0 and row["predicted_peak_run_gb"] > 0
                for row in rows), rows
+
+
+def test_the_memory_soak_runs_every_job_on_the_self_test_model(tmp_path):
+    out = tmp_path / "soak.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "memory_soak.py"), str(out), "--tiny", "--work",
+                           str(tmp_path / "work")], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads(out.read_text())
+    jobs = results["jobs"] + results["small_machine"]
+    assert len(jobs) >= 30 and all(job.get("ended") == "JobFinished" for job in jobs), jobs
+    assert [job["strategy"] for job in results["small_machine"]][:2] == ["disk_offload"] * 2
+    merged = [job for job in results["jobs"] if job["settings"].get("loras") and "gguf" not in job["tag"]]
+    assert merged and all(job["loras"] == "merged" for job in merged)
+    assert next(job for job in results["jobs"] if job["tag"] == "A gguf lora 1.0")["loras"] == "beside the weights"
+
+    from bench.soak_table import table
+
+    assert "| A swap |" in table(results)
