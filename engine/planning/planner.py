@@ -588,10 +588,10 @@ def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
     if plan.swaps_experts and spec.experts > 1:
         said.append(_explain_swap(spec, hw, plan, override))
     if plan.transformer == "disk":
-        said.append(f"Slow: the {tr_gb:.1f} GB transformer is written to files on disk as it loads and read back "
-                    f"block by block at every step, so each step waits on the disk; it is the last rung, taken "
-                    f"because no rung that keeps the transformer in RAM fits {plan.budget_ram_gb:.1f} GB of RAM. "
-                    "More RAM, a smaller size or fewer frames, or a quantised (GGUF) transformer make it faster.")
+        if plan.fits:
+            said.append(f"Slow: the {tr_gb:.1f} GB transformer is written to files on disk as it loads and read back "
+                        f"block by block at every step, so each step waits on the disk; it is the last rung, taken "
+                        f"because no rung that keeps the transformer in RAM fits {plan.budget_ram_gb:.1f} GB of RAM.")
         if not _disk_room(spec, hw):
             said.append(f"The disk has {hw.disk_free_gb:.1f} GB free, and this needs {disk_copy_gb(spec, hw):.1f} GB "
                         f"plus {DISK_MARGIN_GB:.0f} GB to spare: free some space.")

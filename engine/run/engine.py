@@ -738,14 +738,19 @@ class Engine(DecodeStage):
         """The request's LoRAs on the loaded transformer(s), each file read once and kept (engine/run/lora.py), in
         their own phase; without any, the adapters the model holds are turned off (at once: no phase)."""
         from engine.run.lora import apply_loras, loaded_adapters
+        from engine.run.lora_fusion import merged_key
 
         pipe = loaded.for_mode(request.settings.mode)
         if request.settings.loras:
             with self._phase(job, "lora") as phase:
                 setup = apply_loras(pipe, request.settings.loras, loaded.model.ref, torch_dtype(loaded.plan.dtype),
-                                    streamed=loaded.plan.transformer != "device")
+                                    streamed=loaded.plan.transformer != "device" or loaded.plan.swaps_experts)
                 phase.detail = setup.detail
             job.loras_beside = bool(setup.beside)
+        elif any(merged_key(model) for model in transformers_of(pipe)):   # copying the originals back: timed
+            with self._phase(job, "lora") as phase:
+                setup = apply_loras(pipe, ())
+                phase.detail = "merge taken out"
         elif loaded_adapters(pipe):
             setup = apply_loras(pipe, ())
         else:

@@ -8,7 +8,7 @@ changed on disk gets a new name, and its old adapter is deleted. Adapters a run 
 
 The LoRAs on are merged into the weights while the set and strengths stay the same (engine/run/lora_fusion.py):
 no cost per step, and the transformer stays compiled. Where a merge cannot be made (GGUF, fp8 storage, a
-transformer streamed from RAM, no room in RAM for the originals) they compute beside the weights, uncompiled,
+transformer streamed from RAM or swapped with its second expert, no room in RAM for the originals) they compute beside the weights, uncompiled,
 and the log says why.
 
 Exactness: a run without LoRAs (or with every strength 0) takes any merge out (the original weights copied
@@ -180,7 +180,8 @@ def apply_loras(pipe, loras, model: str = "the model", dtype=None, streamed: boo
     read into the transformer (both experts when there are two, or the one its ``expert`` names), then exactly
     these adapters are on, at these strengths, merged into the weights where they can be; none on takes any
     merge out and turns the adapters off. ``dtype``: the plan's compute dtype, which the adapters take when the
-    weights are stored in fp8; ``streamed``: the plan streams the transformer from RAM (no merge then).
+    weights are stored in fp8; ``streamed``: the transformer comes to the device from a copy in RAM (offload,
+    expert swap): no merge then.
     InputError (the adapter left out again) when a file does not fit ``model``, or names an expert ``model``
     does not have."""
     from engine.run.lora_fusion import merge, merged_key, merged_words, unmerge, why_not_merged

@@ -12,8 +12,9 @@ the originals back. So a run without LoRAs is the model's own, exactly, whatever
 
 Not merged (the adapters then compute beside the weights, as diffusers runs them, and the log says why):
 weights that stay quantised (GGUF) or are stored in fp8 (a merge would round the LoRA's change to fp8 and the
-original could not come back), transformers streamed from RAM (group or leaf offload: the offload hooks hold
-copies of each weight of their own), and when RAM has no room for the copies.
+original could not come back), transformers that come to the device from a copy in RAM (group, leaf or disk
+offload: the hooks hold copies of each weight of their own; Wan2.2 A14B's expert swap puts the RAM copy back at
+every swap), and when RAM has no room for the copies.
 
 The record of a merge lives on the transformer module it changed (``MERGE_ATTRIBUTE``), so it goes wherever the
 module goes and is gone with it.
@@ -70,7 +71,8 @@ def why_not_merged(transformer, names, streamed: bool) -> str:
     if is_quantized(transformer):
         return "the transformer stays quantised (GGUF), and a merge would need it dequantised"
     if streamed:
-        return "the transformer is streamed from RAM, whose offload hooks keep copies of each weight of their own"
+        return ("the transformer comes to the device from its copy in RAM (streamed by offload hooks, or one "
+                "expert at a time), which a merge on the device copy would not reach")
     layers = _layers(transformer, names)
     if any(module.get_base_layer().weight.dtype in (torch.float8_e4m3fn, torch.float8_e5m2) for module, _ in layers):
         return "the weights are stored in fp8, where a merge would round the LoRA's change to fp8"

@@ -86,7 +86,7 @@ def test_a_device_mapped_load_takes_the_encoders_loaded_on_their_own(model_dirs)
         assert torch.equal(mine, theirs), name
     assert "image_encoder" not in load_into_ram(model_dirs["tiny-t2v"], loaded_into_ram(plan), plan)
 
-    pipe = Engine._from_pretrained(resolve_model(str(folder), folder.parent), plan)
+    pipe = Engine(folder.parent / "m", CPU)._from_pretrained(resolve_model(str(folder), folder.parent), plan)
     assert pipe.text_encoder.dtype == torch.bfloat16 and pipe.transformer.dtype == torch.bfloat16
     positive, _ = pipe.encode_prompt("a red fox", do_classifier_free_guidance=False, device="cpu",
                                      dtype=torch.bfloat16, max_sequence_length=16)

@@ -217,3 +217,23 @@ def test_a_low_noise_guidance_for_a_one_transformer_model_fails_before_loading(m
     assert isinstance(result, JobFailed) and result.kind == "input"
     assert "no low-noise expert" in result.message
     assert not any(isinstance(e, PhaseStarted) and e.phase == "load" for e in events)
+
+
+def test_a_lora_on_swapped_experts_computes_beside_the_weights_and_every_run_has_it(a14b_dir, presets, tmp_path):
+    """With one expert on the device at a time, each swap puts an expert's RAM copy back: a merge made on the device
+    copy would be lost at the first swap. The LoRA computes beside the weights instead, and two runs agree."""
+    from safetensors.torch import save_file
+
+    from tests.engine.test_lora import original_lora
+
+    lora = tmp_path / "style.safetensors"
+    save_file(original_lora(), lora)
+    engine = Engine(tmp_path / "m", CPU)
+    latents = []
+    for _ in range(2):
+        result, events = run_engine(engine, tiny_request(presets, a14b_dir, tmp_path / "out", **SMALL,
+                                                         strategy="expert_swap", loras=((str(lora), 1.0),)))
+        assert isinstance(result, JobFinished), result
+        assert json.loads(Path(result.sidecar).read_text())["speed"]["loras"] == "beside the weights"
+        latents.append(load_latents(next(e.path for e in events if isinstance(e, LatentsSaved)))[0])
+    assert (latents[0] == latents[1]).all()

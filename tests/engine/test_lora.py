@@ -297,7 +297,7 @@ def test_a_merged_lora_computes_what_the_adapters_compute_and_comes_out_exactly(
     base = output()
     both = [(loras["original"], 0.7), (loras["musubi"], 1.3)]   # the original layout has bias diffs too
     beside = apply_loras(pipe, both, streamed=True)   # as on a plan that streams the transformer from RAM
-    assert beside.beside.startswith("the transformer is streamed from RAM") and not beside.merged
+    assert beside.beside.startswith("the transformer comes to the device from its copy in RAM") and not beside.merged
     assert merged_key(pipe.transformer) is None
     computed = output()
     merged = apply_loras(pipe, both)

@@ -52,7 +52,7 @@ def test_a_swap_frees_every_module_of_the_old_model_before_the_new_one_loads(two
     from tests.engine.test_lora import original_lora
 
     lora = two_models / "loras" / "style.safetensors"
-    lora.parent.mkdir()
+    lora.parent.mkdir(exist_ok=True)
     save_file(original_lora(), lora)
     client = WorkerClient(two_models, faults=NothingLoadedAtLoad())
     try:
@@ -112,8 +112,8 @@ def test_out_of_memory_with_a_gguf_transformer_steps_down_the_planner_s_own_ladd
     sidecar = json.loads(Path(result.sidecar).read_text())
     assert sidecar["step_downs"] == [{"phase": "denoise", "from": "group_offload", "to": "leaf_offload"}]
     spec = engine.loaded.model.spec
-    assert rungs_below(spec, "group_offload") == ("leaf_offload",)
-    assert "fp8_group_offload" in LADDER and rungs_below(spec, "leaf_offload") == ()
+    assert rungs_below(spec, "group_offload") == ("leaf_offload", "disk_offload")
+    assert "fp8_group_offload" in LADDER and rungs_below(spec, "disk_offload") == ()
 
 
 def test_the_page_plans_with_the_attention_backend_the_engine_runs(selftest_models_dir, presets, tmp_path):
