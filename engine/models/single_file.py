@@ -34,6 +34,14 @@ SAFETENSORS_FLOATS = {"F32": "fp32", "F16": "fp16", "BF16": "bf16", "F8_E4M3": "
 # ComfyUI's "fp8 scaled" files: a marker tensor, and per weight a scale to multiply it by.
 SCALED_MARKER = "scaled_fp8"
 SCALE_SUFFIXES = (".scale_weight", ".scale_input")
+# ComfyUI's newer layout (its QUANTIZATION.md): per quantised layer ``<layer>.weight_scale`` (and an activation
+# ``<layer>.input_scale``), the layers and their formats listed in the header's ``_quantization_metadata``.
+WEIGHT_SCALE, INPUT_SCALE = ".weight_scale", ".input_scale"
+QUANT_METADATA = "_quantization_metadata"
+# The formats of that layout whose weight is the stored value times one scale: what the loader multiplies back.
+PER_TENSOR_FP8 = ("float8_e4m3fn", "float8_e5m2")
+# Every tensor name that holds a scale (or the marker), not a weight.
+SCALE_NAMES = (SCALED_MARKER, *SCALE_SUFFIXES, WEIGHT_SCALE, INPUT_SCALE)
 # Inside the models folder: where the page lists single transformer files (and finds one given by name).
 TRANSFORMERS_FOLDER = "transformers"
 
@@ -188,12 +196,45 @@ def _safetensors_tensors(path: Path) -> tuple[dict[str, tuple[str, tuple[int, ..
         start, end = info["data_offsets"]
         tensors[name] = (str(info.get("dtype")), tuple(info["shape"]), count, end - start)
     scaled = any(name.endswith(SCALED_MARKER) or name.endswith(SCALE_SUFFIXES[0]) for name in tensors)
-    weights = {n: kind for n, (kind, *_) in tensors.items() if not n.endswith((SCALED_MARKER, *SCALE_SUFFIXES))}
+    if any(name.endswith(WEIGHT_SCALE) for name in tensors):
+        _check_quantization_layout(header.get("__metadata__") or {}, tensors)
+        scaled = True
+        for name in [n[:-len(WEIGHT_SCALE)] + ".weight" for n in tensors if n.endswith(WEIGHT_SCALE)]:
+            if name in tensors and tensors[name][0] == "U8":   # fp8 bytes kept in a uint8 container
+                tensors[name] = ("F8_E4M3", *tensors[name][1:])
+    weights = {n: kind for n, (kind, *_) in tensors.items() if not n.endswith(SCALE_NAMES)}
     unknown = sorted(set(weights.values()) - set(SAFETENSORS_FLOATS))
     if unknown:
         raise _Problem(f"holds {', '.join(unknown)} tensors, a quantisation diffusers cannot read from a single "
                        "safetensors file: use a GGUF file, or a bf16, fp16 or fp8 safetensors one")
     return tensors, scaled
+
+
+def _check_quantization_layout(metadata: dict, tensors: dict) -> None:
+    """ComfyUI's newer fp8 layout, readable only when every quantised layer is fp8 with one scale per weight (the
+    loader multiplies it back); anything else is refused here, before a load that would run the stored values
+    with their scales dropped."""
+    import json
+
+    listed = metadata.get(QUANT_METADATA)
+    layers = {}
+    if listed is not None:
+        try:
+            layers = json.loads(listed).get("layers") or {} if isinstance(listed, str) else listed.get("layers") or {}
+        except (ValueError, AttributeError):
+            raise _Problem(f"has a {QUANT_METADATA} entry that is not JSON the app can read; download it again") \
+                from None
+    formats = sorted({str(config.get("format")) for config in layers.values() if isinstance(config, dict)}
+                     - set(PER_TENSOR_FP8))
+    if formats:
+        raise _Problem(f"is quantised as {', '.join(formats)} (ComfyUI's {QUANT_METADATA}), which the app cannot "
+                       "read from a single safetensors file: use a GGUF file, or a bf16, fp16 or fp8 one")
+    grouped = sorted(name for name, (_, _, count, _) in tensors.items() if name.endswith(WEIGHT_SCALE) and count != 1)
+    if grouped:
+        _, shape, count, _ = tensors[grouped[0]]
+        layer = grouped[0][:-len(WEIGHT_SCALE)].removeprefix(PREFIX)
+        raise _Problem(f"scales {layer} by {count} values (shape {list(shape)}){f' and {len(grouped) - 1} more layers so' if len(grouped) > 1 else ''}, "
+                       "a layout the app cannot read: use a GGUF file, or a bf16, fp16 or fp8 safetensors one")
 
 
 def _describe(path: Path, stat: os.stat_result, tensors: dict, gguf: bool, scaled: bool) -> TransformerFile:

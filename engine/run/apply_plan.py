@@ -77,18 +77,24 @@ def load_transformer_files(resolved, plan: Plan) -> dict:
 
 def _unscaled_fp8(path: str, dtype) -> dict:
     """The tensors of ComfyUI's fp8 scaled file with every weight multiplied by its scale, at ``dtype``
-    (diffusers would load the fp8 values alone: a transformer of wrong weights)."""
+    (diffusers would load the fp8 values alone: a transformer of wrong weights). Both of ComfyUI's layouts: the
+    older (``scaled_fp8`` marker, ``<layer>.scale_weight``) and the newer (``<layer>.weight_scale``, its fp8
+    weight possibly kept in a uint8 container); activation scales are dropped (the compute is in ``dtype``)."""
     import torch
     from safetensors.torch import load_file
 
-    from engine.models.single_file import SCALE_SUFFIXES, SCALED_MARKER
+    from engine.models.single_file import SCALE_NAMES, SCALE_SUFFIXES, WEIGHT_SCALE
 
     state = load_file(path)
-    for key in [k for k in state if k.endswith(SCALE_SUFFIXES[0])]:
-        scale, weight = state.pop(key), key[:-len(SCALE_SUFFIXES[0])] + ".weight"
+    for key in [k for k in state if k.endswith((SCALE_SUFFIXES[0], WEIGHT_SCALE))]:
+        suffix = WEIGHT_SCALE if key.endswith(WEIGHT_SCALE) else SCALE_SUFFIXES[0]
+        scale, weight = state.pop(key), key[:-len(suffix)] + ".weight"
         if weight in state:
-            state[weight] = (state[weight].to(torch.float32) * scale.to(torch.float32)).to(dtype)
-    for key in [k for k in state if k.endswith((SCALED_MARKER, *SCALE_SUFFIXES))]:
+            stored = state[weight]
+            if stored.dtype == torch.uint8:   # fp8 bytes in a uint8 container
+                stored = stored.view(torch.float8_e4m3fn)
+            state[weight] = (stored.to(torch.float32) * scale.to(torch.float32)).to(dtype)
+    for key in [k for k in state if k.endswith(SCALE_NAMES)]:
         del state[key]
     return state
 

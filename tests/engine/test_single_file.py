@@ -7,6 +7,7 @@ in the original Wan key layout under ComfyUI's ``model.diffusion_model.`` prefix
 from __future__ import annotations
 
 import json
+import re
 import os
 import shutil
 from dataclasses import replace
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from engine.events import Info, JobFailed, JobFinished, LatentsSaved, PhaseStarted
 from engine.models.refs import resolve_model
@@ -110,6 +112,33 @@ def write_scaled_fp8(state: dict, path: Path) -> Path:
         else:
             scaled[name] = tensor
     save_file({PREFIX + name: tensor for name, tensor in scaled.items()}, str(path))
+    return path
+
+
+def write_quant_metadata_fp8(state: dict, path: Path, formats: dict | None = None, container: bool = False,
+                             scale_shape: tuple = ()) -> Path:
+    """ComfyUI's newer fp8 layout: each 2-D weight in fp8 divided by ``<layer>.weight_scale`` (and an activation
+    ``<layer>.input_scale``), the layers listed with their format in the header's ``_quantization_metadata``.
+    ``container``: the fp8 bytes in uint8 tensors; ``formats``: layer -> format to write instead of fp8."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    tensors, layers = {}, {}
+    for name, tensor in state.items():
+        if tensor.ndim == 2:
+            layer = name.removesuffix(".weight")
+            scale = tensor.abs().max().float() / 448
+            stored = (tensor / scale).to(torch.float8_e4m3fn)
+            tensors[name] = stored.view(torch.uint8) if container else stored
+            tensors[layer + ".weight_scale"] = scale.reshape(()).expand(scale_shape).contiguous()
+            tensors[layer + ".input_scale"] = torch.tensor(1.0)
+            layers[PREFIX + layer] = {"format": (formats or {}).get(layer, "float8_e4m3fn")}
+        else:
+            tensors[name] = tensor
+    metadata = {"_quantization_metadata": json.dumps({"format_version": "1.0", "layers": layers})}
+    save_file({PREFIX + name: tensor for name, tensor in tensors.items()}, str(path), metadata=metadata)
     return path
 
 
@@ -297,6 +326,47 @@ def test_fp8_scaled_weights_are_multiplied_by_their_scales_as_they_load(model_di
     assert set(loaded) == set(own)
     for name, tensor in own.items():   # e4m3 keeps 3 bits of mantissa: within 1/16 of each weight
         assert (loaded[name] - tensor).abs().max() <= tensor.abs().max() / 16 + 1e-6, name
+
+
+@pytest.mark.parametrize("container", [False, True], ids=["fp8", "fp8 in uint8"])
+def test_the_newer_comfyui_fp8_layout_loads_with_its_scales(model_dirs, files, presets, tmp_path, engine,
+                                                             own_latents, container):
+    """``<layer>.weight_scale`` with ``_quantization_metadata``: every weight multiplied back as it loads (not the fp8
+    values alone, which gave NaN latents), and the run's latents close to the model's own."""
+    from safetensors.torch import load_file
+
+    from engine.run.apply_plan import load_transformer_files
+
+    path = write_quant_metadata_fp8(files["state"], tmp_path / "tiny-t2v_fp8_e4m3fn.safetensors", container=container)
+    described = read_transformer_file(path)
+    assert described.quantization == "fp8_e4m3fn scaled" and described.scaled_fp8
+    settings = replace(presets["selftest-t2v"].settings, transformer=str(path))
+    resolved = use_transformer_files(resolve_model(str(model_dirs["tiny-t2v"]), tmp_path), settings)
+    loaded = load_transformer_files(resolved, plan_memory(resolved.spec, settings.plan_request(), CPU))
+    own = load_file(str(model_dirs["tiny-t2v"] / "transformer" / "diffusion_pytorch_model.safetensors"))
+    state = loaded["transformer"].state_dict()
+    assert set(state) == set(own)
+    for name, tensor in own.items():   # e4m3 keeps 3 bits of mantissa: within 1/16 of each weight
+        assert (state[name] - tensor).abs().max() <= tensor.abs().max() / 16 + 1e-6, name
+    result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], tmp_path / "out",
+                                                     transformer=str(path), **RUN))
+    assert isinstance(result, JobFinished), result
+    got = latents_of(events)
+    assert torch.isfinite(got).all()
+    assert float((got - own_latents).abs().max()) < 0.25 * float(own_latents.abs().max())
+
+
+@pytest.mark.parametrize("how, said", [
+    ({"formats": {"blocks.0.ffn.0": "nvfp4"}}, "is quantised as nvfp4 (ComfyUI's _quantization_metadata), which the "
+                                               "app cannot read"),
+    ({"scale_shape": (24,)}, "scales blocks.0.cross_attn.k by 24 values (shape [24]) and 25 more layers so, a layout"),
+])
+def test_a_newer_fp8_layout_the_app_cannot_read_is_refused_before_the_load(files, tmp_path, how, said):
+    """Never run with scales dropped: a format or a scale layout other than fp8 with one scale per weight is
+    refused by the header check, saying what to use instead."""
+    path = write_quant_metadata_fp8(files["state"], tmp_path / "odd.safetensors", **how)
+    with pytest.raises(InputError, match=re.escape(said)):
+        read_transformer_file(path)
 
 
 # ----- the plan ---------------------------------------------------------------------------------------------
