@@ -260,7 +260,6 @@ def soak_a14b(out: Path, work: Path) -> None:
     from engine.device.hardware import HardwareProfile
     from engine.models.refs import ResolvedModel
     from engine.models.spec import spec_for
-    from engine.run.apply_plan import loaded_into_ram
     from engine.settings.presets import load_presets
 
     class A14B(vm.BenchEngine):
@@ -271,23 +270,15 @@ def soak_a14b(out: Path, work: Path) -> None:
 
         def _from_pretrained(self, resolved, plan):
             from diffusers import UniPCMultistepScheduler, WanPipeline
-            torch.cuda.set_per_process_memory_fraction(1.0)
-            try:
+            with self.uncapped():   # built on the GPU, kept in RAM: the plan (group offload) loads through RAM
                 torch.manual_seed(0)
                 parts = {"transformer": realsize.transformer("wan21-t2v-14b").to("cpu"),
                          "transformer_2": realsize.transformer("wan21-t2v-14b").to("cpu"),
                          "vae": realsize.vae().to("cpu"), "text_encoder": realsize.text_encoder().to("cpu")}
-                for name in loaded_into_ram(plan):
-                    parts[name].to("cpu")
                 dtype = getattr(torch, plan.vae_dtype)
                 for part in (parts["vae"].decoder, parts["vae"].post_quant_conv, parts["vae"].encoder,
                              parts["vae"].quant_conv):
                     part.to(dtype)
-            finally:
-                gc.collect()
-                torch.cuda.empty_cache()
-                torch.cuda.set_per_process_memory_fraction(self.fraction)
-                torch.cuda.reset_peak_memory_stats()
             scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=12.0)
             pipe = WanPipeline(tokenizer=realsize.tokenizer(), scheduler=scheduler, boundary_ratio=0.875, **parts)
             pipe.set_progress_bar_config(disable=True)

@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -82,11 +83,22 @@ class BenchEngine(Engine):
         return ResolvedModel(ref, self.folder, "bench", "random-weights", pipeline, parts,
                              spec=spec_for(ref, self.folder))
 
+    @contextmanager
+    def uncapped(self):
+        """The block builds parts with the GPU cap lifted; afterwards the cap is back and the peak counter reset."""
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        try:
+            yield
+        finally:
+            gc.collect()
+            torch.cuda.empty_cache()
+            torch.cuda.set_per_process_memory_fraction(self.fraction)
+            torch.cuda.reset_peak_memory_stats()
+
     def _from_pretrained(self, resolved, plan):
         from diffusers import UniPCMultistepScheduler, WanImageToVideoPipeline, WanPipeline
 
-        torch.cuda.set_per_process_memory_fraction(1.0)
-        try:
+        with self.uncapped():
             parts = build_parts(self.key, "cuda" if plan.load == "device_map" else "cpu")
             for name in loaded_into_ram(plan):      # as the engine's loader does (engine/run/apply_plan.py)
                 if name in parts:
@@ -95,11 +107,6 @@ class BenchEngine(Engine):
             vae.decoder.to(dtype), vae.post_quant_conv.to(dtype)         # the decoder in the plan's dtype,
             if "image_encoder" not in parts:                              # the encoder float32 for image to video
                 vae.encoder.to(dtype), vae.quant_conv.to(dtype)
-        finally:
-            gc.collect()
-            torch.cuda.empty_cache()
-            torch.cuda.set_per_process_memory_fraction(self.fraction)
-            torch.cuda.reset_peak_memory_stats()
         scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
         cls = WanImageToVideoPipeline if resolved.pipeline_class == "WanImageToVideoPipeline" else WanPipeline
         extra = {"expand_timesteps": True} if self.key == "5b" else {}
