@@ -59,9 +59,10 @@ _LAYOUT = ("clamp", "conv", "relu", "mem", "mem", "mem", "up", "tgrow",
            "conv", "relu", "conv")
 # The convs whose bias every published file has; the others have none (one is accepted if present).
 _BIASED = (1, 22)
-# The published widths (after decoder.1, .8, .14, .20) and time strides (decoder.7, .13, .19).
+# The published widths (after decoder.1, .8, .14, .20) and time strides (decoder.7, .13, .19): taehv.py's
+# TGrow(n_f[0], 1), then 2 and 2 for Wan's 4x (its decoder_time_upscale=(True, True)), as in every real file.
 _WIDTHS = (256, 128, 64, 64)
-_STRIDES = (2, 2, 1)
+_STRIDES = (1, 2, 2)
 
 
 # What to do with a fast decoder file that cannot be used.
@@ -324,9 +325,14 @@ def locate_fast_decoder(models_dir: Path | str, z_dim: int, model_folder: Path |
         raise FastDecoderError(f"the fast decoder could not be downloaded ({type(exc).__name__}): {where}") from exc
 
 
-def _published_layers(latent_channels: int, patch_size: int) -> tuple[_Layer, ...]:
-    """The layers of a published file for these latents: the widths and strides the real files have."""
-    widths, strides = iter(_WIDTHS), iter(_STRIDES)
+def _published_layers(latent_channels: int, patch_size: int,
+                      time_strides: Sequence[int] = _STRIDES) -> tuple[_Layer, ...]:
+    """The layers of a published file for these latents: the widths the real files have, and their time
+    strides unless others are given."""
+    if len(time_strides) != _LAYOUT.count("tgrow") or min(time_strides) < 1:
+        raise ValueError(f"time strides {tuple(time_strides)}: give one of 1 or more per TGrow "
+                         f"({_LAYOUT.count('tgrow')})")
+    widths, strides = iter(_WIDTHS), iter(time_strides)
     layers, channels = [], latent_channels
     for index, kind in enumerate(_LAYOUT):
         if kind == "conv":
@@ -339,15 +345,16 @@ def _published_layers(latent_channels: int, patch_size: int) -> tuple[_Layer, ..
 
 
 def random_fast_decoder_state(latent_channels: int = 16, patch_size: int = 1, seed: int = 0,
-                              dtype: Any = None) -> dict:
+                              dtype: Any = None, time_strides: Sequence[int] = _STRIDES) -> dict:
     """A decoder with random weights in the full published layout (and, as the real files have, an encoder
     key), for tests and the self-test model: about 10M parameters, scaled so the frames are neither flat
-    nor saturated. ``dtype`` None: float32."""
+    nor saturated. ``dtype`` None: float32. ``time_strides``: the published (1, 2, 2) unless a test wants
+    another order (the reader takes them from the weights)."""
     import torch
 
     generator = torch.Generator().manual_seed(seed)
     state = {}
-    for layer in _published_layers(latent_channels, patch_size):
+    for layer in _published_layers(latent_channels, patch_size, time_strides):
         for key, shape in _layer_shapes(layer).items():
             if key.endswith("bias"):
                 value = torch.randn(shape, generator=generator) * 0.02

@@ -6,6 +6,7 @@ import contextlib
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.run.fast_decoder import (
     FastDecoderError,
@@ -18,6 +19,8 @@ from engine.run.fast_decoder import (
 )
 
 H, W = 2, 3  # latent pixels: frames of 16 x 24 (8x), or 32 x 48 with 2x2 patches
+# The time strides of decoder.7, .13 and .19 in every real file (taehv.py: TGrow(n_f[0], 1), then 2, 2).
+REAL_STRIDES = (1, 2, 2)
 
 
 def _latents(channels: int, frames: int, seed: int = 1) -> torch.Tensor:
@@ -64,7 +67,7 @@ def z16(decoders):
 @pytest.mark.parametrize("form", ["safetensors", "pth"])
 def test_the_layout_is_read_from_the_weights(files, z16_state, form):
     info, state = read_fast_decoder(files[form])
-    assert (info.name, info.latent_channels, info.patch_size, info.time_strides) == ("taew2_1", 16, 1, (2, 2, 1))
+    assert (info.name, info.latent_channels, info.patch_size, info.time_strides) == ("taew2_1", 16, 1, REAL_STRIDES)
     assert not info.vae_space_latents
     assert set(state) == {key for key in z16_state if key.startswith("decoder.")}  # the encoder is left out
     assert info.parameters == sum(t.numel() for t in state.values())
@@ -80,19 +83,6 @@ def test_16_channel_latents_decode_to_4k_plus_1_frames(decoders, form, latent_fr
     assert frames.dtype == torch.uint8 and frames.device.type == "cpu"
 
 
-def test_48_channel_latents_decode_through_2x2_patches(files):
-    decoder = load_fast_decoder(files["z48"], "cpu")  # the dtype left to it: float32 on the CPU
-    assert (decoder.info.latent_channels, decoder.info.patch_size, decoder.dtype) == (48, 2, torch.float32)
-    frames = decoder.decode(_latents(48, 2))
-    assert frames.shape == (5, 16 * H, 16 * W, 3) and frames.dtype == torch.uint8
-
-
-def test_the_frames_are_pictures_not_a_constant(z16):
-    frames = z16.decode(_latents(16, 2)).int()
-    assert frames.unique().numel() > 20
-    assert (frames[0] != frames[-1]).any()  # time reaches the frames: they are not all alike
-
-
 @contextlib.contextmanager
 def batch_independent_convs():
     """Convs whose result for a frame does not depend on how many frames share its batch: PyTorch's reference
@@ -106,6 +96,93 @@ def batch_independent_convs():
             yield
     finally:
         torch.set_num_threads(threads)
+
+
+def _taehv_reference(state: dict, latents: torch.Tensor, time_strides=REAL_STRIDES, patch_size: int = 1):
+    """taehv.py's decoder (madebyollin/taehv: TAEHV.decode_video, parallel), written out here with
+    torch.nn.functional from the tensors: the time strides are the ones given, not read from the weights
+    (a TGrow weight of another stride is a shape error). (1, C, T, h, w) -> uint8 frames, as decode gives."""
+    def conv(x, index):
+        return F.conv2d(x, state[f"decoder.{index}.weight"], state.get(f"decoder.{index}.bias"), padding=1)
+
+    def memblock(x, index):  # its input beside the input of the frame before (zeros before the first)
+        past = F.pad(x, (0, 0, 0, 0, 0, 0, 1, 0))[:x.shape[0]]
+        inner = torch.cat([x, past], 1)
+        for i in (0, 2, 4):
+            inner = F.conv2d(inner, state[f"decoder.{index}.conv.{i}.weight"],
+                             state[f"decoder.{index}.conv.{i}.bias"], padding=1)
+            inner = F.relu(inner) if i < 4 else inner
+        return F.relu(inner + x)
+
+    x = latents[0].transpose(0, 1)  # (T, C, h, w): the frames as one batch of images
+    x = F.relu(conv(torch.tanh(x / 3) * 3, 1))
+    index = 3
+    for stride in time_strides:
+        for _ in range(3):
+            x, index = memblock(x, index), index + 1
+        x, index = F.interpolate(x, scale_factor=2, mode="nearest"), index + 1
+        n, c, h, w = x.shape
+        x = F.conv2d(x, state[f"decoder.{index}.conv.weight"]).reshape(n * stride, c, h, w)  # TGrow
+        x = conv(x, index + 1)
+        index += 2
+    x = conv(F.relu(x), index + 1).clamp(0, 1)  # decoder.21 is the ReLU
+    if patch_size > 1:
+        x = F.pixel_shuffle(x, patch_size)
+    frames_to_trim = 2 ** sum(stride == 2 for stride in time_strides) - 1
+    return (x[frames_to_trim:] * 255 + 0.5).to(torch.uint8).permute(0, 2, 3, 1)
+
+
+@pytest.mark.parametrize("latent_frames", [1, 2, 5, 21])
+def test_the_real_stride_order_decodes_as_taehv_does(z16_state, z16, latent_frames):
+    """With the real (1, 2, 2) the MemBlocks of the second stage see the latent frames, those of the third
+    twice as many: a decoder that put the strides in another order would give other frames."""
+    latents = _latents(16, latent_frames, seed=latent_frames)
+    with batch_independent_convs():
+        frames = z16.decode(latents)
+        reference = _taehv_reference(z16_state, latents)
+    assert frames.shape == (4 * (latent_frames - 1) + 1, 8 * H, 8 * W, 3)
+    assert z16.info.frames_out(latent_frames) == frames.shape[0]
+    assert torch.equal(frames, reference)
+
+
+def test_2x2_patches_decode_as_taehv_does(files, decoders):
+    from safetensors.torch import load_file
+
+    decoder, state = decoders["z48"], load_file(files["z48"])
+    latents = _latents(48, 5)
+    with batch_independent_convs():
+        frames = decoder.decode(latents)
+        assert torch.equal(frames, _taehv_reference(state, latents, patch_size=2))
+    assert frames.shape == (17, 16 * H, 16 * W, 3)
+
+
+def test_the_strides_come_from_the_weights_in_their_order(tmp_path):
+    """An order no published file has, (2, 2, 1): read as it is stored and applied so, not as (1, 2, 2)."""
+    state = random_fast_decoder_state(16, 1, seed=4, time_strides=(2, 2, 1))
+    decoder = load_fast_decoder(write_fast_decoder(tmp_path / "taew2_1.safetensors", state), "cpu")
+    assert decoder.info.time_strides == (2, 2, 1) and decoder.info.frames_out(5) == 17
+    latents = _latents(16, 5)
+    with batch_independent_convs():
+        frames = decoder.decode(latents)
+        assert torch.equal(frames, _taehv_reference(state, latents, time_strides=(2, 2, 1)))
+        assert torch.equal(torch.cat(list(decoder.stream(latents, chunk=2))), frames)
+    with pytest.raises(RuntimeError):  # the real order does not fit these weights
+        _taehv_reference(state, latents)
+    with pytest.raises(ValueError, match=r"time strides \(2, 2\): give one of 1 or more per TGrow \(3\)"):
+        random_fast_decoder_state(time_strides=(2, 2))
+
+
+def test_48_channel_latents_decode_through_2x2_patches(files):
+    decoder = load_fast_decoder(files["z48"], "cpu")  # the dtype left to it: float32 on the CPU
+    assert (decoder.info.latent_channels, decoder.info.patch_size, decoder.dtype) == (48, 2, torch.float32)
+    frames = decoder.decode(_latents(48, 2))
+    assert frames.shape == (5, 16 * H, 16 * W, 3) and frames.dtype == torch.uint8
+
+
+def test_the_frames_are_pictures_not_a_constant(z16):
+    frames = z16.decode(_latents(16, 2)).int()
+    assert frames.unique().numel() > 20
+    assert (frames[0] != frames[-1]).any()  # time reaches the frames: they are not all alike
 
 
 @pytest.mark.parametrize("chunk", [1, 2, 5])
