@@ -42,6 +42,10 @@ QUANT_METADATA = "_quantization_metadata"
 PER_TENSOR_FP8 = ("float8_e4m3fn", "float8_e5m2")
 # Every tensor name that holds a scale (or the marker), not a weight.
 SCALE_NAMES = (SCALED_MARKER, *SCALE_SUFFIXES, WEIGHT_SCALE, INPUT_SCALE)
+# FLF2V's position embedding of its two images' tokens, as the original files name it, and as diffusers does
+# (its single-file converter has no entry for it: the load would leave diffusers' one empty).
+FIRST_LAST_EMBEDDING = "img_emb.emb_pos"
+DIFFUSERS_FIRST_LAST_EMBEDDING = "condition_embedder.image_embedder.pos_embed"
 # Inside the models folder: where the page lists single transformer files (and finds one given by name).
 TRANSFORMERS_FOLDER = "transformers"
 
@@ -63,6 +67,7 @@ class TransformerFile:
     file_bytes: int
     mtime_ns: int
     scaled_fp8: bool = False   # ComfyUI's fp8 with a scale per weight: the loader multiplies them back
+    first_last: bool = False   # holds FLF2V's position embedding (FIRST_LAST_EMBEDDING)
     given: str = ""            # the path as the settings name it (a link's own name, not its target's)
 
     @property
@@ -87,13 +92,26 @@ class TransformerFile:
         ffn_differs = self.ffn is not None and self.ffn != shape.ffn
         if (self.width, self.layers, self.in_channels) == (shape.dim, shape.layers, shape.in_channels) \
                 and not ffn_differs:
-            return None
+            return self._first_last_mismatch(shape, model)
         like = _known_name(self.width, self.layers, self.in_channels)
         ffn_words = (f", feed-forward {self.ffn}", f", feed-forward {shape.ffn}") if ffn_differs else ("", "")
         return (f"the transformer file {self.name} is shaped like {like or 'another model'} ({self.shape_words()}"
                 f"{ffn_words[0]}), but {model}'s transformer has width {shape.dim}, {shape.layers} layers, "
                 f"{shape.in_channels} input channels{ffn_words[1]}: choose a file made for {model}, or "
                 + (f"pick the {like} model to use this file" if like else "the model the file was made for"))
+
+
+    def _first_last_mismatch(self, shape: TransformerShape, model: str) -> str | None:
+        """The sentence when only FLF2V's position embedding tells this file and ``model``'s transformer apart."""
+        if self.first_last == shape.first_last:
+            return None
+        if self.first_last:
+            return (f"the transformer file {self.name} is a first-and-last-frame (FLF2V) transformer (it holds "
+                    f"{FIRST_LAST_EMBEDDING}), but {model} takes one image: pick the Wan2.1 FLF2V 14B 720P model "
+                    "to use this file, or choose an image-to-video file")
+        return (f"the transformer file {self.name} has no {FIRST_LAST_EMBEDDING}, the position embedding of "
+                f"{model}'s first and last frames: it is an image-to-video file; choose an FLF2V file, or pick "
+                "the Wan2.1 I2V 14B model to use this one")
 
 
 def _known_name(width: int, layers: int, in_channels: int) -> str | None:
@@ -259,7 +277,8 @@ def _describe(path: Path, stat: os.stat_result, tensors: dict, gguf: bool, scale
         quantized_params=sum(info[2] for info in quantised.values()),
         quantized_bytes=sum(info[3] for info in quantised.values()),
         width=int(patch[1][0]), in_channels=int(patch[1][1]), layers=layers,
-        ffn=int(ffn[1][0]) if ffn else None, file_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns, scaled_fp8=scaled)
+        ffn=int(ffn[1][0]) if ffn else None, file_bytes=stat.st_size, mtime_ns=stat.st_mtime_ns, scaled_fp8=scaled,
+        first_last=FIRST_LAST_EMBEDDING in tensors)
 
 
 # ----- the models folder's transformers/ -------------------------------------------------------------

@@ -35,6 +35,8 @@ class TransformerShape:
     # Rows of the rotary position table along each axis (frames, height, width, in patches): the
     # largest latent grid the transformer can place. 1024 for every published Wan model.
     rope_max_seq_len: int = 1024
+    # FLF2V's: a position embedding for the tokens of its two images (first and last frame).
+    first_last: bool = False
 
     @property
     def dim(self) -> int:
@@ -124,7 +126,7 @@ _T14 = TransformerShape(40, 40, 128, 13824, 16, 14_288_491_584, 351_394_304)
 _T14_I2V = TransformerShape(40, 40, 128, 13824, 36, 16_394_878_784, 403_838_464)
 _T5B = TransformerShape(30, 24, 128, 14336, 48, 4_999_787_712, 163_656_704)
 # FLF2V: the I2V transformer with a position embedding for its two images' tokens (2 x 257 rows of 1280).
-_T14_FLF = replace(_T14_I2V, params=_T14_I2V.params + 514 * 1280)
+_T14_FLF = replace(_T14_I2V, params=_T14_I2V.params + 514 * 1280, first_last=True)
 _TA14_I2V = TransformerShape(40, 40, 128, 13824, 36, 14_288_901_184, 351_394_304)
 
 KNOWN_MODELS: dict[str, ModelSpec] = {
@@ -168,7 +170,8 @@ def spec_from_folder(folder: Path, name: str | None = None) -> ModelSpec:
         layers=config["num_layers"], heads=config["num_attention_heads"], head_dim=config["attention_head_dim"],
         ffn=config["ffn_dim"], in_channels=config["in_channels"], params=params.get("transformer", 0),
         block_params=block_params, patch=int(patch[-1]), patch_t=int(patch[0]),
-        rope_max_seq_len=int(config.get("rope_max_seq_len", 1024)))
+        rope_max_seq_len=int(config.get("rope_max_seq_len", 1024)),
+        first_last=bool(config.get("pos_embed_seq_len")))
     return ModelSpec(
         name=name or folder.name, transformer=shape,
         text_encoder_params=params.get("text_encoder", 0),

@@ -71,8 +71,25 @@ def load_transformer_files(resolved, plan: Plan) -> dict:
         if file.kind == "gguf":
             kwargs["quantization_config"] = GGUFQuantizationConfig(compute_dtype=dtype)
         source = _unscaled_fp8(file.path, dtype) if file.scaled_fp8 else file.path
+        if file.first_last:
+            source = _with_first_last_embedding(source)
         parts[name] = WanTransformer3DModel.from_single_file(source, **kwargs)
     return parts
+
+
+def _with_first_last_embedding(source) -> dict:
+    """The tensors of ``source`` (a file, or tensors read already) with FLF2V's position embedding under
+    diffusers' name: its single-file converter renames every other tensor of the original layout but not this
+    one, which would leave the model's embedding empty (a load that dies copying out of the meta device)."""
+    from diffusers.models.model_loading_utils import load_state_dict
+
+    from engine.models.single_file import DIFFUSERS_FIRST_LAST_EMBEDDING, FIRST_LAST_EMBEDDING, PREFIX
+
+    state = load_state_dict(source)
+    for prefix in ("", PREFIX):
+        if prefix + FIRST_LAST_EMBEDDING in state:
+            state[prefix + DIFFUSERS_FIRST_LAST_EMBEDDING] = state.pop(prefix + FIRST_LAST_EMBEDDING)
+    return state
 
 
 def _unscaled_fp8(path: str, dtype) -> dict:

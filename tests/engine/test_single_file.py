@@ -33,6 +33,7 @@ from tests.engine.test_planner import HARDWARE
 # (diffusers/loaders/single_file_utils.py), applied in this order. Diffusers' norm2 is the original norm3
 # (the cross-attention norm) and the other way round.
 TO_ORIGINAL = (
+    ("condition_embedder.image_embedder.pos_embed", "img_emb.emb_pos"),   # FLF2V's
     ("condition_embedder.time_embedder.linear_1.", "time_embedding.0."),
     ("condition_embedder.time_embedder.linear_2.", "time_embedding.2."),
     ("condition_embedder.text_embedder.linear_1.", "text_embedding.0."),
@@ -367,6 +368,46 @@ def test_a_newer_fp8_layout_the_app_cannot_read_is_refused_before_the_load(files
     path = write_quant_metadata_fp8(files["state"], tmp_path / "odd.safetensors", **how)
     with pytest.raises(InputError, match=re.escape(said)):
         read_transformer_file(path)
+
+
+def test_an_flf2v_transformer_from_a_single_file_gives_the_model_s_latents(engine, presets, image_file, tmp_path):
+    """FLF2V's position embedding (``img_emb.emb_pos``, which diffusers' converter does not rename) loads from a
+    safetensors and a GGUF file, and the run equals the model's own; a file with it and a model without it (or the
+    other way round) is refused before anything loads."""
+    from PIL import Image
+    from safetensors.torch import save_file
+
+    from engine.models.selftest import SELFTEST_I2V, build_selftest_pipeline
+
+    flf, i2v = tmp_path / "tiny-flf2v", tmp_path / "tiny-i2v"
+    build_selftest_pipeline(SELFTEST_I2V, first_last=True).save_pretrained(flf)
+    build_selftest_pipeline(SELFTEST_I2V).save_pretrained(i2v)
+    last = tmp_path / "last.png"
+    Image.new("RGB", (80, 60), (20, 200, 40)).save(last)
+    state = original_state(flf)
+    assert "img_emb.emb_pos" in state
+    single = tmp_path / "tiny-flf2v.safetensors"
+    save_file({PREFIX + name: tensor for name, tensor in state.items()}, str(single))
+    gguf = write_gguf(state, tmp_path / "tiny-flf2v-Q8_0.gguf")
+    run = dict(mode="i2v", image=str(image_file), last_image=str(last), width=32, height=32, frames=5, steps=2)
+    own, events = run_engine(engine, tiny_request(presets, flf, tmp_path / "out", **run))
+    assert isinstance(own, JobFinished), own
+    expected = latents_of(events)
+    for file, within in ((single, 1e-5), (gguf, 1e-2)):
+        assert read_transformer_file(file).first_last
+        result, events = run_engine(engine, tiny_request(presets, flf, tmp_path / "out", transformer=str(file), **run))
+        assert isinstance(result, JobFinished), (file.name, result)
+        assert float((latents_of(events) - expected).abs().max()) < within, file.name
+    loaded = engine.loaded.pipe.transformer.condition_embedder.image_embedder.pos_embed
+    assert torch.allclose(loaded.float(), state["img_emb.emb_pos"].float(), atol=1e-3)
+    i2v_file = tmp_path / "tiny-i2v.safetensors"
+    save_file(original_state(i2v), str(i2v_file))
+    for base, file, said in ((i2v, single, "is a first-and-last-frame (FLF2V) transformer"),
+                             (flf, i2v_file, "has no img_emb.emb_pos")):
+        result, events = run_engine(engine, tiny_request(presets, base, tmp_path / "out", transformer=str(file),
+                                                         **{**run, "last_image": str(last) if base == flf else None}))
+        assert isinstance(result, JobFailed) and result.kind == "input" and said in result.message, result
+        assert "load" not in [e.phase for e in events if isinstance(e, PhaseStarted)]
 
 
 # ----- the plan ---------------------------------------------------------------------------------------------
