@@ -160,7 +160,7 @@ def soak_models(out: Path, work: Path, tiny: bool, parts: tuple = ("models", "sm
     files = make_models(work, tiny)
     results["setup_s"] = round(time.perf_counter() - started, 1)
     save()
-    preset = load_presets()["selftest-t2v" if tiny else "fastwan21-t2v-1.3b"]
+    preset = load_presets()["selftest-t2v" if tiny else "fastwan21-t2v-1.3b-quick"]
     small, big = (TINY, TINY) if tiny else (SMALL, BIG)
     lora = lambda strength: (Lora(files["lora"], strength),)   # noqa: E731
     a, b = files["a"], files["b"]

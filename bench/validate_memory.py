@@ -40,7 +40,7 @@ from engine.settings.presets import load_presets  # noqa: E402
 from engine.settings.request import GenerationRequest  # noqa: E402
 
 MODELS = {  # model key -> (presets, transformer, pipeline class, wan2.2 VAE)
-    "1.3b": (("wan21-t2v-1.3b", "fastwan21-t2v-1.3b"), "wan21-1.3b", "WanPipeline", False),
+    "1.3b": (("wan21-t2v-1.3b", "fastwan21-t2v-1.3b-quick"), "wan21-1.3b", "WanPipeline", False),
     "5b": (("wan22-ti2v-5b",), "wan22-5b", "WanPipeline", True),
     "14b": (("wan21-i2v-14b",), "wan21-i2v-14b", "WanImageToVideoPipeline", False),
 }

@@ -13,12 +13,38 @@ from engine.settings.presets import (BUILTIN_PRESETS_DIR, PresetError, UserPrese
 def test_builtin_presets_hold_the_articles_settings(presets):
     wan = presets["wan21-t2v-1.3b"]
     assert (wan.settings.width, wan.settings.height, wan.settings.frames, wan.settings.shift, wan.settings.guidance, wan.settings.fps) == (832, 480, 81, 8.0, 6.0, 16)
-    fast = presets["fastwan21-t2v-1.3b"]
-    assert (fast.settings.width, fast.settings.height, fast.settings.frames, fast.settings.steps, fast.settings.guidance) == (480, 480, 25, 3, 1.0)
+    # FastVideo's own default for FastWan (its fast_wan_t2v_480p preset), and the source article's quick size
+    fast, quick = presets["fastwan21-t2v-1.3b"], presets["fastwan21-t2v-1.3b-quick"]
+    assert (fast.settings.width, fast.settings.height, fast.settings.frames, fast.settings.steps, fast.settings.guidance) == (832, 448, 61, 3, 1.0)
+    assert (quick.settings.width, quick.settings.height, quick.settings.frames) == (480, 480, 25)
+    assert (quick.settings.steps, quick.settings.sigmas, quick.settings.scheduler) == (3, fast.settings.sigmas, "flow_dmd")
     i2v = presets["wan21-i2v-14b"]
-    assert tuple(getattr(i2v.settings, f) for f in ("mode", "width", "height", "frames", "steps", "guidance")) == ("i2v", 480, 480, 33, 20, 5.0)
+    # shift 3: the official generate.py's for image to video at 480-class sizes
+    assert tuple(getattr(i2v.settings, f) for f in ("mode", "width", "height", "frames", "steps", "guidance", "shift")) == ("i2v", 480, 480, 33, 20, 5.0, 3.0)
+    assert (presets["wan21-flf2v-14b"].settings.guidance, presets["wan21-flf2v-14b"].settings.shift) == (5.0, 16.0)
     assert presets["wan22-ti2v-5b"].settings.fps == 24 and presets["wan22-ti2v-5b"].settings.size_multiple == 32
     assert presets["selftest-t2v"].selftest and presets["selftest-i2v"].settings.mode == "i2v"
+
+
+# The official default negative prompt (Wan2.1 and Wan2.2 wan/configs/shared_config.py, sample_neg_prompt), and the
+# prefixes the official Wan2.1 image-to-video config (wan_i2v_14B.py) and first-last-frame config
+# (configs/__init__.py, on top of the image-to-video one) put before it. Wan2.2's own configs add none.
+OFFICIAL_NEGATIVE = ("色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，最差质量，低质量，JPEG压缩残留，"
+                     "丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，手指融合，"
+                     "静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走")
+I2V_PREFIX, FLF2V_PREFIX = "镜头晃动，", "镜头切换，"
+
+
+def test_every_guided_preset_suggests_the_official_negative_prompt(presets):
+    guided = {name: p for name, p in presets.items() if p.settings.guidance > 1 and not p.selftest}
+    assert len(guided) == 12
+    for name, preset in guided.items():
+        model = preset.settings.model
+        prefix = (FLF2V_PREFIX + I2V_PREFIX if "FLF2V" in model else
+                  I2V_PREFIX if "Wan2.1-I2V" in model else "")
+        assert preset.negative_prompt == prefix + OFFICIAL_NEGATIVE, name
+    # without guidance the negative prompt is never computed: the distilled presets suggest none
+    assert all(not p.negative_prompt for p in presets.values() if p.settings.guidance <= 1)
 
 
 def test_every_builtin_preset_is_a_valid_request_shape(presets):
