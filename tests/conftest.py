@@ -50,6 +50,25 @@ def model_dirs(tmp_path_factory) -> dict[str, Path]:
     return dirs
 
 
+@pytest.fixture(scope="session")
+def two_experts(model_dirs, tmp_path_factory):
+    """A tiny Wan2.2 A14B look-alike (two transformers, boundary 0.875), saved as a diffusers folder."""
+    import copy
+
+    import torch
+    from diffusers import WanPipeline
+
+    one = WanPipeline.from_pretrained(model_dirs["tiny-t2v"])
+    second = copy.deepcopy(one.transformer)
+    with torch.no_grad():
+        for parameter in second.parameters():   # another expert: other weights
+            parameter.add_(0.01 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(3)))
+    pipe = WanPipeline(**{**one.components, "transformer_2": second}, boundary_ratio=0.875)
+    folder = tmp_path_factory.mktemp("two-experts") / "tiny-a14b"
+    pipe.save_pretrained(folder)
+    return folder
+
+
 def tiny_ti2v_pipeline():
     """A tiny Wan2.2-5B look-alike: 48 latent channels, a residual VAE with 2x2 patches (16x), per-token
     timesteps, and latents_mean / latents_std that are not 0 / 1, so the un-normalising matters."""

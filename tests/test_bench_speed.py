@@ -82,3 +82,17 @@ def test_the_memory_soak_runs_every_job_on_the_self_test_model(tmp_path):
     from bench.soak_table import table
 
     assert "| A swap |" in table(results)
+
+
+def test_the_lora_differences_check_runs_every_placement_on_the_cpu(tmp_path):
+    out = tmp_path / "lora-diffs.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "lora_diffs_check.py"), str(out), "--cpu"],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["model"], row["strategy"]) for row in rows] == [
+        ("tiny-t2v", "all_on_device"), ("tiny-t2v", "group_offload"), ("tiny-t2v", "leaf_offload"),
+        ("tiny-a14b", "all_on_device"), ("tiny-a14b", "expert_swap"), ("tiny-a14b", "group_offload")]
+    for row in rows:   # each placement as the hand merge, and every change taken out after
+        assert row["planned"] == row["strategy"] and row["after_equals_own"], row
+        assert row["lora_vs_hand_rel"] < 1e-5 < 1e-2 < row["lora_effect_rel"], row

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.models.lora_layout import OTHER_KINDS
 from engine.models.weights import WeightFileError, read_header
 
 LORA_SUFFIX = ".safetensors"
@@ -23,6 +24,7 @@ LAYOUTS = {
     "diffusers": ("transformer.", "transformer."),
     "Wan original (Kijai, ComfyUI, lightx2v)": ("diffusion_model.", "diffusion_model.blocks."),
     "musubi-tuner": ("lora_unet_", "lora_unet_blocks_"),
+    "Wan original without a prefix": ("blocks.", "blocks."),
 }
 MADE_FOR_WAN = "pick a LoRA made for Wan (in diffusers', ComfyUI's or musubi-tuner's layout)"
 # Which transformer of a two-expert model (Wan2.2 A14B) a LoRA goes into: both, the high-noise one
@@ -104,6 +106,10 @@ def lora_file_problem(file: str, fetchable: bool = False) -> str | None:
     except OSError as exc:   # its words alone: the error's own text names the whole path
         return f"LoRA file {name!r} cannot be read ({exc.strerror or type(exc).__name__}): check the file"
     keys = [key for key in header if key != "__metadata__"]
+    other = sorted({kind for key in keys for marker, kind in OTHER_KINDS.items() if marker in key})
+    if other:
+        return (f"LoRA file {name!r} holds {', '.join(other)} tensors, which the app does not apply: use a plain "
+                "LoRA (lora_down/lora_up or lora_A/lora_B factors)")
     if not any(key.endswith(_LORA_ENDS) or any(part in key for part in _LORA_PARTS) for key in keys):
         return (f"{name!r} is not a LoRA (none of its {len(keys)} tensors is a lora_A/lora_B or lora_down/lora_up "
                 "weight): give a LoRA file, not a model")

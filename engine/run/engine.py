@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 import traceback
 from collections import OrderedDict
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
@@ -62,6 +62,7 @@ from engine.run.apply_plan import (
     set_vae_tiling,
     torch_dtype,
 )
+from engine.run.clip_input import clip_image_embeds
 from engine.run.decode_stage import DecodeStage
 from engine.run.disk_offload import disk_offload_folder, disk_room_gb, remove_disk_offload
 from engine.run.experts import EXPERTS, ExpertSwap, switch_step
@@ -130,7 +131,8 @@ class LoadedModel:
 class ImageInputs:
     """What an image-to-video run gives the pipeline besides the prompt: the first frame and the optional last
     frame, fitted to the video's size, and their encoding when the model has an image encoder (made in the
-    timed image_encode phase; None otherwise). Empty for the other modes."""
+    timed image_encode phase from the whole frames, as the official Wan code makes it, not diffusers' centre crop:
+    engine/run/clip_input.py; None otherwise). Empty for the other modes."""
     image: object = None
     last_image: object = None
     embeds: object = None
@@ -640,7 +642,7 @@ class Engine(DecodeStage):
             return ImageInputs(image, last)
         with self._phase(job, "image_encode"):
             with encoder_visiting(pipe, "image_encoder", plan):
-                embeds = pipe.encode_image(image if last is None else [image, last], plan.device)
+                embeds = clip_image_embeds(pipe, [image] if last is None else [image, last], plan.device)
         return ImageInputs(image, last, embeds)
 
     def _denoise(self, loaded: LoadedModel, request: GenerationRequest, job: _Job, embeds, image: ImageInputs):
@@ -738,21 +740,24 @@ class Engine(DecodeStage):
         """The request's LoRAs on the loaded transformer(s), each file read once and kept (engine/run/lora.py), in
         their own phase; without any, the adapters the model holds are turned off (at once: no phase)."""
         from engine.run.lora import apply_loras, loaded_adapters
+        from engine.run.lora_diffs import added_key
         from engine.run.lora_fusion import merged_key
 
         pipe = loaded.for_mode(request.settings.mode)
+        parked = loaded.experts.parked if loaded.experts is not None else nullcontext
         if request.settings.loras:
             with self._phase(job, "lora") as phase:
                 setup = apply_loras(pipe, request.settings.loras, loaded.model.ref, torch_dtype(loaded.plan.dtype),
-                                    streamed=loaded.plan.transformer != "device" or loaded.plan.swaps_experts)
+                                    streamed=loaded.plan.transformer != "device" or loaded.plan.swaps_experts,
+                                    disk=loaded.plan.transformer == "disk", parked=parked)
                 phase.detail = setup.detail
             job.loras_beside = bool(setup.beside)
-        elif any(merged_key(model) for model in transformers_of(pipe)):   # copying the originals back: timed
+        elif any(merged_key(model) or added_key(model) for model in transformers_of(pipe)):   # originals back: timed
             with self._phase(job, "lora") as phase:
-                setup = apply_loras(pipe, ())
+                setup = apply_loras(pipe, (), parked=parked)
                 phase.detail = "merge taken out"
         elif loaded_adapters(pipe):
-            setup = apply_loras(pipe, ())
+            setup = apply_loras(pipe, (), parked=parked)
         else:
             return
         for line in setup.sentences():

@@ -7,6 +7,7 @@ expert and each swap costs one expert's copy to the device.
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 EXPERTS = ("transformer", "transformer_2")   # the high-noise expert, the low-noise one
@@ -57,6 +58,20 @@ class ExpertSwap:
                 pin_in_place(model)
         swap.bring(EXPERTS[0])
         return swap
+
+    @contextmanager
+    def parked(self):
+        """Both experts in RAM alone while the block runs (a change to their weights must reach the RAM copies,
+        which every swap puts back), then the one that was on the device back on it."""
+        was = self.on_device
+        if self._ram is not None:
+            self._ram.put_back()
+        self._ram, self.on_device = None, None
+        try:
+            yield
+        finally:
+            if was is not None:
+                self.bring(was)
 
     def bring(self, name: str) -> bool:
         """Put expert ``name`` on the device, the other one back in RAM; False when it was there already."""

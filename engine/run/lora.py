@@ -56,6 +56,8 @@ class LoraSetup:
     uncompiled: tuple[str, ...] = ()
     merged: str = ""
     beside: str = ""
+    diffs: str = ""                    # words for the whole-tensor differences added (lora_diffs.count_words)
+    left_out: tuple[str, ...] = ()     # sentences: tensors of a file read now that no layer of the model takes
 
     @property
     def detail(self) -> str:
@@ -77,6 +79,9 @@ class LoraSetup:
                 said.append(f"They are {self.merged}.")
             elif self.beside:
                 said.append(f"They compute beside the weights at every step: {self.beside}.")
+            if self.diffs:
+                said.append(f"In the weights: {self.diffs} (added as ComfyUI adds them, times the strength).")
+        said.extend(self.left_out)
         for name in self.off:
             said.append(f"LoRA {name} has strength 0: it is off for this run.")
         if not self.on and self.idle:
@@ -106,12 +111,20 @@ def _transformers(pipe) -> list:
 
 
 def loaded_adapters(pipe) -> list[str]:
-    """This app's adapters on the pipeline's transformers, oldest first."""
-    names = []
+    """This app's adapters on the pipeline's transformers (low-rank factors, whole-tensor differences or both),
+    oldest first."""
+    from engine.run.lora_diffs import held_diffs
+
+    names = {}
     for model in _transformers(pipe):
-        names += [name for name in (getattr(model, "peft_config", None) or {})
-                  if name.startswith(ADAPTER_PREFIX) and name not in names]
-    return names
+        names.update((name, None) for name in [*(getattr(model, "peft_config", None) or {}), *held_diffs(model)]
+                     if name.startswith(ADAPTER_PREFIX))
+    return list(names)
+
+
+def _with_factors(pipe) -> set[str]:
+    """The adapters PEFT holds (the ones with low-rank factors): the only names set_adapters takes."""
+    return {name for model in _transformers(pipe) for name in (getattr(model, "peft_config", None) or {})}
 
 
 def check_experts(loras, experts: int, model: str = "the model") -> None:
@@ -175,15 +188,19 @@ def _download(lora: Lora, folder: Path) -> Path:
                          f"{lora.name}") from exc
 
 
-def apply_loras(pipe, loras, model: str = "the model", dtype=None, streamed: bool = False) -> LoraSetup:
+def apply_loras(pipe, loras, model: str = "the model", dtype=None, streamed: bool = False, disk: bool = False,
+                parked=nullcontext) -> LoraSetup:
     """Put ``loras`` (Lora values or (file, strength) pairs, in order) on ``pipe``: each file not yet loaded is
     read into the transformer (both experts when there are two, or the one its ``expert`` names), then exactly
-    these adapters are on, at these strengths, merged into the weights where they can be; none on takes any
-    merge out and turns the adapters off. ``dtype``: the plan's compute dtype, which the adapters take when the
-    weights are stored in fp8; ``streamed``: the transformer comes to the device from a copy in RAM (offload,
-    expert swap): no merge then.
+    these adapters are on, at these strengths, merged into the weights where they can be, their whole-tensor
+    differences added into the weights (engine/run/lora_diffs.py); none on takes any merge and difference out
+    and turns the adapters off. ``dtype``: the plan's compute dtype, which the adapters take when the weights are
+    stored in fp8; ``streamed``: the transformer comes to the device from a copy in RAM (offload, expert swap):
+    no merge then; ``disk``: it streams from files on disk, which no difference reaches; ``parked``: a context
+    in which the weights are in RAM alone (Wan2.2 A14B's expert swap), where differences go.
     InputError (the adapter left out again) when a file does not fit ``model``, or names an expert ``model``
     does not have."""
+    from engine.run.lora_diffs import added_key, wanted_key
     from engine.run.lora_fusion import merge, merged_key, merged_words, unmerge, why_not_merged
 
     loras = [as_lora(entry) for entry in loras]
@@ -192,63 +209,130 @@ def apply_loras(pipe, loras, model: str = "the model", dtype=None, streamed: boo
     check_experts(on, len(_transformers(pipe)), model)
     present = loaded_adapters(pipe)
     names = [adapter_name(lora.file, lora.expert) for lora in on]
-    key = tuple(zip(names, (lora.strength for lora in on)))
+    pairs = tuple(zip(names, (lora.strength for lora in on)))
     for transformer in _transformers(pipe):   # another set or strength: the merge comes out first, exactly
-        if merged_key(transformer) not in (None, key):
+        if merged_key(transformer) not in (None, _factor_key(pipe, pairs)):
             unmerge(transformer)
     if not on:
         if present:
             pipe.disable_lora()
+        _set_diffs(pipe, (), parked)
         return LoraSetup(off=off, idle=len(present))
-    deleted = _delete_unwanted(pipe, present, names)
-    read = []
+    deleted = _delete_unwanted(pipe, present, names, parked)
+    read, left_out = [], []
     for lora, name in zip(on, names):
         if name not in present:
-            _load(pipe, lora, name, model, dtype)
+            left_out += _load(pipe, lora, name, model, dtype, disk)
             read.append(lora.name)
-    pipe.enable_lora()
-    # Each transformer is given every name: PEFT's layers skip the adapters they do not hold (an expert's own).
-    pipe.set_adapters(names, adapter_weights=[lora.strength for lora in on])
-    beside = next((why for t in _transformers(pipe) if (why := why_not_merged(t, names, streamed))), "")
+    key = _factor_key(pipe, pairs)
+    if key:
+        pipe.enable_lora()
+        # Each transformer is given every name: PEFT's layers skip the adapters they do not hold (an expert's own).
+        pipe.set_adapters([name for name, _ in key], adapter_weights=[strength for _, strength in key])
+    elif _with_factors(pipe):   # only differences on: the factors of earlier runs go off
+        pipe.disable_lora()
+    for transformer in _transformers(pipe):   # differences change under a merge: the merge comes out first
+        if merged_key(transformer) is not None and added_key(transformer) != wanted_key(transformer, pairs):
+            unmerge(transformer)
+    diffs = _set_diffs(pipe, pairs, parked)
+    done = dict(on=tuple(on), read=tuple(read), off=off, deleted=deleted, diffs=diffs, left_out=tuple(left_out))
+    beside = next((why for t in _transformers(pipe) if key and (why := why_not_merged(t, [n for n, _ in key],
+                                                                                        streamed))), "")
     if beside:
         from engine.run.speedups import uncompile_transformer
 
-        return LoraSetup(on=tuple(on), read=tuple(read), off=off, deleted=deleted, beside=beside,
+        return LoraSetup(**done, beside=beside,
                          uncompiled=uncompile_transformer(pipe))   # adapters change the blocks' code: COMPILE_NOTE
     for transformer in _transformers(pipe):
-        if merged_key(transformer) != key:
-            merge(transformer, names, [lora.strength for lora in on])
-    return LoraSetup(on=tuple(on), read=tuple(read), off=off, deleted=deleted,
-                     merged=merged_words(_transformers(pipe)))
+        if key and merged_key(transformer) != key:
+            merge(transformer, [n for n, _ in key], [s for _, s in key])
+    return LoraSetup(**done, merged=merged_words(_transformers(pipe)) if key else "")
 
 
-def _delete_unwanted(pipe, present: list[str], wanted: list[str]) -> int:
+def _factor_key(pipe, pairs) -> tuple:
+    """The (adapter, strength) pairs of ``pairs`` that have low-rank factors: what set_adapters and a merge take."""
+    factors = _with_factors(pipe)
+    return tuple(pair for pair in pairs if pair[0] in factors)
+
+
+def _set_diffs(pipe, pairs, parked) -> str:
+    """Each transformer's tensors with exactly the differences of ``pairs`` added (inside ``parked`` when any
+    changes); the log's words for them."""
+    from engine.run.lora_diffs import add, added_key, count_words, wanted_key
+
+    transformers = _transformers(pipe)
+    if any(added_key(t) != wanted_key(t, pairs) for t in transformers):
+        with parked():
+            records = [add(t, pairs) for t in transformers]
+    else:
+        records = [add(t, pairs) for t in transformers]   # unchanged: the records as they are
+    return ", ".join(words for words in map(count_words, records) if words)
+
+
+def _delete_unwanted(pipe, present: list[str], wanted: list[str], parked=nullcontext) -> int:
     """Delete the adapters of files changed on disk since they were read, and the oldest idle ones beyond KEEP_IDLE
     (before anything is read, so their memory is free for it)."""
     stale = [name for name in present if name not in wanted and any(_same_file(name, w) for w in wanted)]
     idle = [name for name in present if name not in wanted and name not in stale]
     unwanted = stale + idle[:max(0, len(idle) - KEEP_IDLE)]
     if unwanted:
-        pipe.delete_adapters(unwanted)
+        _delete(pipe, unwanted, parked)
     return len(unwanted)
 
 
-def _load(pipe, lora: Lora, name: str, model: str, dtype) -> None:
-    """Read ``lora``'s file into each transformer it is for as adapter ``name``; InputError saying why when it
-    does not fit."""
-    file, shown = lora.file, lora.name
+def _delete(pipe, names: list[str], parked=nullcontext) -> None:
+    """Delete adapters ``names``: their factors (PEFT's) and their differences (taken out of the weights first)."""
+    from engine.run.lora_diffs import forget_diffs, held_diffs
+
+    factors = [name for name in names if name in _with_factors(pipe)]
+    if factors:
+        pipe.delete_adapters(factors)
+    if any(name in held_diffs(transformer) for transformer in _transformers(pipe) for name in names):
+        with parked():
+            for transformer in _transformers(pipe):
+                forget_diffs(transformer, names)
+
+
+def _load(pipe, lora: Lora, name: str, model: str, dtype, disk: bool = False) -> list[str]:
+    """Read ``lora``'s file into each transformer it is for as adapter ``name``: its low-rank factors through
+    diffusers, its whole-tensor differences kept for lora_diffs. Returns sentences naming what no layer of the
+    model takes; InputError saying why when it does not fit."""
+    from engine.run.lora_diffs import keep_diffs, missing, problem, tensor_name
+
+    shown = lora.name
     _check_values(lora)
+    source, diffs, unknown = _read(lora)
+    if diffs and disk:
+        raise InputError(f"LoRA {shown} adds whole-tensor changes ({plural(len(diffs), 'tensor')}: norms, biases, "
+                         "modulation) into the weights, and this plan streams the transformer from files on disk, "
+                         "which they would not reach: close other programs so the plan keeps the transformer in RAM, "
+                         "or use a LoRA without whole-tensor differences")
+    left_out = []
     try:
         for index, transformer in enumerate(_transformers(pipe)):
             if lora.expert != "both" and index != ("high", "low").index(lora.expert):
                 continue
             into_second = {"load_into_transformer_2": True} if index else {}
-            pipe.load_lora_weights(file, adapter_name=name, **into_second)
-            if name not in (getattr(transformer, "peft_config", None) or {}):
-                raise InputError(f"LoRA {shown} has no weights for the Wan transformer (diffusers found none of its "
-                                 f"layers in it): {MADE_FOR_WAN}")
-            if _settle(transformer, name, dtype):   # fp8 weights: the adapter's values again, in the compute dtype
-                pipe.load_lora_weights(file, adapter_name=name, hotswap=True, **into_second)
+            factors, absent = _present_factors(transformer, source)
+            gone = missing(transformer, diffs)
+            absent += gone + unknown
+            if factors:
+                pipe.load_lora_weights(_copy(factors), adapter_name=name, **into_second)
+                if name not in (getattr(transformer, "peft_config", None) or {}):
+                    raise InputError(f"LoRA {shown} has no weights for the Wan transformer (diffusers found none of "
+                                     f"its layers in it): {MADE_FOR_WAN}")
+                if _settle(transformer, name, dtype):   # fp8 weights: the adapter's values again, in the compute dtype
+                    pipe.load_lora_weights(_copy(factors), adapter_name=name, hotswap=True, **into_second)
+            if diffs:
+                why = problem(transformer, diffs, shown)
+                if why:
+                    raise InputError(why)
+                keep_diffs(transformer, name, diffs)
+            if not factors and all(tensor_name(*target) in gone for target in diffs):
+                raise InputError(f"LoRA {shown} has no weights for the Wan transformer (none of its layers is in "
+                                 f"it): {MADE_FOR_WAN}")
+            if absent and not left_out:
+                left_out.append(_left_out_words(shown, absent))
     except InputError:
         _forget(pipe, name)
         raise
@@ -257,6 +341,54 @@ def _load(pipe, lora: Lora, name: str, model: str, dtype) -> None:
         if is_out_of_memory(exc):
             raise
         raise InputError(f"LoRA {shown} does not fit {model}: {_why(exc)}; pick a LoRA made for this model") from None
+    return left_out
+
+
+def _read(lora: Lora):
+    """(what diffusers loads: the file's path, or the factors converted to its layout; the whole-tensor
+    differences by (module, parameter); keys naming no layer of Wan's) of ``lora``'s file. Files in Wan's original
+    layer names are converted here (engine/models/lora_layout.py): diffusers' converter drops their norm and
+    modulation differences."""
+    from safetensors import safe_open
+
+    from engine.models.lora_layout import is_original_layout, split_original_lora
+
+    with safe_open(lora.file, framework="pt") as handle:
+        keys = list(handle.keys())
+        if not is_original_layout(keys):
+            return lora.file, {}, []
+        state = {key: handle.get_tensor(key) for key in keys}
+    try:
+        split = split_original_lora(state, lora.name)
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return split.factors, split.diffs, split.unknown
+
+
+def _present_factors(transformer, source) -> tuple[object, list[str]]:
+    """(the factors of ``source`` whose layer ``transformer`` has, the layers it has not): a file's path passes
+    as it is (diffusers reads it)."""
+    if isinstance(source, str):
+        return source, []
+    layers = {name for name, _ in transformer.named_modules()}
+    kept, absent = {}, []
+    for key, tensor in source.items():
+        layer = key.removeprefix("transformer.").rsplit(".lora_", 1)[0]
+        if layer in layers:
+            kept[key] = tensor
+        elif layer not in absent:
+            absent.append(layer)
+    return kept, absent
+
+
+def _copy(factors):
+    return dict(factors) if isinstance(factors, dict) else factors
+
+
+def _left_out_words(shown: str, absent: list[str]) -> str:
+    return (f"LoRA {shown} holds tensors for {plural(len(absent), 'layer')} this model does not have ("
+            f"{', '.join(absent[:3])}{', ...' if len(absent) > 3 else ''}): they are left out, as ComfyUI and "
+            "LightX2V leave them.")
 
 
 def _check_values(lora: Lora) -> None:
@@ -282,8 +414,8 @@ def _why(exc: Exception) -> str:
 
 def _forget(pipe, name: str) -> None:
     """Whatever a failed load left of adapter ``name``, deleted."""
-    if any(name in (getattr(model, "peft_config", None) or {}) for model in _transformers(pipe)):
-        pipe.delete_adapters([name])
+    if name in loaded_adapters(pipe):
+        _delete(pipe, [name])
 
 
 def _settle(transformer, name: str, dtype) -> bool:

@@ -392,3 +392,19 @@ def test_a_two_expert_preset_fills_the_guidance_2_box_and_another_resets_it(page
     page.locator("#t2v-preset input").click()
     page.get_by_role("option", name="Self-test T2V - tiny offline model").click()
     expect(box).to_have_value("0")
+
+
+def test_a_guided_preset_shows_the_official_negative_prompt_and_a_distilled_one_none(page, shot: Screenshots):
+    from playwright.sync_api import expect
+
+    _open_tab(page, "Image to Video")
+    box = page.locator("#i2v-negative textarea")
+    page.locator("#i2v-preset input").click()
+    page.get_by_role("option", name="Wan2.1 I2V 14B - 480x480, 33 frames, 20 steps").click()
+    expect(box).to_have_value(re.compile("^镜头晃动，色调艳丽，过曝，静态"))
+    expect(page.locator("#i2v-shift input")).to_have_value("3")
+    expect(page.locator("#i2v-negative")).to_contain_text("the README gives it in English")
+    shot(page, "negative-prompt")
+    page.locator("#i2v-preset input").click()
+    page.get_by_role("option", name=re.compile("^Wan2.2 I2V A14B - fast, 4 steps")).click()
+    expect(box).to_have_value("")

@@ -2,7 +2,6 @@
 4-step presets, and LoRAs for one expert of a two-expert model (``@high`` / ``@low``)."""
 from __future__ import annotations
 
-import copy
 import json
 
 import pytest
@@ -124,22 +123,6 @@ def test_a_published_lora_already_in_the_loras_folder_is_used_and_recorded(engin
     entry = read_entry(result.sidecar)
     assert reuse_values(entry).settings.loras == (Lora(recorded["file"], 1.0, **PUBLISHED),)
     assert lora_text(entry.settings.loras, models) == "published.safetensors: 1"
-
-
-@pytest.fixture(scope="module")
-def two_experts(model_dirs, tmp_path_factory):
-    """A tiny Wan2.2 A14B look-alike (two transformers, boundary 0.875), saved as a diffusers folder."""
-    from diffusers import WanPipeline
-
-    one = WanPipeline.from_pretrained(model_dirs["tiny-t2v"])
-    second = copy.deepcopy(one.transformer)
-    with torch.no_grad():
-        for parameter in second.parameters():   # another expert: other weights
-            parameter.add_(0.01 * torch.randn(parameter.shape, generator=torch.Generator().manual_seed(3)))
-    pipe = WanPipeline(**{**one.components, "transformer_2": second}, boundary_ratio=0.875)
-    folder = tmp_path_factory.mktemp("two-experts") / "tiny-a14b"
-    pipe.save_pretrained(folder)
-    return folder
 
 
 def _expert_outputs(pipe):

@@ -33,6 +33,9 @@ CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strate
             "and nothing to compile or other attention to pick. VAE tiling still lowers the decode's memory.")
 # Width, height, frames and steps share one row of a half-width column (gradio's default minimum is 160 px).
 NUMBER_MIN_WIDTH = 100
+# Under the negative prompt box: the presets' suggestion is the models' official one, in Chinese.
+NEGATIVE_INFO = ("what to steer away from; a preset with guidance suggests Wan's official one, in Chinese as the models "
+                 "were trained with it (the README gives it in English). Your own text, in any language, replaces it")
 # The settings the form shows, by their Settings names (the memory choices are the plan panel's).
 FORM_SETTINGS = ("model", "width", "height", "frames", "steps", "guidance", "shift", "guidance_2")
 # The low-noise expert's guidance box (Wan2.2 A14B's second expert; 0 or empty: the same as Guidance; left out for
@@ -146,7 +149,7 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
         model_box = gr.Textbox(value=model, label="Model (repo id, folder in models/, or selftest-t2v / selftest-i2v)",
                                elem_id=f"{prefix}-model")
         negative = gr.Textbox(value=preset.negative_prompt, label="Negative prompt", lines=2,
-                              elem_id=f"{prefix}-negative")
+                              info=NEGATIVE_INFO, elem_id=f"{prefix}-negative")
         with gr.Row():
             width = gr.Number(value=preset.settings.width, label="Width", precision=0, minimum=MIN_SIDE, maximum=MAX_SIDE,
                               step=16, elem_id=f"{prefix}-width", min_width=NUMBER_MIN_WIDTH)
