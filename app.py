@@ -203,19 +203,24 @@ def _pick_preset(presets, args):
 
 def _settings(args):
     """The settings the command line asks for: its preset's, with the options given."""
+    from engine.settings.draft import prepare
+
     preset = _pick_preset(_presets_with_user_folder(args.user_presets)[0], args)
     image = getattr(args, "image", None)
     mode = getattr(args, "mode", None) or ("i2v" if image else ("t2i" if args.frames == 1 else preset.settings.mode))
-    return preset, preset.settings.changed(
-        mode=mode, model=args.model, width=args.width, height=args.height, frames=args.frames, steps=args.steps,
+    typed = dict(
+        model=args.model, width=args.width, height=args.height, frames=args.frames, steps=args.steps,
         guidance=getattr(args, "guidance", None), shift=getattr(args, "shift", None), fps=getattr(args, "fps", None),
         strategy=args.strategy, text_encoder=args.text_encoder,
         vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on",
         decoder=args.decoder, step_cache=args.step_cache, attention=args.attention, vae_dtype=args.vae_precision,
         compile=None if args.compile is None else args.compile == "on",
         transformer=_transformer(args.transformer, args), transformer_2=_transformer(args.transformer_2, args),
-        loras=_loras(args), guidance_2=args.guidance_2,
-        gpus=args.split)
+        loras=_loras(args), guidance_2=args.guidance_2, gpus=args.split)
+    # An option not typed is the preset's (engine/settings/draft.py); the run's check says what is wrong.
+    given = {name: value for name, value in typed.items() if value is not None}
+    return preset, prepare(given, preset.settings, mode, lambda ref: ref, lambda ref: None, check=False,
+                           drop_unused_guidance_2=False)
 
 
 def _transformer(file: str | None, args) -> str | None:

@@ -7,7 +7,7 @@ sentence, said once in the job's status, before the job waits or loads anything.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import gradio as gr
@@ -16,6 +16,7 @@ from engine.events import Ending, Event, JobFailed, JobFinished, PreviewReady
 from engine.models.refs import ModelError
 from engine.run.failures import failure_event
 from engine.service.jobqueue import QueueFull
+from engine.settings.draft import prepare
 from engine.settings.request import GenerationRequest
 from engine.settings.values import InputError
 from ui.context import PRESETS_OWN, AppContext
@@ -91,39 +92,18 @@ def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prom
     """The request for a page or API call, from the values as sent: a field left empty is missing (not the
     preset's), -1 or no seed is random; ``choices`` are the plan panel's dropdowns, its LoRA box and its
     transformer files (override_fields' order); ``guidance_2`` the Guidance 2 box (low_noise_guidance; left out
-    by a Python caller: the preset's).
+    by a Python caller: the preset's). The settings are made by engine/settings/draft.py, as the plan panel's
+    are; the run's request check says what is wrong with them, with its prompts and images.
     Raises InputError or ModelError saying what to change."""
     preset = _preset(ctx, preset_name, mode)
-    # The preset's settings with the form's values as sent: a None stays None (missing), it is not the
-    # preset's. A step count that changes drops the preset's fixed sigma schedule (Settings.changed).
-    ref = ctx.model_ref(model or preset.settings.model)
-    settings = replace(preset.settings.changed(steps=steps), mode=mode, model=ref, width=width, height=height,
-                       frames=1 if mode == "t2i" else frames, steps=steps, guidance=guidance, shift=shift,
-                       guidance_2=_guidance_2(ctx, preset.settings.guidance_2 if guidance_2 is PRESETS_OWN
-                                              else guidance_2, ref, guidance),
-                       **form_overrides(ctx, *choices))
+    values = dict(model=model, width=width, height=height, frames=frames, steps=steps, guidance=guidance,
+                  shift=shift, guidance_2=preset.settings.guidance_2 if guidance_2 is PRESETS_OWN else guidance_2,
+                  **form_overrides(ctx, *choices))
+    settings = prepare(values, preset.settings, mode, ctx.model_ref, ctx.client.catalog.limits, check=False)
     return GenerationRequest(
         settings, prompt, negative_prompt=preset.negative_prompt if negative_prompt is None else negative_prompt,
         seed=-1 if seed is None else seed, image=upload_path(image, "image"),
         last_image=upload_path(last_image, "last image"), preset=preset.name, outputs_dir=ctx.outputs_dir)
-
-
-def low_noise_guidance(value):
-    """The Guidance 2 box's value as a setting: empty or 0 (the box shows 0 for none) is None, the same guidance as
-    the high-noise expert's; anything else as it came, for the settings' check."""
-    return None if value is None or value == "" or (isinstance(value, (int, float)) and value == 0) else value
-
-
-def _guidance_2(ctx: AppContext, value, ref: str, guidance):
-    """The low-noise guidance asked for (Wan2.2 A14B), kept only for a model with two experts and while the form's
-    guidance is on (at 1 or less it is off for both experts): the box is on every form, so a value left in it for
-    a model of one transformer, or without guidance, is left out rather than refused."""
-    value = low_noise_guidance(value)
-    if value is None:
-        return None
-    limits = ctx.client.catalog.limits(ref)
-    guidance_off = isinstance(guidance, (int, float)) and not isinstance(guidance, bool) and guidance <= 1.0
-    return None if guidance_off or (limits is not None and limits.experts < 2) else value
 
 
 def _say(text: str) -> None:

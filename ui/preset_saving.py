@@ -6,7 +6,8 @@ from dataclasses import dataclass, replace
 from engine.models.selftest import SELFTEST_REFS
 from engine.settings.loras import parse_lora_lines
 from engine.settings.presets import Preset, PresetError, check_user_preset_name, preset_json
-from engine.settings.values import PRESET_MODES, InputError, check_settings
+from engine.settings.draft import prepare
+from engine.settings.values import PRESET_MODES, InputError
 from engine.settings.request import check_prompt, clean_prompt
 from ui.context import PRESETS_OWN, AppContext
 from ui.views.preset_cards import MODE_TITLES
@@ -44,16 +45,17 @@ def preset_data(ctx: AppContext, name: str, mode: str, preset: str | None, negat
     if mode not in PRESET_MODES:
         raise PresetError(f"mode must be one of {', '.join(PRESET_MODES)} (text or image to video), got {mode!r}")
     base = ctx.preset_or_default(preset, mode)
-    # The model as a run would take it: a path outside the models folder is refused, unless allowed.
-    checked_model = ctx.model_ref(model or base.settings.model)
-    # Checked as text-to-video settings (image-to-video checks the same numbers).
-    settings = base.settings.changed(mode="t2v", model=checked_model, width=width, height=height, frames=frames,
-                                     steps=steps, guidance=guidance, shift=shift)
+    # Values left out (None) are the preset's; the model as a run would take it (a path outside the models folder
+    # is refused, unless allowed); checked as text-to-video settings (image-to-video checks the same numbers).
+    given = {name: value for name, value in dict(model=model, width=width, height=height, frames=frames,
+                                                 steps=steps, guidance=guidance, shift=shift).items()
+             if value is not None}
     if guidance_2 is not PRESETS_OWN:
-        settings = replace(settings, guidance_2=guidance_2)
+        given["guidance_2"] = guidance_2
     if loras is not None:
-        settings = replace(settings, loras=ctx.lora_files(parse_lora_lines(loras)))
-    settings = check_settings(settings, ctx.client.catalog.limits(checked_model))
+        given["loras"] = ctx.lora_files(parse_lora_lines(loras))
+    settings = prepare(given, base.settings, "t2v", ctx.model_ref, ctx.client.catalog.limits,
+                       drop_unused_guidance_2=False)
     problems: list[str] = []
     negative = check_prompt("negative prompt", base.negative_prompt if negative_prompt is None else negative_prompt,
                             False, problems, [])

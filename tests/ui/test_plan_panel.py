@@ -132,8 +132,13 @@ def test_image_to_video_form_plans_the_image_encoder(ctx):
     assert "image to video 96x64" in text and "| Image encode |" in text
 
 
-def test_an_empty_field_falls_back_to_the_preset(ctx):
+def test_an_empty_box_is_missing_for_the_plan_as_for_generate_and_an_empty_model_is_the_preset_s(ctx):
+    """The plan panel and Generate make their settings in one place (engine/settings/draft.py): an empty size box
+    is missing for both (it planned the preset's 64x64 while Generate refused), an empty Model box is the preset's
+    model for both."""
     text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "", None, None, None)
+    assert "Width is missing: give a whole number" in text and "Frames is missing" in text
+    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "", 64, 64, 9)
     assert "_For `selftest-t2v`, video 64x64, 9 frames" in text
 
 

@@ -12,9 +12,9 @@ import html
 
 import gradio as gr
 
+from engine.settings.draft import low_noise_guidance
 from ui.context import PRESETS_OWN, AppContext
 from ui.parts.form import Form, preset_choices, preset_values
-from ui.generate import low_noise_guidance
 from ui.preset_saving import delete_user_preset, save_user_preset
 from ui.tabs.ids import TAB_IDS, tab_by_id
 from ui.views.plan_panel import lora_text

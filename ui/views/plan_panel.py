@@ -14,7 +14,8 @@ from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES
 from engine.models.loras import as_lora
 from engine.settings.loras import lora_folder, lora_line, parse_lora_lines
-from engine.settings.values import Settings, check_settings
+from engine.settings.draft import prepare
+from engine.settings.values import Settings
 from engine.words import plural
 from ui.context import AppContext
 from ui.views.job_view import PHASE_LABELS
@@ -207,8 +208,8 @@ def _secs(seconds: float) -> str:
 
 def _form_settings(ctx: AppContext, mode: str, preset_name: str | None, model: str | None, width, height,
                    frames, overrides: dict) -> Settings:
-    """The preset's settings with the form's model, size and memory choices, checked as a run checks them."""
+    """The preset's settings with the form's model, size and memory choices, made and checked as Generate makes
+    them (engine/settings/draft.py: an empty box is missing there too)."""
     preset = ctx.preset_or_default(preset_name, mode)
-    settings = preset.settings.changed(mode=mode, model=ctx.model_ref(model or preset.settings.model), width=width,
-                                       height=height, frames=frames, **overrides)
-    return check_settings(settings, ctx.client.catalog.limits(settings.model))
+    values = dict(model=model, width=width, height=height, frames=frames, **overrides)
+    return prepare(values, preset.settings, mode, ctx.model_ref, ctx.client.catalog.limits)
