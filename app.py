@@ -281,7 +281,7 @@ def generate(args) -> int:
     engines = pool.wait_started()
     if pool.problem:
         pool.close()
-        print(f"error: {pool.problem.split('; running')[0]}", file=sys.stderr)
+        print(f"error: {pool.problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     more = request.settings.gpus > engines
     notes = [f"--split {request.settings.gpus} asks for more GPUs than --gpus gives ({engines}), so it runs on "

@@ -19,13 +19,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch  # noqa: E402
 
 from bench import realsize  # noqa: E402
+from engine.device.hardware import GIB  # noqa: E402
 
-GB = 1024 ** 3
 results: dict = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__}
 
 
 def gb(x):
-    return round(x / GB, 3)
+    return round(x / GIB, 3)
 
 
 def measure(fn, repeat=1):

@@ -4,7 +4,7 @@ header limits of engine/models/weights.py are set from (about twice the largest)
     python bench/header_sizes.py docs/data/header-sizes.json
 
 Every model is built on the "meta" device (shapes only, no memory, nothing downloaded) from the released
-configs (bench/realsize.py, docs FACTS "Real model shapes"); its tensors are counted and the header a
+configs (bench/realsize.py, docs/reference-figures.md, "Real model shapes"); its tensors are counted and the header a
 safetensors file of them would have is written out as the library writes it (compact JSON padded to 8 bytes),
 in bf16: in diffusers' names, in the original Wan names under ComfyUI's ``model.diffusion_model.`` prefix (the
 names checked by converting them back with diffusers' own converter), the same as ComfyUI's "fp8 scaled" (a

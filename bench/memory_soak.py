@@ -24,8 +24,9 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
-GIB = 1024 ** 3
-SMALL = dict(width=480, height=480, frames=25)    # FastWan's own size: the swaps (their load dominates)
+from engine.device.hardware import GIB  # noqa: E402
+
+SMALL = dict(width=480, height=480, frames=25)    # the quick FastWan preset's size: the swaps (their load dominates)
 BIG = dict(width=832, height=480, frames=81)      # the step-time comparisons
 TINY = dict(width=64, height=64, frames=9)
 SMALL_CARD_GB = 3.5   # with 16 GB of RAM: no rung that keeps the 1.3B's transformer in RAM fits (the disk rung's case)

@@ -119,3 +119,27 @@ def test_the_architecture_document_names_every_package():
                       for p in (ROOT / package).rglob("__init__.py"))
     named = set(re.findall(r"`((?:engine|ui)(?:/\w+)?)/`", text))
     assert named == set(packages), (sorted(named), packages)
+
+
+def test_both_kinds_of_engines_have_what_the_page_uses_with_its_parameters(tmp_path):
+    """WorkerClient (one engine process) and EnginePool (one per GPU) are the same Engines to the page and the
+    command line: every member, and every parameter of each method (by name, with its default kept optional)."""
+    import inspect
+
+    from engine.service.engines import MEMBERS, Engines
+    from engine.service.pool import EnginePool
+    from engine.service.worker import WorkerClient
+
+    declared = {name for name in vars(Engines) if not name.startswith("_")} | set(Engines.__annotations__)
+    assert declared == set(MEMBERS)
+    for made in (WorkerClient(tmp_path), EnginePool(tmp_path)):
+        for name in MEMBERS:
+            assert hasattr(type(made), name) or hasattr(made, name), (type(made).__name__, name)
+            wanted = getattr(Engines, name, None)
+            if not inspect.isfunction(wanted):
+                continue
+            have = inspect.signature(getattr(type(made), name)).parameters
+            for parameter in inspect.signature(wanted).parameters.values():
+                assert parameter.name in have, (type(made).__name__, name, parameter.name)
+                if parameter.default is not inspect.Parameter.empty:
+                    assert have[parameter.name].default is not inspect.Parameter.empty, (name, parameter.name)

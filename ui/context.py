@@ -11,7 +11,7 @@ from engine.models.refs import REPO_ID, ModelError, check_ref_length
 from engine.models.selftest import SELFTEST_REFS
 from engine.models.single_file import TRANSFORMERS_FOLDER, transformer_folder
 from engine.service.jobqueue import JobQueue
-from engine.service.worker import WorkerClient
+from engine.service.engines import Engines
 from engine.settings.loras import LORAS_FOLDER, lora_folder
 from engine.settings.presets import Preset, UserPresets
 from engine.settings.values import TRANSFORMER_FILE_NAMES, InputError
@@ -147,7 +147,7 @@ def forget_served_copies(served_dir: str | None, names: list[str]) -> list[Path]
 
 @dataclass(frozen=True)
 class AppContext:
-    client: WorkerClient
+    client: Engines                 # one engine process (WorkerClient) or one per GPU (EnginePool)
     presets: dict[str, Preset]
     outputs_dir: str
     default_model: str | None = None

@@ -20,11 +20,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Callable
 
-from engine.device.hardware import HardwareProfile
+from engine.device.hardware import DECIMAL_GB, HardwareProfile
 
 CALIBRATION_FILE = ".calibration.json"
 SCHEMA = 1
-GB = 1e9   # copy and disk rates are in GB/s (10^9 bytes), as hardware sheets give them
 
 # Shapes measured. Matrix products: tokens x inner dimension @ inner x 4*inner, the inner dimensions of the
 # 1.3B and the 14B transformers (their FFN and projections are of this kind). Attention: 16 heads of 128 at
@@ -246,7 +245,7 @@ def _memory_gbps(torch, device, seconds, nbytes: int) -> float:
     x = torch.empty(nbytes // 4, device=device, dtype=torch.float32).fill_(1.0)
     y = torch.empty_like(x)
     t = seconds(lambda: y.copy_(x), 3, 3 if device != "cpu" else 1)
-    return round(2 * nbytes / t / GB, 2)
+    return round(2 * nbytes / t / DECIMAL_GB, 2)
 
 
 def _copies(torch, device, seconds, nbytes: int) -> dict:
@@ -257,10 +256,10 @@ def _copies(torch, device, seconds, nbytes: int) -> dict:
     pin_seconds = time.perf_counter() - pinned_at
     on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
     rates = {
-        "h2d_pageable_gbps": nbytes / seconds(lambda: on_device.copy_(host)) / GB,
-        "h2d_pinned_gbps": nbytes / seconds(lambda: on_device.copy_(pinned, non_blocking=True)) / GB,
-        "d2h_gbps": nbytes / seconds(lambda: on_device.to("cpu")) / GB,
-        "pin_gbps": nbytes / pin_seconds / GB,
+        "h2d_pageable_gbps": nbytes / seconds(lambda: on_device.copy_(host)) / DECIMAL_GB,
+        "h2d_pinned_gbps": nbytes / seconds(lambda: on_device.copy_(pinned, non_blocking=True)) / DECIMAL_GB,
+        "d2h_gbps": nbytes / seconds(lambda: on_device.to("cpu")) / DECIMAL_GB,
+        "pin_gbps": nbytes / pin_seconds / DECIMAL_GB,
     }
     return {k: round(v, 2) for k, v in rates.items()}
 
@@ -273,7 +272,7 @@ def _to_uint8_gbps(torch, quick: bool) -> float:
 
     frames = np.random.default_rng(0).random((4 if quick else 16, 240, 416, 3), dtype=np.float32)
     t = _timer("cpu")(lambda: to_uint8(frames), 3, 1)
-    return round(frames.nbytes / t / GB, 3)
+    return round(frames.nbytes / t / DECIMAL_GB, 3)
 
 
 def _encode(quick: bool) -> dict:

@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 GIB = 1024 ** 3   # bytes in a GiB: the app's one definition (every "GB" it shows is GiB)
+# 10^9 bytes: the unit of copy and disk rates (GB/s), as hardware sheets give them, and of nothing else.
+DECIMAL_GB = 1e9
 BACKENDS = ("cuda", "rocm", "mps", "cpu")
 OSES = ("windows", "linux", "macos")
 # AMD integrated GPUs (APUs) share system memory with the CPU.

@@ -29,7 +29,7 @@ LAYOUTS = {
 MADE_FOR_WAN = "pick a LoRA made for Wan (in diffusers', ComfyUI's or musubi-tuner's layout)"
 # Which transformer of a two-expert model (Wan2.2 A14B) a LoRA goes into: both, the high-noise one
 # (``transformer``: the first steps) or the low-noise one (``transformer_2``: the last steps).
-EXPERTS = ("both", "high", "low")
+LORA_EXPERTS = ("both", "high", "low")
 
 
 @dataclass(frozen=True)

@@ -18,11 +18,10 @@ from pathlib import Path
 
 from engine.models.gguf_header import GGUFHeaderError, check_gguf_header
 from engine.models.refs import ResolvedModel
-from engine.models.spec import KNOWN_MODELS, ModelSpec, TransformerShape, TransformerWeights
+from engine.models.spec import KNOWN_MODELS, TRANSFORMERS, ModelSpec, TransformerShape, TransformerWeights
 from engine.models.weights import WEIGHTED_COMPONENTS, WeightFileError, files_under, read_header, weight_bytes
 from engine.settings.values import TRANSFORMER_FILE_NAMES, TRANSFORMER_FILE_SUFFIXES, InputError
 
-EXPERTS = tuple(TRANSFORMER_FILE_NAMES)   # ("transformer", "transformer_2"): the high- and low-noise experts
 PREFIX = "model.diffusion_model."          # ComfyUI's checkpoints put the transformer under it
 # GGUF tensor types diffusers 0.42 dequantises (diffusers/quantizers/gguf/utils.py); F32 and F16 load as
 # ordinary tensors at the compute dtype.
@@ -295,7 +294,7 @@ def listed_transformer_files(models_dir: str | Path) -> list[str]:
 # ----- a model with its transformer files ------------------------------------------------------------
 def transformer_paths(settings) -> tuple[str | None, ...]:
     """The settings' single transformer files, one per expert (None: the model's own)."""
-    return tuple((getattr(settings, name, None) or "").strip() or None for name in EXPERTS)
+    return tuple((getattr(settings, name, None) or "").strip() or None for name in TRANSFORMERS)
 
 
 def check_transformer_files(spec: ModelSpec, files: tuple[TransformerFile | None, ...], model: str) -> None:
@@ -336,6 +335,6 @@ def use_transformer_files(resolved: ResolvedModel, settings) -> ResolvedModel:
 
 def read_bytes(resolved: ResolvedModel) -> int:
     """Bytes a load of ``resolved`` reads: its folder's weights, a single file in place of each transformer."""
-    files = dict(zip(EXPERTS, resolved.transformer_files))
+    files = dict(zip(TRANSFORMERS, resolved.transformer_files))
     own = tuple(name for name in WEIGHTED_COMPONENTS if files.get(name) is None)
     return weight_bytes(resolved.folder, own) + sum(file.file_bytes for file in files.values() if file is not None)

@@ -19,6 +19,9 @@ CLIP_VIT_H_PARAMS = 630_766_080     # image encoder of Wan2.1 I2V
 VAE21_PARAMS = 126_892_531
 VAE22_PARAMS = 704_688_668
 TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer needs exactly that
+# A pipeline's transformers, by component name: the one of every model, and Wan2.2 A14B's two experts (the
+# high-noise ``transformer`` first, the low-noise ``transformer_2``).
+TRANSFORMERS = ("transformer", "transformer_2")
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@ Every constant is named, says where it comes from, and is calibrated by
 """
 from __future__ import annotations
 
+from engine.device.hardware import GIB
 from engine.models.spec import TEXT_TOKENS, ModelSpec
 
-GB = 1024 ** 3   # the planner speaks GiB throughout, as torch reports memory
+# The planner speaks GiB throughout, as torch reports memory (engine/device/hardware.py's one definition).
 
 # Calibrated on an H200 with real-size random-weight models (bench/calibrate_memory.py,
 # raw figures in docs/data/calibration-h200.json). Each constant is rounded up a few
@@ -75,11 +76,11 @@ def expert_weights_gb(spec: ModelSpec, bytes_per_param: float, fp8: bool = False
     for expert in range(spec.experts):
         file = spec.transformer_file(expert)
         if file is not None and file.quantized:   # stays quantised: fp8 storage does not apply to it
-            sizes.append(file.loaded_bytes(bytes_per_param) / GB)
+            sizes.append(file.loaded_bytes(bytes_per_param) / GIB)
             continue
         params = file.params if file is not None else spec.transformer.params
         sizes.append((params * (1 + FP8_KEPT_FRACTION * (bytes_per_param - 1)) if fp8 else params * bytes_per_param)
-                     / GB)
+                     / GIB)
     return sizes
 
 
@@ -96,17 +97,17 @@ def _bytes_per_param(spec: ModelSpec, bytes_per_param: float, fp8: bool) -> list
 
 def block_gb(spec: ModelSpec, bytes_per_param: float, fp8: bool = False) -> float:
     """One block of the transformer that runs (A14B's experts take turns: the larger one's)."""
-    return spec.transformer.block_params * max(_bytes_per_param(spec, bytes_per_param, fp8)) / GB
+    return spec.transformer.block_params * max(_bytes_per_param(spec, bytes_per_param, fp8)) / GIB
 
 
 def shared_gb(spec: ModelSpec, bytes_per_param: float) -> float:
     """The layers outside the blocks (embeddings, head) of every expert: always resident."""
-    return spec.transformer.shared_params * sum(_bytes_per_param(spec, bytes_per_param, False)) / GB
+    return spec.transformer.shared_params * sum(_bytes_per_param(spec, bytes_per_param, False)) / GIB
 
 
 def staging_gb(spec: ModelSpec) -> float:
     """RAM a load holds beside the loaded weights while it converts single transformer files."""
-    return sum(file.staging_bytes for file in spec.transformer_files if file is not None) / GB
+    return sum(file.staging_bytes for file in spec.transformer_files if file is not None) / GIB
 
 
 def denoise_activations_gb(spec: ModelSpec, tokens: int, act_bytes: int, math_attention: bool) -> float:
@@ -116,7 +117,7 @@ def denoise_activations_gb(spec: ModelSpec, tokens: int, act_bytes: int, math_at
         act += tokens * ACT_EXPAND_TIMESTEPS * shape.dim
     if math_attention:
         act += shape.heads * tokens ** 2 * MATH_ATTENTION_BYTES
-    return act / GB
+    return act / GIB
 
 
 def vae_decode_gb(spec: ModelSpec, width: int, height: int, frames: int, tile: int | None,
@@ -126,19 +127,19 @@ def vae_decode_gb(spec: ModelSpec, width: int, height: int, frames: int, tile: i
     tiled = tile is not None and (tile < width or tile < height)
     if not tiled:
         pixel_bytes = VAE22_PIXEL_BYTES if spec.wan22_vae else VAE21_PIXEL_BYTES
-        return (pixel_bytes * width * height * vae_bytes / 4 + VAE_OUTPUT_BYTES * clip) / GB
+        return (pixel_bytes * width * height * vae_bytes / 4 + VAE_OUTPUT_BYTES * clip) / GIB
     area = min(tile, width) * min(tile, height)
     if spec.wan22_vae:
         peak = max(VAE22_TILE_PIXEL_BYTES * area * vae_bytes / 4 + VAE22_TILED_OUTPUT_BYTES * clip,
                    VAE22_TILED_FLOOR_BYTES * clip)
     else:
         peak = VAE21_PIXEL_BYTES * area * vae_bytes / 4 + VAE21_TILED_OUTPUT_BYTES * clip
-    return peak / GB
+    return peak / GIB
 
 
 def streamed_text_encoder_gb(spec: ModelSpec, bytes_per_param: float) -> float:
     """Device memory of the text encoder while it streams through the device (weights only)."""
-    return STREAMED_TEXT_ENCODER_LEAVES * spec.text_encoder_largest_params * bytes_per_param / GB
+    return STREAMED_TEXT_ENCODER_LEAVES * spec.text_encoder_largest_params * bytes_per_param / GIB
 
 
 def text_encode_gb(spec: ModelSpec) -> float:
@@ -147,4 +148,4 @@ def text_encode_gb(spec: ModelSpec) -> float:
 
 def frames_ram_gb(width: int, height: int, frames: int) -> float:
     """Decoded frames on the host: float32 from the VAE, then uint8 for the encoder."""
-    return frames * width * height * 3 * (4 + 1) / GB
+    return frames * width * height * 3 * (4 + 1) / GIB

@@ -224,9 +224,9 @@ def _weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _R
     """GiB of each component's weights under ``rung``."""
     _, nbytes = _dtypes(hw)
     return {"transformer": mem.transformer_weights_gb(spec, nbytes, rung.fp8),
-            "text_encoder": spec.text_encoder_params * nbytes / mem.GB,
-            "image_encoder": spec.image_encoder_params * nbytes / mem.GB if req.image_to_video else 0.0,
-            "vae": spec.vae_params * rung.vae_bytes / mem.GB + (_encoder_in_float32_gb(spec, rung.vae_bytes)
+            "text_encoder": spec.text_encoder_params * nbytes / mem.GIB,
+            "image_encoder": spec.image_encoder_params * nbytes / mem.GIB if req.image_to_video else 0.0,
+            "vae": spec.vae_params * rung.vae_bytes / mem.GIB + (_encoder_in_float32_gb(spec, rung.vae_bytes)
                                                                   if req.image_to_video else 0.0)}
 
 
@@ -236,7 +236,7 @@ VAE_ENCODER_SHARE = 0.42   # Wan2.1 VAE: 53.6 of 126.9 M parameters
 
 
 def _encoder_in_float32_gb(spec: ModelSpec, vae_bytes: int) -> float:
-    return spec.vae_params * VAE_ENCODER_SHARE * (4 - vae_bytes) / mem.GB
+    return spec.vae_params * VAE_ENCODER_SHARE * (4 - vae_bytes) / mem.GIB
 
 
 def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung) -> tuple[PhasePlan, ...]:
@@ -324,7 +324,7 @@ def _phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: _Rung)
                         load_dev, load_ram)]
     if rung.load == "cpu":
         # Pinning a streamed text encoder holds one of its tensors twice for a moment.
-        pinning = (spec.text_encoder_largest_params * nbytes / mem.GB
+        pinning = (spec.text_encoder_largest_params * nbytes / mem.GIB
                    if rung.text_encoder == "streamed" and _copy_streams(hw) else 0.0)
         phases.append(PhasePlan("transfer", places, resident, idle_ram + pinning))
 
@@ -561,7 +561,7 @@ def _fallback(spec, req, hw, ladder, override):
 
 def _explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan, override: Override) -> list[str]:
     _, nbytes = _dtypes(hw)
-    te_gb = spec.text_encoder_params * nbytes / mem.GB
+    te_gb = spec.text_encoder_params * nbytes / mem.GIB
     tr_gb = mem.transformer_weights_gb(spec, nbytes)
     said = []
     if hw.device == "cpu":
@@ -639,14 +639,14 @@ def _explain_files(spec: ModelSpec, hw: HardwareProfile, plan: Plan) -> list[str
             continue
         which = "low-noise transformer" if expert else ("high-noise transformer" if spec.experts > 1 else "transformer")
         name = PurePath(file.source[0]).name
-        own = spec.transformer.params * nbytes / mem.GB
+        own = spec.transformer.params * nbytes / mem.GIB
         if file.quantized:
-            held = (f"it stays quantised once loaded ({file.loaded_bytes(nbytes) / mem.GB:.1f} GB, dequantised layer "
+            held = (f"it stays quantised once loaded ({file.loaded_bytes(nbytes) / mem.GIB:.1f} GB, dequantised layer "
                     f"by layer as it computes) instead of the model's own {own:.1f} GB in {plan.dtype}")
             if plan.fp8:
                 held += "; fp8 storage applies to the model's own transformer only"
         else:
-            held = f"it loads in {plan.dtype} ({file.loaded_bytes(nbytes) / mem.GB:.1f} GB), as the model's own would"
+            held = f"it loads in {plan.dtype} ({file.loaded_bytes(nbytes) / mem.GIB:.1f} GB), as the model's own would"
         said.append(f"The {which} comes from {name} ({file.quantization}): {held}.")
     return said
 

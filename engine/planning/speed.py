@@ -23,8 +23,9 @@ DECODERS = ("vae", "fast")
 #               (the source article's decode took 86% of the run); torch's own convolutions run instead;
 #   default:    the backend's defaults (CUDA, CPU, Apple).
 CONV_MODES = ("benchmark", "no_miopen", "default")
-# A compiled transformer earns its one-off compile (about 11-16 s on an H200 for the 1.3B model, FACTS.md)
-# back at about 0.15 s a pass: compiling by itself pays from this many transformer passes in one run.
+# A compiled transformer earns its one-off compile (about 11-16 s on an H200 for the 1.3B model,
+# docs/reference-figures.md) back at about 0.15 s a pass: compiling by itself pays from this many transformer
+# passes in one run.
 COMPILE_MIN_PASSES = 80
 COMPILE_GAIN = "about 12% faster steps (1.07 s instead of 1.21 s on an H200, 1.3B)"
 

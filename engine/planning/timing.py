@@ -26,14 +26,15 @@ from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 from engine.device.calibrate import Calibration
-from engine.models.spec import TEXT_TOKENS, UMT5_XXL_PARAMS, ModelSpec
+from engine.device.hardware import DECIMAL_GB
+from engine.models.spec import TEXT_TOKENS, UMT5_XXL_PARAMS, VAE21_PARAMS, VAE22_PARAMS, ModelSpec
 from engine.planning.memory import FP8_KEPT_FRACTION
 from engine.planning.planner import Plan
+from engine.planning.speed import DECODERS
 
 # The phases predicted, in the order a run passes through them (engine/events.py PHASES, less those that are
 # not the run itself: the engine's start, a download, building a self-test model).
 PHASES = ("load", "transfer", "text_encode", "image_encode", "denoise", "expert_swap", "vae_decode", "export")
-DECODERS = ("vae", "fast")
 
 # ----- the transformer ----------------------------------------------------------------------------------
 # Norms, modulation, RoPE, gates and residual adds read and write the activations many times: per pass their
@@ -46,19 +47,20 @@ ELEMENTWISE_PASSES = 230.0
 ELEMENTWISE_PASSES_EXPAND_TIMESTEPS = 90.0
 # CLIP ViT-H's image tokens that Wan2.1 I2V attends to beside the 512 text tokens (256 patches + class).
 IMAGE_TOKENS = 257
-# torch.compile of the repeated blocks fuses the elementwise work: FACTS.md measured 1.07 s instead of
-# 1.23 s for a 1.3B step on an H200, which is half of that step's elementwise time (2 x 0.16 s).
+# torch.compile of the repeated blocks fuses the elementwise work: 1.07 s instead of 1.23 s for a 1.3B step on
+# an H200 (docs/reference-figures.md), which is half of that step's elementwise time (2 x 0.16 s).
 COMPILED_ELEMENTWISE = 0.5
-# Its one-off cost at each new size: 11 s for 1.3B on an H200 (FACTS.md); charged when not yet compiled.
+# Its one-off cost at each new size: 11 s for 1.3B on an H200 (docs/reference-figures.md); charged when not yet
+# compiled.
 COMPILE_FIRST_S = 11.0
 # Attention backends against the calibrated SDPA default ("native"), attention time only: a 1.3B step on an
 # H200 took 1.28 / 1.68 / 2.78 s with _native_cudnn / _native_flash / _native_efficient against 1.23 s, of
-# which 0.65 s is attention (FACTS.md). Backends not listed are taken as fast as SDPA (not measured).
+# which 0.65 s is attention (docs/reference-figures.md). Backends not listed are taken as fast as SDPA (not measured).
 ATTENTION_BACKEND_FACTOR = {"native": 1.0, "_native_cudnn": 1.08, "_native_flash": 1.69, "_native_efficient": 3.4}
 # Group offload (block level, pinned RAM, a copy stream) hides only part of its copies behind the compute:
 # a pass takes max(compute, copy) + GROUP_EXPOSED x min(compute, copy). Measured on an H200: 14B at
 # 832x480x81 7.32 s a step against 6.40 (0.77 of the copies exposed), 14B I2V at 480x480x33 0.88, 1.3B at
-# 480x480x33 0.9 and at 832x480x81 0.48 (docs/data/timing-h200.json, docs/speed.md, FACTS.md).
+# 480x480x33 0.9 and at 832x480x81 0.48 (docs/data/timing-h200.json, docs/speed.md, docs/reference-figures.md).
 GROUP_EXPOSED = 0.8
 # Leaf offload (and a streamed text encoder) copies one layer at a time and waits for it: compute plus
 # LEAF_EXPOSED x the copies. Measured 1.0 (1.3B, 832x480x81) and 1.7 (480x480x33) on an H200: the many
@@ -75,7 +77,7 @@ UMT5_ATTENTION_FLOPS = 4 * TEXT_TOKENS ** 2 * 4096 * 24
 ENCODE_LAUNCH_S = 0.029
 # The first encode after a load takes longer (kernels loaded on first use, tokenizer and text clean-up set up),
 # about this much more per prompt: 0.70 s for prompt and negative in plain diffusers (0.83 s in the engine)
-# and 0.4 s for a prompt alone, against 0.036 s a prompt warm (FACTS.md, docs/speed.md).
+# and 0.4 s for a prompt alone, against 0.036 s a prompt warm (docs/reference-figures.md, docs/speed.md).
 FIRST_ENCODE_S = 0.3
 # CLIP ViT-H on one image (Wan2.1 I2V): 32 layers, like UMT5's launches per layer. Not measured.
 IMAGE_ENCODE_LAUNCH_S = 0.02
@@ -126,33 +128,28 @@ TILE_OVERHEAD = 0.16
 # After the decode the frames come to the host in float32 and are converted to uint8; the conversion
 # calibrate.py times (engine.outputs.export.to_uint8) is one of about this many passes over them (the
 # permute into a NumPy array, the clip and scale): fitted to the engine's vae_decode phase, 3.7-4.2 s on an
-# H200 against 2.8 s for the decode alone (FACTS.md).
+# H200 against 2.8 s for the decode alone (docs/reference-figures.md).
 POSTPROCESS_PASSES = 3
 # The fast approximate decoder (TAEHV-shaped: 2-D convolutions at widths 256, 128, 64, 64, three stages of
-# three MemBlocks, a frame memory) does about 87 MFLOP per latent pixel-frame (its layer widths, FACTS.md),
-# at a lower share of the conv3d rate: FACTS.md measured 0.103 s for 81 frames at 832x480 on an H200 in bf16.
+# three MemBlocks, a frame memory) does about 87 MFLOP per latent pixel-frame (its layer widths), at a lower
+# share of the conv3d rate: 0.103 s for 81 frames at 832x480 on an H200 in bf16 (docs/reference-figures.md).
 FAST_DECODER_FLOPS_PER_LATENT = 87.2e6
 FAST_DECODER_EFFICIENCY = 0.5
 # A streamed export (engine/outputs/export.Mp4Stream) encodes while the decoder works; what is left after the
 # last frame, against the whole clip's encode: 0.47-0.55 s of 0.74 s on an H200 (docs/data/speed-1.3b-h200.json).
 STREAMED_EXPORT_SHARE = 0.7
 
-# The released VAEs' parameters (Wan2.1's z16 and Wan2.2's z48, engine/models/spec.py).
-VAE21_PARAMS = 126_892_531
-VAE22_PARAMS = 704_688_668
-
 # ----- copies, disk and export ---------------------------------------------------------------------------
 # The rate weights are read at when no load has been measured yet: a conservative local SSD (the engine's
-# load of 14.7 GB took 10.9 s on the H200 machine, 1.35 GB/s, FACTS.md).
+# load of 14.7 GB took 10.9 s on the H200 machine, 1.35 GB/s, docs/reference-figures.md).
 DEFAULT_DISK_GBPS = 1.5
 # Page-locking a model tensor by tensor is slower than pinning one large buffer as calibrate.py does:
 # 0.91 GB/s for the 14B transformer and 1.16 GB/s for UMT5 against 1.45 GB/s calibrated (docs/speed.md).
 PIN_EFFICIENCY = 0.7
 # H.264 export when the encoder could not be measured here: 81 frames of 832x480 took 2.1 s on the H200
-# machine's 16 cores (FACTS.md), about 15 megapixels a second.
+# machine's 16 cores (docs/reference-figures.md), about 15 megapixels a second.
 DEFAULT_ENCODE_MPS = 15.0
 DEFAULT_ENCODE_FIXED_S = 0.1
-GB = 1e9
 
 
 @dataclass(frozen=True)
@@ -227,8 +224,8 @@ def _device_rates(plan: Plan, cal: Calibration) -> _Rates:
     if plan.device == "cpu" and cal.backend != "cpu":
         # A CPU plan with a GPU's calibration: only the CPU's matmul rate is known; use it throughout.
         cpu = ((1, cal.cpu_matmul_tflops),)
-        return _Rates(cpu, cpu, cal.memory_gbps * GB / 20, "CPU rates guessed from its matmul rate")
-    return _Rates(cal.matmul_tflops, cal.attention_tflops, cal.memory_gbps * GB)
+        return _Rates(cpu, cpu, cal.memory_gbps * DECIMAL_GB / 20, "CPU rates guessed from its matmul rate")
+    return _Rates(cal.matmul_tflops, cal.attention_tflops, cal.memory_gbps * DECIMAL_GB)
 
 
 def _copy_gbps(cal: Calibration, pinned: bool) -> tuple[float, str]:
@@ -291,10 +288,10 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], image_to_video: bool, 
     tokens = spec.tokens(*size)
     rates = _device_rates(plan, cal)
     act_bytes = _bytes_per(plan.dtype)
-    backend = getattr(plan, "attention_backend", "native")   # read with a default: older plans lack it
+    backend = plan.attention_backend
     factor = ATTENTION_BACKEND_FACTOR.get(backend, 1.0)
     image_tokens = IMAGE_TOKENS if image_to_video and spec.image_encoder_params else 0
-    compile_on = bool(getattr(plan, "compile", False))
+    compile_on = bool(plan.compile)
     one = transformer_pass(spec, tokens, image_tokens, rates, act_bytes, factor, compile_on)
     nbytes = _bytes_per(plan.dtype)
     cast = ""
@@ -313,10 +310,10 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], image_to_video: bool, 
             if disk < gbps:
                 gbps, kind = disk, ("from disk, measured by the last load" if cal.disk_gbps else
                                     "from disk, a conservative default: no load measured yet")
-        copy = block_bytes / (gbps * GB)
+        copy = block_bytes / (gbps * DECIMAL_GB)
         one = _offloaded(one, copy, {"disk": "group"}.get(plan.transformer, plan.transformer)
                          if plan.use_stream else "none")
-        offload = (f", +{one.copies:.2f} s of {block_bytes / GB:.1f} GB streamed ({kind}, {gbps:.0f} GB/s, "
+        offload = (f", +{one.copies:.2f} s of {block_bytes / DECIMAL_GB:.1f} GB streamed ({kind}, {gbps:.0f} GB/s, "
                    f"{plan.transformer} offload)")
     step = one.total * passes
     seconds = step * steps
@@ -350,13 +347,13 @@ def _encode(flops: float, launch_s: float, weights: float, place: str, plan: Pla
     how = f"{prompts} x ({flops / 1e12:.2f} TFLOP at {rate:.0f} TFLOP/s + {launch_s:.3f} s of launches)"
     if place == "offload":
         gbps, kind = _copy_gbps(cal, False)
-        seconds += weights / (gbps * GB)
-        how += f", +{weights / GB:.1f} GB moved to the device ({kind}, {gbps:.1f} GB/s)"
+        seconds += weights / (gbps * DECIMAL_GB)
+        how += f", +{weights / DECIMAL_GB:.1f} GB moved to the device ({kind}, {gbps:.1f} GB/s)"
     elif place == "streamed":
         gbps, kind = _copy_gbps(cal, plan.pin_memory)
-        copy = weights / (gbps * GB)
+        copy = weights / (gbps * DECIMAL_GB)
         seconds += prompts * (LEAF_EXPOSED if plan.use_stream else 1.0) * copy
-        how += f", streamed layer by layer each time ({weights / GB:.1f} GB, {kind}, {gbps:.0f} GB/s)"
+        how += f", streamed layer by layer each time ({weights / DECIMAL_GB:.1f} GB, {kind}, {gbps:.0f} GB/s)"
     return seconds, how
 
 
@@ -466,7 +463,7 @@ def vae_decode_seconds(spec: ModelSpec, width: int, height: int, frames: int, va
     first_s, first_e = _decoder_call(vae, cal, conv, vae_dtype, True)
     rest_s, rest_e = _decoder_call(vae, cal, conv, vae_dtype, False)
     conv_s = area * (first_s + (latent_frames - 1) * rest_s)
-    memory_s = area * (first_e + (latent_frames - 1) * rest_e) * vae.elementwise_bytes / (cal.memory_gbps * GB)
+    memory_s = area * (first_e + (latent_frames - 1) * rest_e) * vae.elementwise_bytes / (cal.memory_gbps * DECIMAL_GB)
     # A VAE smaller than the released one (the self-test models'): its work shrinks with its weights.
     released = VAE22_PARAMS if spec.wan22_vae else VAE21_PARAMS
     seconds = (conv_s + memory_s) * min(1.0, spec.vae_params / released) if spec.vae_params else conv_s + memory_s
@@ -509,8 +506,8 @@ def _postprocess(pixels: int, plan: Plan, cal: Calibration, streamed: bool = Fal
     """Frames to the host: a streamed decode converts each chunk to uint8 on the device and copies that;
     a whole decode brings float32 frames over and converts them there (engine/run/decoding.py)."""
     nbytes = pixels * 3 * (1 if streamed else 4)
-    copy = nbytes / (cal.d2h_gbps * GB) if cal.d2h_gbps and plan.device != "cpu" else 0.0
-    return copy + (0.0 if streamed else POSTPROCESS_PASSES * nbytes / (cal.to_uint8_gbps * GB))
+    copy = nbytes / (cal.d2h_gbps * DECIMAL_GB) if cal.d2h_gbps and plan.device != "cpu" else 0.0
+    return copy + (0.0 if streamed else POSTPROCESS_PASSES * nbytes / (cal.to_uint8_gbps * DECIMAL_GB))
 
 
 # ----- load, transfer, export ----------------------------------------------------------------------------
@@ -525,7 +522,7 @@ def _weights(spec: ModelSpec, plan: Plan) -> dict[str, float]:
 
 def _swaps_experts(spec: ModelSpec, plan: Plan) -> bool:
     """One expert on the device at a time (a plan from before the expert_swap rung existed never swaps)."""
-    return getattr(plan, "strategy", "") == "expert_swap" and spec.experts > 1
+    return plan.strategy == "expert_swap" and spec.experts > 1
 
 
 def _on_device_bytes(spec: ModelSpec, weights: dict[str, float], plan: Plan) -> float:
@@ -542,13 +539,13 @@ def _load(spec: ModelSpec, plan: Plan, cal: Calibration, weight_bytes: int | Non
     nbytes = float(weight_bytes) if weight_bytes else sum(weights.values())
     disk = cal.disk_gbps or DEFAULT_DISK_GBPS
     source = "measured by the last load" if cal.disk_gbps else "a conservative default: no load measured yet"
-    seconds = nbytes / (disk * GB)
-    how = f"{nbytes / GB:.1f} GB of weights read at {disk:.1f} GB/s ({source})"
+    seconds = nbytes / (disk * DECIMAL_GB)
+    how = f"{nbytes / DECIMAL_GB:.1f} GB of weights read at {disk:.1f} GB/s ({source})"
     if plan.load == "device_map" and plan.device != "cpu":
         gbps, kind = _copy_gbps(cal, False)
         moved = _on_device_bytes(spec, weights, plan)
-        seconds += moved / (gbps * GB)
-        how += f", {moved / GB:.1f} GB of it straight to the device ({kind}, {gbps:.1f} GB/s)"
+        seconds += moved / (gbps * DECIMAL_GB)
+        how += f", {moved / DECIMAL_GB:.1f} GB of it straight to the device ({kind}, {gbps:.1f} GB/s)"
     return seconds, how
 
 
@@ -561,12 +558,12 @@ def _transfer(spec: ModelSpec, plan: Plan, cal: Calibration) -> tuple[float, str
         pinned = ((weights["transformer"] if plan.transformer != "device" or _swaps_experts(spec, plan) else 0.0)
                   + (weights["encoders"] if plan.text_encoder == "streamed" else 0.0))
     gbps, kind = _copy_gbps(cal, False)
-    seconds = moved / (gbps * GB)
-    how = f"{moved / GB:.1f} GB to the device ({kind}, {gbps:.1f} GB/s)" if moved else "nothing to copy"
+    seconds = moved / (gbps * DECIMAL_GB)
+    how = f"{moved / DECIMAL_GB:.1f} GB to the device ({kind}, {gbps:.1f} GB/s)" if moved else "nothing to copy"
     if pinned:
         pin = (cal.pin_gbps or 1.0) * PIN_EFFICIENCY
-        seconds += pinned / (pin * GB)
-        how += f"; {pinned / GB:.1f} GB page-locked for streaming at {pin:.2f} GB/s"
+        seconds += pinned / (pin * DECIMAL_GB)
+        how += f"; {pinned / DECIMAL_GB:.1f} GB page-locked for streaming at {pin:.2f} GB/s"
     return seconds, how
 
 
@@ -578,8 +575,9 @@ def _expert_swap(spec: ModelSpec, plan: Plan, cal: Calibration, swaps: int) -> t
     if plan.device == "cpu":
         return 0.0, "from RAM to RAM: nothing to copy"
     gbps, kind = _copy_gbps(cal, plan.pin_memory)
-    how = f"{expert / GB:.1f} GB expert to the device ({kind}, {gbps:.1f} GB/s)"
-    return swaps * expert / (gbps * GB), how + (", twice (the high-noise expert goes back first)" if swaps > 1 else "")
+    how = f"{expert / DECIMAL_GB:.1f} GB expert to the device ({kind}, {gbps:.1f} GB/s)"
+    twice = ", twice (the high-noise expert goes back first)" if swaps > 1 else ""
+    return swaps * expert / (gbps * DECIMAL_GB), how + twice
 
 
 def _export(pixels: int, cal: Calibration) -> tuple[float, str]:
@@ -624,7 +622,7 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
         decode, decode_how = fast_decode_seconds(spec, width, height, frames, plan.dtype, calibration)
     else:
         decode, decode_how = vae_decode_seconds(spec, width, height, frames, plan.vae_dtype, plan.vae_tile,
-                                                calibration, getattr(plan, "conv", "default"))
+                                                calibration, plan.conv)
     tiled = plan.vae_tile is not None and (plan.vae_tile < width or plan.vae_tile < height)
     streamed = frames > 1 and (decoder == "fast" or not tiled)
     post = _postprocess(pixels, plan, calibration, streamed)

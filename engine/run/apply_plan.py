@@ -10,9 +10,9 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
+from engine.models.spec import TRANSFORMERS
 from engine.planning.planner import Plan
 
-TRANSFORMERS = ("transformer", "transformer_2")
 ENCODERS = ("text_encoder", "image_encoder")
 
 

@@ -38,7 +38,7 @@ from engine.models.limits import check_model_limits, limits_of
 from engine.models.refs import ResolvedModel, classify_ref, resolve_model
 from engine.models.selftest import selftest_built
 from engine.models.single_file import read_bytes, use_transformer_files
-from engine.models.spec import TEXT_TOKENS, ModelSpec
+from engine.models.spec import TEXT_TOKENS, TRANSFORMERS, ModelSpec
 from engine.outputs.bundle import Bundle
 from engine.outputs.export import output_stem
 from engine.outputs.kept_inputs import keep_inputs
@@ -47,7 +47,6 @@ from engine.outputs.record import run_record
 from engine.outputs.sidecar import write_sidecar
 from engine.planning.planner import Plan, plan_memory, rungs_below
 from engine.run.apply_plan import (
-    TRANSFORMERS,
     encoder_device,
     encoder_visiting,
     from_pretrained_kwargs,
@@ -65,7 +64,7 @@ from engine.run.apply_plan import (
 from engine.run.clip_input import clip_image_embeds
 from engine.run.decode_stage import DecodeStage
 from engine.run.disk_offload import disk_offload_folder, disk_room_gb, remove_disk_offload
-from engine.run.experts import EXPERTS, ExpertSwap, switch_step
+from engine.run.experts import ExpertSwap, switch_step
 from engine.run.failures import failure_event, is_out_of_memory
 from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.run.lora import lora_files
@@ -656,7 +655,7 @@ class Engine(DecodeStage):
         total = request.settings.steps
         counts = steps_per_transformer(pipe, total)
         switch = switch_step(counts, total)
-        if EXPERTS[1] in counts:
+        if TRANSFORMERS[1] in counts:
             job.experts = {"steps": counts, "switch_step": switch, "swapped": loaded.experts is not None,
                            "boundary_ratio": pipe.config.boundary_ratio}
         last = [0.0]
@@ -678,7 +677,7 @@ class Engine(DecodeStage):
             else:
                 previews.emit_after_step(pipeline.scheduler, i, tensors["latents"], job.emit)
                 if i + 1 == switch:   # the next step is the low-noise expert's: it comes to the device now
-                    self._bring_expert(loaded, EXPERTS[1], job)
+                    self._bring_expert(loaded, TRANSFORMERS[1], job)
             # A preview's cost is in its event and in the denoise phase, not in the step times;
             # its encoding overlaps the next step.
             last[0] = clock()
@@ -687,7 +686,7 @@ class Engine(DecodeStage):
         positive, negative = embeds
         guidance_2 = request.settings.guidance_2
         with self._phase(job, "denoise") as phase:
-            self._bring_expert(loaded, EXPERTS[0] if switch != 0 else EXPERTS[1], job)
+            self._bring_expert(loaded, TRANSFORMERS[0] if switch != 0 else TRANSFORMERS[1], job)
             # The first step is timed from the transformer's first pass: what the pipeline does before it
             # (image-to-video encodes its conditioning frames with the VAE, 0.45 s for a 14B 480p video) is the
             # denoise phase's, said in its detail, not the first step's (which would skew the mean and the ETA).
@@ -719,7 +718,8 @@ class Engine(DecodeStage):
             return
         with self._phase(job, "expert_swap") as phase:
             experts.bring(name)
-            phase.detail = ("the low-noise expert on the device, the high-noise one back in RAM" if name == EXPERTS[1]
+            low = name == TRANSFORMERS[1]
+            phase.detail = ("the low-noise expert on the device, the high-noise one back in RAM" if low
                             else "the high-noise expert back on the device for a new run")
 
     # ----- the step's speed: attention, compiling, step caches --------------------

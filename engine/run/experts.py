@@ -10,7 +10,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-EXPERTS = ("transformer", "transformer_2")   # the high-noise expert, the low-noise one
+from engine.models.spec import TRANSFORMERS
+
 
 
 @dataclass
@@ -49,14 +50,14 @@ class ExpertSwap:
         from engine.run.apply_plan import pin_in_place
 
         swap = cls(pipe, device)
-        for name in EXPERTS:
+        for name in TRANSFORMERS:
             model = getattr(pipe, name, None)
             if model is None:
                 continue
             model.to("cpu")
             if pin and device != "cpu":
                 pin_in_place(model)
-        swap.bring(EXPERTS[0])
+        swap.bring(TRANSFORMERS[0])
         return swap
 
     @contextmanager
@@ -89,5 +90,5 @@ class ExpertSwap:
 def switch_step(steps_per_expert: dict[str, int], steps: int) -> int | None:
     """The index of the first step the low-noise expert runs (None when it runs none), from
     speedups.steps_per_transformer's counts."""
-    high = steps_per_expert.get(EXPERTS[0], steps)
+    high = steps_per_expert.get(TRANSFORMERS[0], steps)
     return high if high < steps else None

@@ -28,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.models.loras import MADE_FOR_WAN, Lora, as_lora, lora_file_problem
-from engine.run.apply_plan import TRANSFORMERS
+from engine.models.spec import TRANSFORMERS
 from engine.run.failures import is_out_of_memory
 from engine.settings.values import InputError
 from engine.words import plural
@@ -127,7 +127,7 @@ def _with_factors(pipe) -> set[str]:
     return {name for model in _transformers(pipe) for name in (getattr(model, "peft_config", None) or {})}
 
 
-def check_experts(loras, experts: int, model: str = "the model") -> None:
+def check_lora_experts(loras, experts: int, model: str = "the model") -> None:
     """InputError when a LoRA asks for one expert (``@high`` / ``@low``) of a model that has only one transformer."""
     one = [lora.shown for lora in map(as_lora, loras) if lora.expert != "both" and lora.strength]
     if one and experts < 2:
@@ -206,7 +206,7 @@ def apply_loras(pipe, loras, model: str = "the model", dtype=None, streamed: boo
     loras = [as_lora(entry) for entry in loras]
     on = [replace(lora, strength=float(lora.strength)) for lora in loras if lora.strength]
     off = tuple(lora.shown for lora in loras if not lora.strength)
-    check_experts(on, len(_transformers(pipe)), model)
+    check_lora_experts(on, len(_transformers(pipe)), model)
     present = loaded_adapters(pipe)
     names = [adapter_name(lora.file, lora.expert) for lora in on]
     pairs = tuple(zip(names, (lora.strength for lora in on)))
@@ -460,5 +460,5 @@ def lora_files(loras, models_dir, model, download_phase=nullcontext) -> tuple[Lo
     from engine.models.refs import hub_offline
 
     experts = model.spec.experts if model.spec else 1 + ("transformer_2" in model.components)
-    check_experts(loras, experts, model.ref)
+    check_lora_experts(loras, experts, model.ref)
     return locate_loras(loras, models_dir, hub_offline(), download_phase)

@@ -29,7 +29,7 @@ from engine.run.decoding import decoder_dtype, denormalize
 
 log = logging.getLogger(__name__)
 
-# Wan2.1 z16 latents -> RGB, as ComfyUI and Wan2GP use them (see FACTS.md "Latent preview"):
+# Wan2.1 z16 latents -> RGB, as ComfyUI and Wan2GP use them (docs/reference-figures.md, "The latent preview"):
 # a row of (R, G, B) weights per latent channel, applied to the normalised latent.
 WAN21_FACTORS = (
     (-0.1299, -0.1692, 0.2932), (0.0671, 0.0406, 0.0442), (0.3568, 0.2548, 0.1747), (0.0372, 0.2344, 0.1420),

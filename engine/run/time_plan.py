@@ -50,18 +50,18 @@ def _attention_seconds(device: str, dtype: str) -> dict:
     return measure_attention(device, getattr(torch, dtype), heads, dim, tokens, usable_attention_backends(device), 3)
 
 
-def fastest_attention(calibration) -> str:
-    """The quickest attention backend measured here ("" when none was)."""
-    from engine.run.speedups import fastest_attention as quickest
+def _calibrated_attention(calibration) -> str:
+    """The quickest attention backend the calibration measured here ("" when none was)."""
+    from engine.run.speedups import fastest_attention
 
     seconds = getattr(calibration, "attention_seconds", None) or {}
-    return quickest(seconds) if seconds else ""
+    return fastest_attention(seconds) if seconds else ""
 
 
 def with_fastest_attention(hardware, calibration):
     """``hardware`` with the attention backend ``calibration`` measured fastest (as it is when none was measured):
     the one profile the engine runs with and the page and the command line plan with."""
-    fastest = fastest_attention(calibration)
+    fastest = _calibrated_attention(calibration)
     return replace(hardware, attention=fastest) if fastest and hardware.attention != fastest else hardware
 
 

@@ -38,6 +38,9 @@ STARTUP_WAIT_S = 120.0
 # After the leading engine of a split job has ended, how long the others get to end too before they are stopped.
 RANKS_GRACE_S = 30.0
 
+# What the pool does when the GPUs --gpus names cannot be used: it serves on, with the one engine it has.
+ONE_ENGINE_FALLBACK = "running one engine, on the first GPU"
+
 
 class GpuChoiceError(ValueError):
     """``--gpus`` is malformed; the message says what to write."""
@@ -136,7 +139,7 @@ class EnginePool:
         self.gpus: tuple[int, ...] = (first,)
         self._grown = threading.Event()
         self._growing: threading.Thread | None = None
-        self.problem: str | None = None     # why the engines are fewer than --gpus asked for
+        self.problem: str | None = None     # why the engines are fewer than --gpus asked for (then: one engine)
 
     def _client(self, env: dict | None, faults: PhaseHook = NO_FAULTS) -> WorkerClient:
         return WorkerClient(self.models_dir, faults=faults, env=env, **self._options)
@@ -167,8 +170,8 @@ class EnginePool:
             profile = self.engines[0].hardware_profile()
             gpus = self.choice.pick(profile.gpu_count, profile.gpu_count == 0)
         except (OSError, GpuChoiceError) as exc:
-            self.problem = f"{exc}; running one engine, on the first GPU"
-            print(f"[engines] error: {self.problem}", file=sys.stderr, flush=True)
+            self.problem = str(exc)
+            print(f"[engines] error: {self.problem}; {ONE_ENGINE_FALLBACK}", file=sys.stderr, flush=True)
             self._grown.set()
             return
         with self._lock:

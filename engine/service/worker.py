@@ -26,7 +26,7 @@ from engine.device.hardware import HardwareProfile
 from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
 from engine.events import Event, Info, JobFailed, LatentsSaved, PhaseFinished, PhaseStarted, is_terminal
 from engine.models.catalog import ModelCatalog
-from engine.models.loras import EXPERTS
+from engine.models.loras import LORA_EXPERTS
 from engine.models.manager import LoadedFiles
 from engine.models.refs import ModelError
 from engine.outputs.atomic import discard_temporary
@@ -112,7 +112,7 @@ def _loaded_files(engine) -> LoadedFiles | str:
         adapters = set(loaded_adapters(loaded.pipe))
         folder = lora_folder(engine.models_dir)
         loras = [str(folder / name) for name in listed_lora_files(engine.models_dir)
-                 if any(adapter_name(str(folder / name), expert) in adapters for expert in EXPERTS)]
+                 if any(adapter_name(str(folder / name), expert) in adapters for expert in LORA_EXPERTS)]
         files = [file[0] for file in loaded.plan.transformer_files if file]
         return LoadedFiles(loaded.model.ref, (str(loaded.model.folder), *files, *loras,
                                               *map(str, loaded.fast_decoders)))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from engine.models.loras import EXPERTS, LORA_SUFFIX, Lora
+from engine.models.loras import LORA_EXPERTS, LORA_SUFFIX, Lora
 from engine.models.weights import files_under, find_file
 from engine.settings.values import InputError
 
@@ -41,7 +41,7 @@ def parse_lora(text: str) -> Lora:
 def _expert(text: str) -> tuple[str, str]:
     """(the text without its '@high' / '@low' / '@both' end, the expert it names: 'both' without one)."""
     head, mark, tail = text.rpartition(EXPERT_MARK)
-    if mark and tail.strip().lower() in EXPERTS:
+    if mark and tail.strip().lower() in LORA_EXPERTS:
         return head.strip(), tail.strip().lower()
     if mark and not tail.lower().endswith(".safetensors") and ":" not in tail and "\\" not in tail and "/" not in tail:
         raise InputError(f"LoRA {text[:80]!r}: after '@' write high (the high-noise expert) or low (the low-noise "

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from engine.models.loras import EXPERTS, Lora, as_lora, lora_file_problem
+from engine.models.loras import LORA_EXPERTS, Lora, as_lora, lora_file_problem
 from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Override, PlanRequest
 from engine.planning.speed import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES, SpeedRequest
 from engine.words import sentence
@@ -361,7 +361,7 @@ def _transformer_files(settings: Settings, problems: list[str]) -> dict:
 def _lora_choices(settings: Settings, problems: list[str]) -> tuple[Lora, ...]:
     """The LoRA list as Lora values with each strength a float: every file a LoRA for Wan that is there
     (engine/models/loras.py reads its header) or one the engine fetches from its ``repo``, the strength in range,
-    the expert one of EXPERTS, no file twice for the same expert."""
+    the expert one of LORA_EXPERTS, no file twice for the same expert."""
     loras = () if settings.loras is None else settings.loras
     if isinstance(loras, (str, bytes)) or not isinstance(loras, (list, tuple)):
         problems.append(f"LoRAs must be a list of (file, strength) pairs, got {type(loras).__name__}")
@@ -382,7 +382,7 @@ def _lora_choices(settings: Settings, problems: list[str]) -> tuple[Lora, ...]:
         if strength is not None and not -MAX_LORA_STRENGTH <= strength <= MAX_LORA_STRENGTH:
             problems.append(f"the strength of LoRA {name} is {strength}: use {-MAX_LORA_STRENGTH:g} to "
                             f"{MAX_LORA_STRENGTH:g} (1 is the LoRA as trained, 0 turns it off)")
-        if lora.expert not in EXPERTS:
+        if lora.expert not in LORA_EXPERTS:
             problems.append(f"LoRA {name} is for expert {lora.expert!r}: use high (the high-noise expert), low (the "
                             "low-noise one) or both")
         sources = (lora.repo, lora.path)

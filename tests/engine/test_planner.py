@@ -208,7 +208,7 @@ def test_on_a_cpu_every_phase_holds_the_weights_once_and_nothing_is_transferred(
     phases = {p.phase: p for p in chosen.phases}
     assert "transfer" not in phases
     weights = (spec.transformer.params + spec.text_encoder_params + spec.vae_params
-               + (spec.image_encoder_params if size.image_to_video else 0)) * 4 / mem.GB
+               + (spec.image_encoder_params if size.image_to_video else 0)) * 4 / mem.GIB
     assert abs(phases["load"].peak_ram_gb - (weights + mem.BASE_RAM_CPU_ONLY_GB)) < 0.02
     for phase in chosen.phases:
         extra = phase.peak_ram_gb - phases["load"].peak_ram_gb

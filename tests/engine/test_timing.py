@@ -1,6 +1,6 @@
 """The time model (engine/planning/timing.py) and the machine's calibration (engine/device/calibrate.py).
 
-The H200 figures of the shared FACTS.md are the model's sanity check: with the rates calibrate() measured
+The H200 figures of docs/reference-figures.md are the model's sanity check: with the rates calibrate() measured
 on an H200 (docs/data/timing-h200.json), each prediction must land within 25% of what was measured there.
 """
 from __future__ import annotations
@@ -71,7 +71,7 @@ def within(predicted: float, measured: float, tolerance: float = 0.25) -> bool:
     return abs(predicted - measured) <= tolerance * measured
 
 
-# ----- the H200 cross-check (FACTS.md) -------------------------------------------------------------------
+# ----- the H200 cross-check (docs/reference-figures.md) --------------------------------------------------
 
 def test_a_13b_step_with_guidance_is_about_the_h200s():
     times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan_for(T2V_13), H200_CALIBRATION)
@@ -100,7 +100,7 @@ def test_a_14b_step_with_group_offload_is_about_the_h200s():
 @pytest.mark.parametrize("vae_dtype, tile, measured", [("float32", None, 2.79), ("bfloat16", None, 1.83),
                                                        ("float32", 256, 5.37), ("bfloat16", 256, 4.25)])
 def test_the_vae_decode_is_about_the_h200s(vae_dtype, tile, measured):
-    """FACTS.md: cuDNN's defaults (no benchmark), untiled and in 256-pixel tiles."""
+    """docs/reference-figures.md: cuDNN's defaults (no benchmark), untiled and in 256-pixel tiles."""
     seconds, how = vae_decode_seconds(T2V_13, 832, 480, 81, vae_dtype, tile, H200_CALIBRATION)
     assert within(seconds, measured), how
 
@@ -218,18 +218,6 @@ def test_speed_choices_change_the_figures_they_should():
     flash = predict_times(T2V_13, 832, 480, 81, 10, 5.0, replace(plan, attention_backend="_native_flash"),
                           H200_CALIBRATION, loaded=True)
     assert within(flash.step_seconds, 1.68, 0.1)
-
-
-def test_an_old_plan_without_speed_fields_still_predicts():
-    """Plans made before the speed choices lack compile, attention_backend and conv: read with defaults."""
-    class OldPlan:
-        def __init__(self, plan):
-            for name, value in plan.__dict__.items():
-                if name not in ("compile", "attention_backend", "conv"):
-                    setattr(self, name, value)
-    old = OldPlan(plan_for(T2V_13))
-    times = predict_times(T2V_13, 832, 480, 81, 10, 5.0, old, H200_CALIBRATION)
-    assert within(times.step_seconds, 1.23)
 
 
 def test_the_phases_are_those_a_run_goes_through():

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine.models.limits import Limits
-from engine.models.single_file import EXPERTS, TRANSFORMERS_FOLDER, listed_transformer_files
+from engine.models.single_file import TRANSFORMERS, TRANSFORMERS_FOLDER, listed_transformer_files
 from engine.settings.presets import Preset
 from engine.settings.values import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
 from ui.context import AppContext
@@ -269,7 +269,7 @@ def _transformer_row(ctx: AppContext, form: Form, mode: str, prefix: str) -> lis
 
     def of_preset(name):
         settings = ctx.preset_or_default(name, mode).settings
-        return [transformer_choice(getattr(settings, expert, None), models) for expert in EXPERTS]
+        return [transformer_choice(getattr(settings, expert, None), models) for expert in TRANSFORMERS]
 
     first = of_preset(None)
     with gr.Row(elem_id=f"{prefix}-transformer-files"):
