@@ -21,8 +21,25 @@ PHASES = (
 INSIDE = {"expert_swap": "denoise"}
 
 
+class FailureKind(str, Enum):
+    """Why a job failed (JobFailed.kind). Each equals its string, so sidecars, logs and the API say "input" as
+    before; str() and format() give the string too."""
+    INPUT = "input"          # its settings
+    MODEL = "model"          # its model reference or files
+    QUEUE = "queue"          # the queue was full
+    RUNTIME = "runtime"      # an error while it ran
+    DISK = "disk"            # the disk filled up
+    CRASH = "crash"          # the engine process died
+    HUNG = "hung"            # the engine process stopped answering
+    PEER = "peer"            # another GPU of a split job failed first
+    VALUES = "values"        # a file or a phase gave NaN or infinite numbers
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 # The kinds of JobFailed that mean the job never started: its settings, its model, or a full queue.
-NOT_STARTED_KINDS = ("input", "model", "queue")
+NOT_STARTED_KINDS = (FailureKind.INPUT, FailureKind.MODEL, FailureKind.QUEUE)
 
 
 class Ending(str, Enum):
@@ -155,11 +172,12 @@ class JobFailed(Event):
     message: str            # what went wrong, as sentences
     hint: str               # what to do about it ("" when every problem already says so)
     phase: str | None = None
-    kind: str = "runtime"   # "input" (settings), "model", "queue" (full), "runtime", "disk", "crash" (worker died),
-                            # "hung" (worker stopped answering), "peer" (another GPU of a split job failed first)
-                            # or "values" (a file or a phase gave NaN or infinite numbers)
+    kind: FailureKind = FailureKind.RUNTIME   # given as a FailureKind or its string; unknown ones are refused
     latents: str | None = None   # saved latents to decode again, when the denoising had finished
     problems: tuple[str, ...] = ()   # kind "input": one sentence per problem, each saying what to change
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", FailureKind(self.kind))
 
     @property
     def ending(self) -> JobEnding:

@@ -8,7 +8,10 @@ compared as it resolves too. Touches nothing but the file system's links (no fil
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+
+from engine.errors import InputError
 
 
 def inside(path: Path | str, folder: Path | str, *, below: bool = False, follow_links: bool = True) -> bool:
@@ -26,3 +29,13 @@ def inside(path: Path | str, folder: Path | str, *, below: bool = False, follow_
     except (OSError, RuntimeError):   # a loop of links (RuntimeError before Python 3.13)
         return False
     return root in target.parents or (target == root and not below)
+
+
+def day_folder(outputs_dir: Path, now: float) -> Path:
+    """The day's folder of the outputs at ``now``; InputError when it is a link (nothing is written through one,
+    wherever it points)."""
+    day = Path(outputs_dir) / time.strftime("%Y-%m-%d", time.localtime(now))
+    if day.is_symlink() or not inside(day, outputs_dir, below=True):
+        raise InputError(f"the outputs folder's {day.name} is a link, and the app writes nothing through links: "
+                         f"make {day.name} a plain folder (or remove the link) and run again")
+    return day

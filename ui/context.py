@@ -14,7 +14,8 @@ from engine.service.jobqueue import JobQueue
 from engine.service.engines import Engines
 from engine.settings.loras import LORAS_FOLDER, lora_folder
 from engine.settings.presets import Preset, UserPresets
-from engine.settings.values import TRANSFORMER_FILE_NAMES, InputError
+from engine.models.single_file import TRANSFORMER_FILE_NAMES
+from engine.settings.values import InputError
 
 # The end of the message that refuses a model path from the page or the API.
 ALLOW_PATHS_HINT = "start the app with --allow-model-paths to use folders outside models/"

@@ -119,7 +119,7 @@ class Calibration:
         return replace(self, disk_gbps=float(gbps))
 
     def save(self, folder: Path) -> Path:
-        from engine.outputs.atomic import write_atomically
+        from engine.atomic import write_atomically
 
         path = Path(folder) / CALIBRATION_FILE
         path.parent.mkdir(parents=True, exist_ok=True)

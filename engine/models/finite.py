@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from engine.models.weights import read_header
-from engine.settings.values import InputError
+from engine.errors import InputError
 from engine.words import value_kinds
 
 # Values read at the start and at the middle of each tensor of a transformer file (rounded up to whole rows).

@@ -20,7 +20,8 @@ from engine.models.selftest import SELFTEST_REFS
 from engine.models.single_file import TRANSFORMERS_FOLDER
 from engine.run.fast_decoder import FAST_DECODER_FOLDER, FAST_DECODER_SUFFIXES
 from engine.settings.loras import LORAS_FOLDER
-from engine.settings.values import TRANSFORMER_FILE_SUFFIXES, Settings
+from engine.models.single_file import TRANSFORMER_FILE_SUFFIXES
+from engine.settings.values import Settings
 
 HUB, LOCAL = "hub", "models"          # the two places, as the first part of an entry's key
 # What an entry is, as the tab shows it.

@@ -20,7 +20,7 @@ from engine.models.gguf_header import GGUFHeaderError, check_gguf_header
 from engine.models.refs import ResolvedModel
 from engine.models.spec import KNOWN_MODELS, TRANSFORMERS, ModelSpec, TransformerShape, TransformerWeights
 from engine.models.weights import WEIGHTED_COMPONENTS, WeightFileError, files_under, read_header, weight_bytes
-from engine.settings.values import TRANSFORMER_FILE_NAMES, TRANSFORMER_FILE_SUFFIXES, InputError
+from engine.errors import InputError
 
 PREFIX = "model.diffusion_model."          # ComfyUI's checkpoints put the transformer under it
 # GGUF tensor types diffusers 0.42 dequantises (diffusers/quantizers/gguf/utils.py); F32 and F16 load as
@@ -45,6 +45,9 @@ SCALE_NAMES = (SCALED_MARKER, *SCALE_SUFFIXES, WEIGHT_SCALE, INPUT_SCALE)
 # (its single-file converter has no entry for it: the load would leave diffusers' one empty).
 FIRST_LAST_EMBEDDING = "img_emb.emb_pos"
 DIFFUSERS_FIRST_LAST_EMBEDDING = "condition_embedder.image_embedder.pos_embed"
+# A single transformer file in place of the model's own: its suffixes, and how a message names each expert's.
+TRANSFORMER_FILE_SUFFIXES = (".gguf", ".safetensors")
+TRANSFORMER_FILE_NAMES = {"transformer": "transformer file", "transformer_2": "low-noise transformer file"}
 # Inside the models folder: where the page lists single transformer files (and finds one given by name).
 TRANSFORMERS_FOLDER = "transformers"
 

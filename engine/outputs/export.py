@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import queue
 import re
@@ -19,23 +18,12 @@ from typing import Iterable
 
 import numpy as np
 
-from engine.folders import inside
-from engine.outputs.atomic import temporary_path, write_atomically
+from engine.atomic import temporary_path, write_atomically
+from engine.folders import day_folder, inside
 from engine.outputs.bundle import Bundle
 from engine.outputs.mp4_boxes import video_frame_count
-from engine.settings.values import InputError
 
 _SLUG = re.compile(r"[^a-z0-9]+")
-
-
-def day_folder(outputs_dir: Path, now: float) -> Path:
-    """The day's folder of the outputs at ``now``; InputError when it is a link (nothing is written through one,
-    wherever it points)."""
-    day = Path(outputs_dir) / time.strftime("%Y-%m-%d", time.localtime(now))
-    if day.is_symlink() or not inside(day, outputs_dir, below=True):
-        raise InputError(f"the outputs folder's {day.name} is a link, and the app writes nothing through links: "
-                         f"make {day.name} a plain folder (or remove the link) and run again")
-    return day
 
 
 def output_stem(outputs_dir: Path, mode: str, prompt: str, seed: int, now: float | None = None) -> Path:
@@ -328,11 +316,6 @@ def write_png(frame: np.ndarray, path: Path) -> Path:
 def copy_file(source: Path, path: Path) -> Path:
     """Copy ``source`` to ``path`` the way every output is written: in full or not at all."""
     return write_atomically(path, lambda temporary: shutil.copyfile(source, temporary))
-
-
-def write_json(data: dict, path: Path) -> Path:
-    text = json.dumps(data, indent=2, ensure_ascii=False, default=str)
-    return write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
 
 
 def read_video(path: Path) -> tuple[np.ndarray, float]:

@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from engine.outputs.atomic import write_atomically
+from engine.atomic import write_atomically
 from engine.outputs.bundle import LATENTS_SUFFIX, Bundle, listed
 
 DEFAULT_KEEP_HOURS = 24.0

@@ -34,7 +34,7 @@ from pathlib import Path
 from engine import APP_ID
 from engine.models.loras import as_lora
 from engine.settings.values import MODES, SETTING_TYPES, Settings
-from engine.outputs.export import write_json
+from engine.atomic import write_json
 
 SCHEMA = 1
 # The numbers every readable sidecar has besides its seed (Sidecar reads them from "parameters" and "output").

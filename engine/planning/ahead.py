@@ -6,7 +6,7 @@ from dataclasses import replace
 from engine.device.hardware import HardwareProfile
 from engine.models.catalog import ModelCatalog
 from engine.models.limits import check_model_limits
-from engine.planning.planner import Plan, gpus_for, plan_memory, strategy_words
+from engine.planning.planner import Plan, gpus_for, override_for, plan_memory, plan_request_for, strategy_words
 from engine.planning.speed import speed_line
 from engine.settings.values import Settings
 
@@ -20,7 +20,7 @@ def plan_settings(settings: Settings, hardware: HardwareProfile, catalog: ModelC
     spec = catalog.settings_spec(settings)
     check_model_limits(spec, settings.width, settings.height, settings.frames, settings.mode)
     ranks, why = gpus_for(settings, spec, hardware, engines)
-    plan = plan_memory(spec, replace(settings.plan_request(), ranks=ranks), hardware, settings.override())
+    plan = plan_memory(spec, replace(plan_request_for(settings), ranks=ranks), hardware, override_for(settings))
     if (hardware.gpu_count if engines is None else engines) > 1 or settings.gpus:
         plan = replace(plan, decisions=(f"GPUs: {why}", *plan.decisions))
     return plan

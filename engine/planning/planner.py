@@ -15,11 +15,11 @@ from engine.models.spec import ModelSpec
 from engine.planning import memory as mem
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES, SpeedRequest, choose_speed, vae_dtype_for
 from engine.planning.split import CONTEXT_PARALLEL_BACKENDS, NO_COLLECTIVES, Split, choose_split
+from engine.settings.choices import LADDER, TEXT_ENCODER_PLACES
 from engine.words import plural
 
-# Rungs of the ladder, fastest (and highest quality) first.
-LADDER = ("all_on_device", "text_encoder_offload", "expert_swap", "group_offload", "fp8_storage",
-          "fp8_group_offload", "leaf_offload", "disk_offload")
+# Rungs of the ladder, fastest (and highest quality) first: LADDER (engine/settings/choices.py, where settings
+# are checked against it).
 # Rungs only a model with two experts (Wan2.2 A14B) has.
 TWO_EXPERT_RUNGS = ("expert_swap",)
 RUNG_TEXT = {
@@ -39,6 +39,18 @@ CPU_ONLY = "CPU only"
 CPU_ONLY_TEXT = "everything in RAM, computed on the CPU"
 
 
+def plan_request_for(settings) -> "PlanRequest":
+    """What the memory planner needs of a job's Settings (engine/settings/values.py)."""
+    return PlanRequest(settings.width, settings.height, settings.frames, settings.mode == "i2v",
+                       SpeedRequest(settings.steps, settings.guidance, settings.step_cache))
+
+
+def override_for(settings) -> "Override":
+    """The memory and speed choices a job's Settings force on the planner."""
+    return Override(settings.strategy, settings.text_encoder, settings.vae_tiling, settings.vae_dtype,
+                    settings.compile, settings.attention)
+
+
 def strategy_words(strategy: str, device: str) -> tuple[str, str]:
     """(the strategy's name, what it does) as the page and the command line say them: a CPU-only machine's
     plan is "CPU only" (its rung is all_on_device, and the device is the CPU)."""
@@ -47,9 +59,7 @@ def strategy_words(strategy: str, device: str) -> tuple[str, str]:
     return strategy, RUNG_TEXT.get(strategy, strategy)
 
 
-# Where the text (and image) encoder lives: always on the device; moved there whole to encode; streamed
-# through it layer by layer to encode; or run on the CPU.
-TEXT_ENCODER_PLACES = ("device", "offload", "streamed", "cpu")
+# Where the text (and image) encoder lives: TEXT_ENCODER_PLACES (engine/settings/choices.py).
 # Device memory kept free for the desktop, the driver and the allocator's slack.
 DEVICE_MARGIN_FRACTION = 0.05
 DEVICE_MARGIN_MIN_GB = 0.75
@@ -524,7 +534,7 @@ def gpus_for(settings, spec: ModelSpec, hw: HardwareProfile, engines: int | None
         return 1, "One GPU: the machine has no other." if hw.gpu_count < 2 else "One GPU: the app runs one engine."
     if not hw.collectives:
         return 1, f"One GPU: {NO_COLLECTIVES}."
-    req, override = settings.plan_request(), settings.override()
+    req, override = plan_request_for(settings), override_for(settings)
     alone = plan_memory(spec, req, hw, override)
     if alone.fits and alone.strategy in ON_DEVICE_RUNGS:
         return 1, f"One GPU: the job fits on it with '{alone.strategy}'."

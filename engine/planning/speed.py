@@ -8,12 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-VAE_DTYPES = ("float32", "bfloat16")
-# diffusers' attention backends the app offers ("native" is torch's SDPA, which picks flash or
-# memory-efficient kernels by itself); the *_hub ones download kernels and are never offered.
-ATTENTION_BACKENDS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "flash", "sage")
-STEP_CACHES = ("first_block", "mag", "taylor")
-DECODERS = ("vae", "fast")
+from engine.settings.choices import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES  # noqa: F401
+
 # How the decode's convolutions are set up, per backend:
 #   benchmark:  cuDNN tries its algorithms once per shape and keeps the fastest. Not chosen on CUDA: on an
 #               H200 it gained nothing once tuned (a Wan2.1 decode of 832x480x81 in 2.42 s against 2.38 s in

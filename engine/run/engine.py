@@ -45,7 +45,7 @@ from engine.outputs.kept_inputs import keep_inputs
 from engine.outputs.latents import DECODE_AGAIN_HINT, DEFAULT_KEEP_HOURS, cleanup_latents, save_latents
 from engine.outputs.record import run_record
 from engine.outputs.sidecar import write_sidecar
-from engine.planning.planner import Plan, plan_memory, rungs_below
+from engine.planning.planner import Plan, override_for, plan_memory, plan_request_for, rungs_below
 from engine.run.apply_plan import (
     encoder_device,
     encoder_visiting,
@@ -342,9 +342,9 @@ class Engine(DecodeStage):
                  ranks: int = 1) -> Plan:
         """The memory plan for ``request``; ``ranks`` > 1: for one of that many GPUs sharing the denoise."""
         settings = request.settings
-        override = replace(settings.override(), strategy=strategy or settings.strategy)
+        override = replace(override_for(settings), strategy=strategy or settings.strategy)
         hardware = replace(self.hardware, disk_free_gb=disk_room_gb(self.models_dir))
-        return plan_memory(spec, replace(settings.plan_request(), ranks=ranks), hardware, override)
+        return plan_memory(spec, replace(plan_request_for(settings), ranks=ranks), hardware, override)
 
     def _next_rung(self, request: GenerationRequest, spec: ModelSpec, plan: Plan) -> Plan | None:
         """The plan one rung down the planner's ladder (the first lower rung that fits, else the next one)."""

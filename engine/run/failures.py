@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import errno
 
-from engine.events import JobFailed
+from engine.events import FailureKind, JobFailed
 from engine.models.refs import ModelError
 from engine.outputs.export import DiskFull
 from engine.run.nonfinite import NonFiniteValues
@@ -14,8 +14,9 @@ from engine.words import sentence
 def failure_event(job_id: str, exc: BaseException, phase: str | None) -> JobFailed:
     """The JobFailed event for an exception raised during ``phase``."""
     message, hint = describe_failure(exc, phase)
-    kind = ("input" if isinstance(exc, InputError) else "model" if isinstance(exc, ModelError)
-            else "disk" if is_disk_full(exc) else "values" if isinstance(exc, NonFiniteValues) else "runtime")
+    kind = (FailureKind.INPUT if isinstance(exc, InputError) else FailureKind.MODEL if isinstance(exc, ModelError)
+            else FailureKind.DISK if is_disk_full(exc) else FailureKind.VALUES if isinstance(exc, NonFiniteValues)
+            else FailureKind.RUNTIME)
     return JobFailed(job_id, message, hint, phase, kind, problems=getattr(exc, "problems", ()))
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from engine.device.hardware import can_compile  # noqa: F401 (the runtime check lives with the probing)
 from engine.device.runtime import synchronize
 from engine.models.spec import TRANSFORMERS
-from engine.outputs.atomic import write_atomically
+from engine.atomic import write_atomically
 
 # ---- attention ------------------------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from engine.models.catalog import ModelCatalog
 from engine.models.loras import LORA_EXPERTS
 from engine.models.manager import LoadedFiles
 from engine.models.refs import ModelError
-from engine.outputs.atomic import discard_temporary
+from engine.atomic import discard_temporary
 from engine.outputs.bundle import Bundle
 from engine.outputs.latents import DECODE_AGAIN_HINT
 from engine.run.failures import failure_event

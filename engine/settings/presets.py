@@ -277,8 +277,8 @@ class UserPresets:
             return self.presets.pop(name)
 
     def _write(self, name: str, preset: Preset) -> None:
-        """Write the file whole or not at all (export.write_json: a temporary file renamed over the old one)."""
-        from engine.outputs.export import write_json
+        """Write the file whole or not at all (engine/atomic.py write_json: a temporary file renamed over the old one)."""
+        from engine.atomic import write_json
 
         path = self.folder / f"{name}.json"
         try:

@@ -152,7 +152,7 @@ def check_outputs_dir(path: str) -> str | None:
         os.unlink(probe)
     except OSError as exc:
         return f"the outputs folder {str(folder)!r} is not writable ({exc.strerror or exc}); choose another with --outputs"
-    from engine.outputs.export import day_folder
+    from engine.folders import day_folder
 
     try:
         day_folder(folder, time.time())     # today's folder a link: said before the run, not after its denoise

@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from engine.errors import InputError
 from engine.models.loras import LORA_EXPERTS, Lora, as_lora, lora_file_problem
-from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Override, PlanRequest
-from engine.planning.speed import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES, SpeedRequest
-from engine.words import sentence
+from engine.models.single_file import TRANSFORMER_FILE_NAMES, TRANSFORMER_FILE_SUFFIXES
+from engine.settings.choices import ATTENTION_BACKENDS, DECODERS, LADDER, STEP_CACHES, TEXT_ENCODER_PLACES, VAE_DTYPES
 
 if TYPE_CHECKING:
     from engine.models.limits import Limits
@@ -37,24 +37,8 @@ MAX_GUIDANCE = 30.0
 MAX_SHIFT = 50.0
 MAX_FPS = 120
 MAX_GPUS = 16   # one engine process per GPU; more than a machine of 16 is a typing error
-# A single transformer file in place of the model's own (engine/models/single_file.py reads them).
-TRANSFORMER_FILE_SUFFIXES = (".gguf", ".safetensors")
-TRANSFORMER_FILE_NAMES = {"transformer": "transformer file", "transformer_2": "low-noise transformer file"}
 # A LoRA's strength: 1 is the LoRA as trained, 0 turns it off, a negative one pushes away from what it learned.
 MAX_LORA_STRENGTH = 4.0
-
-
-class InputError(ValueError):
-    """The request cannot run; each problem says what is wrong and what to change.
-
-    Built from one problem or a list of them (short clauses such as "width 70 is not a multiple of 16:
-    try 64 or 80"); ``problems`` holds them as sentences, and ``str()`` is those sentences in a row.
-    """
-
-    def __init__(self, problems: str | list[str] | tuple[str, ...]):
-        listed = [problems] if isinstance(problems, str) else list(problems)
-        self.problems = tuple(sentence(p) for p in listed if p.strip())
-        super().__init__(" ".join(self.problems))
 
 
 @dataclass(frozen=True)
@@ -113,16 +97,6 @@ class Settings:
         if settings.sigmas is not None and settings.steps != len(settings.sigmas):
             settings = replace(settings, sigmas=None)
         return settings
-
-    def plan_request(self) -> PlanRequest:
-        """What the memory planner needs of these settings."""
-        return PlanRequest(self.width, self.height, self.frames, self.mode == "i2v",
-                           SpeedRequest(self.steps, self.guidance, self.step_cache))
-
-    def override(self) -> Override:
-        """The memory and speed choices these settings force on the planner."""
-        return Override(self.strategy, self.text_encoder, self.vae_tiling, self.vae_dtype, self.compile,
-                        self.attention)
 
 
 def _read_lora(entry):

@@ -88,7 +88,9 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
     assert second != first, "the preview did not update"
     page.wait_for_function("() => document.querySelector('#t2v-timings').innerText.includes('Denoise')")
     assert "Live preview after step" in page.locator("#t2v-preview").inner_text()
-    assert re.search(r"step \d+/40", page.locator("#t2v-status").inner_text() + _table_text(page, "t2v-timings"))
+    # The step count, while it denoises ("step 12/40") or, on a fast machine, once the denoise row is done ("40 steps")
+    shown_so_far = page.locator("#t2v-status").inner_text() + _table_text(page, "t2v-timings")
+    assert re.search(r"step \d+/40|40 steps", shown_so_far)
     shot(page, "t2v-running")
     video = _wait_for_playing_video(page, "t2v")
     assert (video["w"], video["h"]) == (96, 64)

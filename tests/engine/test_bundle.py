@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from engine.outputs.atomic import temporary_path, write_atomically
+from engine.atomic import temporary_path, write_atomically
 from engine.outputs.bundle import LATENTS_SUFFIX, Bundle, RemovalError, listed, media_kind
-from engine.outputs.export import copy_file, output_stem, write_json, write_png
+from engine.atomic import write_json
+from engine.outputs.export import copy_file, output_stem, write_png
 from engine.outputs.kept_inputs import carry_inputs
 from engine.outputs.latents import cleanup_latents, load_latents, save_latents, saved_latents
 from engine.settings.values import InputError

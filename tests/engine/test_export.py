@@ -9,8 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from engine.outputs.atomic import discard_temporary, temporary_path
-from engine.outputs.export import (Mp4Stream, output_stem, read_video, write_json, write_mp4, write_mp4_stream,
+from engine.atomic import discard_temporary, temporary_path
+from engine.atomic import write_json
+from engine.outputs.export import (Mp4Stream, output_stem, read_video, write_mp4, write_mp4_stream,
     write_png)
 from tests.conftest import ROOT
 

@@ -13,7 +13,7 @@ from engine.models.loras import Lora
 from engine.models.spec import spec_for
 from engine.outputs.history import read_entry, reuse_values
 from engine.outputs.latents import load_latents
-from engine.planning.planner import plan_memory
+from engine.planning.planner import plan_memory, plan_request_for
 from engine.run.engine import Engine
 from engine.run.lora import apply_loras, loaded_adapters
 from engine.settings.loras import lora_line, parse_lora, parse_lora_lines
@@ -52,7 +52,7 @@ def test_each_new_preset_loads_and_plans_from_the_known_specs(presets, name):
     preset = presets[name]
     spec = spec_for(preset.settings.model)   # no folder: the known table, as offline
     assert spec is not None, preset.settings.model
-    plan = plan_memory(spec, preset.settings.plan_request(), CPU)
+    plan = plan_memory(spec, plan_request_for(preset.settings), CPU)
     assert plan.phases and "GB" in preset.description
     assert parse_preset(preset_json(preset), f"{name}.json") == preset
 

@@ -196,8 +196,9 @@ def test_every_writer_on_a_full_disk_leaves_no_partial_file(small_disk):
     the temporary file goes with it, whatever writes it."""
     import torch
 
-    from engine.outputs.atomic import write_atomically
-    from engine.outputs.export import copy_file, write_json, write_png
+    from engine.atomic import write_atomically
+    from engine.atomic import write_json
+    from engine.outputs.export import copy_file, write_png
     from engine.outputs.latents import save_latents
     from engine.run.failures import is_disk_full
 

@@ -23,7 +23,7 @@ from engine.models.single_file import PREFIX, read_transformer_file, use_transfo
 from engine.models.spec import KNOWN_MODELS, TransformerWeights
 from engine.outputs.latents import load_latents
 from engine.planning import memory as mem
-from engine.planning.planner import PlanRequest, plan_memory
+from engine.planning.planner import PlanRequest, plan_memory, plan_request_for
 from engine.run.engine import Engine
 from engine.settings.values import InputError, check_settings
 from tests.conftest import CPU, run_engine, tiny_request
@@ -321,7 +321,7 @@ def test_fp8_scaled_weights_are_multiplied_by_their_scales_as_they_load(model_di
 
     settings = replace(presets["selftest-t2v"].settings, transformer=str(files["scaled"]))
     resolved = use_transformer_files(resolve_model(str(model_dirs["tiny-t2v"]), tmp_path), settings)
-    plan = plan_memory(resolved.spec, settings.plan_request(), CPU)
+    plan = plan_memory(resolved.spec, plan_request_for(settings), CPU)
     loaded = load_transformer_files(resolved, plan)["transformer"].state_dict()
     own = load_file(str(model_dirs["tiny-t2v"] / "transformer" / "diffusion_pytorch_model.safetensors"))
     assert set(loaded) == set(own)
@@ -343,7 +343,7 @@ def test_the_newer_comfyui_fp8_layout_loads_with_its_scales(model_dirs, files, p
     assert described.quantization == "fp8_e4m3fn scaled" and described.scaled_fp8
     settings = replace(presets["selftest-t2v"].settings, transformer=str(path))
     resolved = use_transformer_files(resolve_model(str(model_dirs["tiny-t2v"]), tmp_path), settings)
-    loaded = load_transformer_files(resolved, plan_memory(resolved.spec, settings.plan_request(), CPU))
+    loaded = load_transformer_files(resolved, plan_memory(resolved.spec, plan_request_for(settings), CPU))
     own = load_file(str(model_dirs["tiny-t2v"] / "transformer" / "diffusion_pytorch_model.safetensors"))
     state = loaded["transformer"].state_dict()
     assert set(state) == set(own)

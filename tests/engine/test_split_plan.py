@@ -8,7 +8,7 @@ import pytest
 from engine.device.hardware import GpuDevice, HardwareProfile
 from engine.models.spec import KNOWN_MODELS
 from engine.planning import memory as mem
-from engine.planning.planner import gpus_for, plan_memory
+from engine.planning.planner import gpus_for, override_for, plan_memory, plan_request_for
 from engine.planning.split import choose_split
 from engine.settings.presets import load_presets
 
@@ -30,7 +30,7 @@ def hd_14b():
 
 def test_automatic_takes_the_fewest_gpus_that_keep_the_transformer_on_the_device(hd_14b):
     spec = KNOWN_MODELS[hd_14b.model]
-    assert plan_memory(spec, hd_14b.plan_request(), cards(2, 36)).strategy == "group_offload"
+    assert plan_memory(spec, plan_request_for(hd_14b), cards(2, 36)).strategy == "group_offload"
     for count in (2, 4):
         ranks, why = gpus_for(hd_14b, spec, cards(count, 36))
         assert ranks == 2, why
@@ -59,8 +59,8 @@ def test_an_explicit_count_wins_capped_by_the_gpus_present(hd_14b):
 
 def test_a_split_plan_holds_the_whole_model_and_a_share_of_the_activations_on_each_gpu(hd_14b):
     spec, hw = KNOWN_MODELS[hd_14b.model], cards(2, 80)
-    one = plan_memory(spec, hd_14b.plan_request(), hw)
-    two = plan_memory(spec, replace(hd_14b.plan_request(), ranks=2), hw)
+    one = plan_memory(spec, plan_request_for(hd_14b), hw)
+    two = plan_memory(spec, replace(plan_request_for(hd_14b), ranks=2), hw)
     assert one.split is None and two.split.kind == "ulysses" and two.split.ranks == 2
     assert one.strategy == two.strategy == "all_on_device"
     (one_denoise, one_after), (two_denoise, two_after) = (
@@ -114,10 +114,10 @@ def test_without_nccl_nothing_splits_and_the_plan_says_why(hd_14b):
     bare = replace(cards(2, 36), collectives="")
     ranks, why = gpus_for(hd_14b, spec, bare)
     assert ranks == 1 and "no NCCL" in why and "each GPU still serves its own jobs" in why
-    plan = plan_memory(spec, replace(hd_14b.plan_request(), ranks=2), bare)
+    plan = plan_memory(spec, replace(plan_request_for(hd_14b), ranks=2), bare)
     assert not plan.split.possible and "no NCCL" in plan.split.reason
     assert any("cannot be split across 2 GPUs" in said for said in plan.decisions)
-    with_nccl = plan_memory(spec, replace(hd_14b.plan_request(), ranks=2), replace(cards(2, 36), collectives="nccl"))
+    with_nccl = plan_memory(spec, replace(plan_request_for(hd_14b), ranks=2), replace(cards(2, 36), collectives="nccl"))
     assert with_nccl.split.kind == "ulysses"
 
 
@@ -126,7 +126,7 @@ def test_ring_attention_is_refused_on_cpu_engines_where_its_backends_do_not_run(
                        frames=9)
     cpu = HardwareProfile(backend="cpu", device_name="x86", ram_total_gb=24, ram_available_gb=20, cpu_count=2)
     spec = KNOWN_MODELS[T2V_14B]   # 40 heads: 3 engines cannot divide them
-    plan = plan_memory(spec, replace(settings.plan_request(), ranks=3), cpu, settings.override())
+    plan = plan_memory(spec, replace(plan_request_for(settings), ranks=3), cpu, override_for(settings))
     assert not plan.split.possible and "only on GPUs" in plan.split.reason
-    on_gpus = plan_memory(spec, replace(settings.plan_request(), ranks=3), cards(3, 80), settings.override())
+    on_gpus = plan_memory(spec, replace(plan_request_for(settings), ranks=3), cards(3, 80), override_for(settings))
     assert on_gpus.split.kind == "ring"

@@ -9,6 +9,7 @@ name, and the temporary file is removed on every failure.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 from typing import Callable
@@ -50,3 +51,9 @@ def discard_temporary(final: Path | str) -> None:
     """
     with contextlib.suppress(OSError):
         temporary_path(Path(final)).unlink(missing_ok=True)
+
+
+def write_json(data: dict, path: Path) -> Path:
+    """``data`` as indented JSON at ``path``, written whole or not at all."""
+    text = json.dumps(data, indent=2, ensure_ascii=False, default=str)
+    return write_atomically(path, lambda temporary: temporary.write_text(text, encoding="utf-8"))
