@@ -35,7 +35,7 @@ CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strate
 NUMBER_MIN_WIDTH = 100
 # Under the negative prompt box: the presets' suggestion is the models' official one, in Chinese.
 NEGATIVE_INFO = ("what to steer away from; a preset with guidance suggests Wan's official one, in Chinese as the models "
-                 "were trained with it (the README gives it in English). Your own text, in any language, replaces it")
+                 "were trained with it (the README gives it in English). Your own text, in any language, replaces it.")
 # The settings the form shows, by their Settings names (the memory choices are the plan panel's).
 FORM_SETTINGS = ("model", "width", "height", "frames", "steps", "guidance", "shift", "guidance_2")
 # The low-noise expert's guidance box (Wan2.2 A14B's second expert; 0 or empty: the same as Guidance; left out for
