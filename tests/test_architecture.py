@@ -155,8 +155,6 @@ LAYERS = ("events", "words", "errors", "atomic", "folders", "device", "models", 
 KNOWN_UPWARD = {
     ("engine/device/calibrate.py", "engine.outputs.export"),
     ("engine/models/limits.py", "engine.settings.values"),
-    ("engine/models/manager.py", "engine.run.fast_decoder"), ("engine/models/manager.py", "engine.settings.loras"),
-    ("engine/models/manager.py", "engine.settings.values"),
     ("engine/models/selftest.py", "engine.run.fast_decoder"),
 }
 

@@ -27,7 +27,7 @@ from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
 from engine.events import Event, Info, JobFailed, LatentsSaved, PhaseFinished, PhaseStarted, is_terminal
 from engine.models.catalog import ModelCatalog
 from engine.models.loras import LORA_EXPERTS
-from engine.models.manager import LoadedFiles
+from engine.service.model_files import LoadedFiles
 from engine.models.refs import ModelError
 from engine.atomic import discard_temporary
 from engine.outputs.bundle import Bundle
@@ -100,7 +100,7 @@ def _memory(engine):
 
 
 def _loaded_files(engine) -> LoadedFiles | str:
-    """The files the engine's loaded pipeline holds (engine/models/manager.py's LoadedFiles; none loaded: no
+    """The files the engine's loaded pipeline holds (engine/service/model_files.py's LoadedFiles; none loaded: no
     paths), or what went wrong while it was read (a job may change the pipeline meanwhile)."""
     loaded = engine.loaded
     if loaded is None:

@@ -16,7 +16,7 @@ import pytest
 from engine.models.download import (DownloadError, DownloadPlan, check_space, download_file, download_snapshot,
                                     partial_file)
 from engine.models.loras import Lora
-from engine.models.manager import (DeleteRefused, LoadedFiles, ModelEntry, check_deletable, delete_entry,
+from engine.service.model_files import (DeleteRefused, LoadedFiles, ModelEntry, check_deletable, delete_entry,
                                    find_entry, list_models)
 from engine.settings.presets import load_presets
 from tests.fake_hub import FakeHub

@@ -18,7 +18,7 @@ import gradio as gr
 
 from engine.device.usage import EngineSilent
 from engine.models.download import DownloadError, download_file, download_snapshot, free_space, size_words
-from engine.models.manager import (DeleteRefused, LoadedFiles, ModelEntry, delete_entry, find_entry, list_models,
+from engine.service.model_files import (DeleteRefused, LoadedFiles, ModelEntry, delete_entry, find_entry, list_models,
                                    names_in)
 from engine.models.refs import REPO_ID, ModelError, hub_cache_dir
 from engine.models.single_file import TRANSFORMERS_FOLDER
