@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
-import shutil
 import sys
 from pathlib import Path
 
@@ -39,34 +37,16 @@ def _gpus_arg(text: str):
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _overrides(parser: argparse.ArgumentParser) -> None:
-    from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES
+def _field_options(parser: argparse.ArgumentParser, command: str) -> None:
+    """The options of ``command`` that set a field, as the field table declares them (engine/settings/fields.py)."""
+    from engine.settings.fields import Parse, cli_fields
 
-    parser.add_argument("--strategy", choices=LADDER, help="force a memory strategy (default: the planner's)")
-    parser.add_argument("--text-encoder", choices=TEXT_ENCODER_PLACES, help="force where the text encoder runs")
-    parser.add_argument("--vae-tiling", choices=("on", "off"), help="force VAE tiling on or off")
-    parser.add_argument("--split", type=int, metavar="N",
-                        help="split the job's denoise across N GPUs, one engine each (0: automatic, the default: "
-                             "one GPU unless the model fits on the device only split)")
-    _speed_options(parser)
-    _source_options(parser)
-
-
-def _source_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--transformer", metavar="FILE",
-                        help="a single transformer file (.gguf or .safetensors) in place of the model's own, a path "
-                             "or a name in the models folder's transformers/; the rest (text encoder, VAE, ...) "
-                             "comes from --model")
-    parser.add_argument("--transformer-2", metavar="FILE",
-                        help="the same for Wan2.2 A14B's low-noise expert (transformer_2)")
-    parser.add_argument("--guidance-2", type=float, metavar="SCALE",
-                        help="Wan2.2 A14B: the low-noise expert's guidance (default: the preset's, else the same as "
-                             "--guidance)")
-    parser.add_argument("--lora", action="append", type=_lora_arg, metavar="FILE[:STRENGTH][@high|@low]",
-                        help="a LoRA file (.safetensors) and its strength (default 1.0), applied in order; give it "
-                             "again for more; a bare name is also looked for in the models folder's loras/; "
-                             "@high or @low puts it into one expert of a two-expert model (Wan2.2 A14B) only; "
-                             "replaces the preset's LoRAs")
+    for field in cli_fields(command):
+        option = field.option
+        choices = ("on", "off") if field.parse is Parse.ON_OFF else (field.choices or None)
+        kind = _lora_arg if option.many else option.kind
+        parser.add_argument(option.flag, dest=option.dest_of(field), type=kind, choices=choices, metavar=option.metavar,
+                            help=option.help, action="append" if option.many else "store")
 
 
 def _lora_arg(text: str):
@@ -77,18 +57,6 @@ def _lora_arg(text: str):
         return parse_lora(text)
     except InputError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _speed_options(parser: argparse.ArgumentParser) -> None:
-    from engine.planning.speed import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES
-
-    parser.add_argument("--decoder", choices=DECODERS,
-                        help="vae: the model's own (default); fast: the small approximate decoder, if installed")
-    parser.add_argument("--step-cache", choices=STEP_CACHES,
-                        help="reuse transformer work between steps (faster, approximate; default off)")
-    parser.add_argument("--compile", choices=("on", "off"), help="force compiling the transformer on or off")
-    parser.add_argument("--attention", choices=ATTENTION_BACKENDS, help="force an attention backend")
-    parser.add_argument("--vae-precision", choices=VAE_DTYPES, help="force the VAE decode's precision")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,14 +98,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
 
     gen = sub.add_parser("generate", help="generate one video or image without the page")
     gen.add_argument("--prompt", required=True)
-    gen.add_argument("--negative-prompt")
-    gen.add_argument("--image", help="first frame: makes an image-to-video run")
-    gen.add_argument("--last-image", help="optional last frame for image-to-video")
     gen.add_argument("--preset", help="preset name (see the Presets tab or presets/)")
     gen.add_argument("--model", help="repo id, local diffusers folder, selftest-t2v or selftest-i2v")
-    for name, kind in (("width", int), ("height", int), ("frames", int), ("steps", int),
-                       ("guidance", float), ("shift", float), ("seed", int), ("fps", int)):
-        gen.add_argument(f"--{name}", type=kind)
+    _field_options(gen, "generate")
     gen.add_argument("--keep-latents", action="store_true",
                      help="keep the denoised latents after the video is written (for decoding again later)")
     gen.add_argument("--user-presets", default=str(DEFAULT_USER_PRESETS), metavar="DIR",
@@ -145,7 +108,6 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     gen.add_argument("--gpus", type=_gpus_arg, default="all", metavar="all|N|0,1",
                      help="the GPUs this run may use (default all): it runs on the first, or split across "
                           "them when the plan or --split says so")
-    _overrides(gen)
     _common(gen)
 
     plan = sub.add_parser("plan", help="show the memory plan for a preset on this (or a described) machine")
@@ -153,9 +115,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     plan.add_argument("--model", help="another model than the preset's")
     plan.add_argument("--hardware", help="a hardware JSON file (as 'doctor --json' prints under 'hardware')")
     plan.add_argument("--mode", choices=("t2v", "i2v", "t2i"), help="default: the preset's")
-    for name in ("width", "height", "frames", "steps"):
-        plan.add_argument(f"--{name}", type=int)
-    _overrides(plan)
+    _field_options(plan, "plan")
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     plan.add_argument("--user-presets", default=str(DEFAULT_USER_PRESETS), metavar="DIR",
                       help="folder of the presets saved from the page (--preset finds them too)")
@@ -202,56 +162,53 @@ def _pick_preset(presets, args):
 
 
 def _settings(args):
-    """The settings the command line asks for: its preset's, with the options given."""
+    """(the preset, the settings the command line asks for: its preset's, with the options given)."""
     from engine.settings.draft import prepare
+    from engine.settings.fields import SETTING_TYPES
+
+    preset, values, mode = _typed(args)
+    values = {name: value for name, value in values.items() if name in SETTING_TYPES}
+    return preset, prepare(values, preset.settings, mode, _cli_paths(args), lambda ref: None, check=False,
+                           drop_unused_guidance_2=False)
+
+
+def _typed(args):
+    """(the preset, the fields typed as options, by name, the mode): an option not typed is the preset's
+    (engine/settings/draft.py); the run's check says what is wrong."""
+    from engine.settings.fields import cli_fields
 
     preset = _pick_preset(_presets_with_user_folder(args.user_presets)[0], args)
     image = getattr(args, "image", None)
     mode = getattr(args, "mode", None) or ("i2v" if image else ("t2i" if args.frames == 1 else preset.settings.mode))
-    typed = dict(
-        model=args.model, width=args.width, height=args.height, frames=args.frames, steps=args.steps,
-        guidance=getattr(args, "guidance", None), shift=getattr(args, "shift", None), fps=getattr(args, "fps", None),
-        strategy=args.strategy, text_encoder=args.text_encoder,
-        vae_tiling=None if args.vae_tiling is None else args.vae_tiling == "on",
-        decoder=args.decoder, step_cache=args.step_cache, attention=args.attention, vae_dtype=args.vae_precision,
-        compile=None if args.compile is None else args.compile == "on",
-        transformer=_transformer(args.transformer, args), transformer_2=_transformer(args.transformer_2, args),
-        loras=_loras(args), guidance_2=args.guidance_2, gpus=args.split)
-    # An option not typed is the preset's (engine/settings/draft.py); the run's check says what is wrong.
-    given = {name: value for name, value in typed.items() if value is not None}
-    return preset, prepare(given, preset.settings, mode, lambda ref: ref, lambda ref: None, check=False,
-                           drop_unused_guidance_2=False)
+    typed = {field.name: getattr(args, field.option.dest_of(field)) for field in cli_fields(args.command)}
+    typed["model"] = args.model
+    return preset, {name: value for name, value in typed.items() if value is not None}, mode
 
 
-def _transformer(file: str | None, args) -> str | None:
-    """A --transformer file as an absolute path: from here, else by that name in the models folder's transformers/."""
-    from engine.models.single_file import transformer_folder
-    from engine.models.weights import find_file
-
-    return find_file(file, transformer_folder(args.models_dir)) if file else None
-
-
-def _loras(args) -> tuple | None:
-    """The --lora files, each found (from here, else in the models folder's loras/); None: the preset's."""
+def _cli_paths(args):
+    """The command line's path policy: a LoRA or transformer file from here, else by that name in the models
+    folder's loras/ or transformers/; any model reference."""
     from dataclasses import replace
 
+    from engine.models.single_file import transformer_folder
+    from engine.models.weights import find_file
+    from engine.settings.draft import Paths
     from engine.settings.loras import find_lora
 
-    if not args.lora:
-        return None
-    return tuple(replace(lora, file=find_lora(lora.file, args.models_dir)) for lora in args.lora)
+    def transformers(files: dict) -> dict:
+        return {name: find_file(file, transformer_folder(args.models_dir)) if file else None
+                for name, file in files.items()}
+
+    return Paths(loras=lambda loras: tuple(replace(lora, file=find_lora(lora.file, args.models_dir))
+                                           for lora in loras), transformers=transformers)
 
 
 def _build_request(args):
-    from engine.settings.request import GenerationRequest
+    from engine.settings.draft import prepare_request
 
-    preset, settings = _settings(args)
-    negative = getattr(args, "negative_prompt", None)
-    return GenerationRequest(
-        settings, args.prompt, negative_prompt=preset.negative_prompt if negative is None else negative,
-        seed=-1 if args.seed is None else args.seed, image=getattr(args, "image", None),
-        last_image=getattr(args, "last_image", None), preset=preset.name, outputs_dir=args.outputs,
-        keep_latents=getattr(args, "keep_latents", False))
+    preset, values, mode = _typed(args)
+    return prepare_request({"prompt": args.prompt, **values}, preset, mode, _cli_paths(args), lambda ref: None,
+                           args.outputs, drop_unused_guidance_2=False, keep_latents=getattr(args, "keep_latents", False))
 
 
 def _print_timings(view, out) -> None:
@@ -358,7 +315,7 @@ def plan(args) -> int:
     from engine.device.hardware import HardwareError, HardwareProfile
     from engine.models.refs import ModelError
     from engine.models.catalog import ModelCatalog
-    from engine.planning.ahead import plan_settings, plan_table
+    from engine.service.ahead import plan_settings, plan_table
     from engine.settings.presets import PresetError
     from engine.settings.values import check_settings
 
@@ -445,31 +402,6 @@ def doctor(args) -> int:
 
 
 # ----- serve --------------------------------------------------------------
-def resolve_auth(args) -> tuple[str, str] | None:
-    """The (user, password) the page needs; generated once when reachable from other machines without --auth.
-
-    Reachable: --listen, --share, or a --host that is not a loopback address (0.0.0.0, a LAN address).
-    """
-    if args.auth:
-        user, sep, password = args.auth.partition(":")
-        if not sep or not user or not password:
-            raise SystemExit("error: --auth must look like user:password")
-        return user, password
-    import ipaddress
-
-    try:
-        loopback = ipaddress.ip_address(args.host).is_loopback
-    except ValueError:
-        loopback = args.host == "localhost"
-    # --host 0.0.0.0 or a LAN address is as reachable as --listen.
-    if args.listen or args.share or not loopback:
-        password = secrets.token_urlsafe(12)
-        print(f"The page is reachable from other machines, so it needs a password.\n"
-              f"  user: wan   password: {password}\n(pass --auth user:password to choose your own)", flush=True)
-        return "wan", password
-    return None
-
-
 def _presets_with_user_folder(folder: str):
     """The built-in presets and the user's own from ``folder``; a bad user file is reported and skipped."""
     from engine.settings.presets import PresetError, UserPresets, load_presets
@@ -483,76 +415,11 @@ def _presets_with_user_folder(folder: str):
     return user.presets, user
 
 
-# Where gradio keeps its copies of results and uploads: in the app's own folder, one per running app.
-SERVED_ROOT = ROOT / ".served"
-
-
-def prepare_served_dir(root: Path = SERVED_ROOT) -> Path:
-    """The folder gradio keeps its copies of results and uploads in: the app's own (not the shared system temp
-    folder, whose files other apps put there) and this running app's alone, named after its process, so a second
-    app on the same outputs folder never empties the first one's. Folders of apps that no longer run are removed.
-    Gradio's telemetry goes off. Must run before gradio is imported."""
-    import psutil
-
-    me = psutil.Process()
-    served = root / _instance_name(me.pid, me.create_time())
-    root.mkdir(parents=True, exist_ok=True)
-    for folder in root.iterdir():
-        if folder.is_symlink():
-            folder.unlink()
-        elif folder.name != served.name and not _instance_runs(folder.name):
-            shutil.rmtree(folder, ignore_errors=True)
-    shutil.rmtree(served, ignore_errors=True)
-    served.mkdir(parents=True)
-    os.environ["GRADIO_TEMP_DIR"] = str(served)
-    os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
-    return served
-
-
-def _instance_name(pid: int, started: float) -> str:
-    return f"app-{pid}-{int(started * 1000)}"
-
-
-def _instance_runs(name: str) -> bool:
-    """Whether the app a served folder is named after still runs (the same process id, started at that time)."""
-    import psutil
-
-    try:
-        _, pid, _ = name.split("-")
-        process = psutil.Process(int(pid))
-        return _instance_name(process.pid, process.create_time()) == name
-    except (ValueError, psutil.Error):
-        return False
-
-
-def port_in_use(host: str, port: int) -> bool:
-    """Whether another program listens on ``port`` at ``host`` (checked by binding it, as the server will)."""
-    import socket
-
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror:
-        return False       # the server will say what is wrong with the name
-    family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        if os.name != "nt":     # as the server binds: a port left in TIME_WAIT by a stopped app is free
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError:
-            return True
-    return False
-
-
-def port_taken_message(host: str, port: int) -> str:
-    free = next((p for p in range(port + 1, port + 50) if not port_in_use(host, p)), port + 1)
-    return f"Port {port} is in use (another Wan Studio?): start with --port {free}"
-
-
 def serve(args) -> int:
     from engine import APP_NAME
     from engine.service.jobqueue import JobQueue
     from engine.service.pool import EnginePool
+    from ui.startup import port_in_use, port_taken_message, prepare_served_dir, resolve_auth
 
     if args.max_queue is not None and args.max_queue < 1:
         raise SystemExit("error: --max-queue must be at least 1")

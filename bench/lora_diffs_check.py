@@ -90,7 +90,7 @@ def case(engine, presets, folder: Path, work: Path, strategy: str, experts: tupl
         results[label] = latents_of(events)
         plan = next((e.plan for e in events if type(e).__name__ == "PlanReady"), None)
         if label == "lora" and plan is not None:
-            results["planned"] = plan.get("strategy") if isinstance(plan, dict) else plan.strategy
+            results["planned"] = plan.strategy
     return {"strategy": strategy, "planned": results.get("planned"),
             "lora_vs_hand_rel": relative(results["lora"], results["hand"]),
             "lora_effect_rel": relative(results["lora"], results["own"]),

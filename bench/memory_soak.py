@@ -122,7 +122,7 @@ def run_job(client, tag: str, model: str, preset, outputs: Path, size: dict, **s
     for event in client.submit(request):
         last = event
         if isinstance(event, PlanReady):
-            plan = event.plan
+            plan = event.plan.to_dict()
         elif isinstance(event, Info):
             said.append(event.message[:200])
     row = {"tag": tag, "model": Path(model).name, "wall_s": round(time.perf_counter() - started, 2),
@@ -147,25 +147,36 @@ def run_job(client, tag: str, model: str, preset, outputs: Path, size: dict, **s
 
 
 def soak_models(out: Path, work: Path, tiny: bool, parts: tuple = ("models", "small")) -> None:
-    from engine.device.hardware import HardwareProfile
-    from engine.models.loras import Lora
-    from engine.service.worker import WorkerClient
+    """The jobs of ``parts``: "models", two models in turn through one engine (LoRAs, compiling, a GGUF
+    transformer), then an unload; "small", the disk rung on an emulated small machine. Saved to ``out`` after
+    every job."""
     from engine.settings.presets import load_presets
 
     results: dict = {"part": "models", "tiny": tiny, "jobs": [], "small_machine": [], "unload": {}}
-
-    def save():
-        out.write_text(json.dumps(results, indent=1, default=str))
-
     started = time.perf_counter()
     files = make_models(work, tiny)
     results["setup_s"] = round(time.perf_counter() - started, 1)
-    save()
+    save(out, results)
     preset = load_presets()["selftest-t2v" if tiny else "fastwan21-t2v-1.3b-quick"]
     small, big = (TINY, TINY) if tiny else (SMALL, BIG)
+    jobs = swap_jobs(files, small, big)
+    soak_swaps(out, results, files, preset, work, jobs if "models" in parts else [])
+    if "small" in parts:
+        soak_small_machine(out, results, files, preset, work, tiny, big)
+    print("DONE", flush=True)
+
+
+def save(out: Path, results: dict) -> None:
+    out.write_text(json.dumps(results, indent=1, default=str))
+
+
+def swap_jobs(files: dict, small: dict, big: dict) -> list:
+    """(tag, model, size, settings) of every job of the "models" part, in order."""
+    from engine.models.loras import Lora
+
     lora = lambda strength: (Lora(files["lora"], strength),)   # noqa: E731
     a, b = files["a"], files["b"]
-    plan = [  # (tag, model, size, settings)
+    return [
         ("A", a, small, {}), ("B swap", b, small, {}), ("A swap", a, small, {}), ("B swap", b, small, {}),
         ("A swap", a, small, {}), ("A again", a, small, {}),
         ("A big", a, big, {}), ("A big lora 1.0", a, big, {"loras": lora(1.0)}),
@@ -184,47 +195,63 @@ def soak_models(out: Path, work: Path, tiny: bool, parts: tuple = ("models", "sm
         ("B swap", b, small, {}), ("A swap", a, small, {}), ("B swap", b, small, {}), ("A swap", a, small, {}),
         ("B swap lora 0.5", b, small, {"loras": lora(0.5)}), ("A swap", a, small, {}),
     ]
+
+
+def run_kept(client, tag: str, model: str, preset, outputs: Path, size: dict, **settings) -> dict:
+    """``run_job``'s row, or the error it raised: one broken job must not cost the rest."""
+    try:
+        return run_job(client, tag, model, preset, outputs, size, **settings)
+    except Exception as exc:
+        return {"tag": tag, "error": repr(exc)[:400]}
+
+
+def soak_swaps(out: Path, results: dict, files: dict, preset, work: Path, jobs: list) -> None:
+    """``jobs`` through one engine with previews, then an unload: what it leaves allocated and its RSS."""
+    from engine.service.worker import WorkerClient
+
     client = WorkerClient(files["models"], preview_seconds=1.0, outputs_dir=work / "outputs")
     client.start()
     try:
-        if "models" not in parts:
-            plan = []
         results["fresh_rss_gb"] = fresh_rss(client)
-        for tag, model, size, settings in plan:
-            try:
-                results["jobs"].append(run_job(client, tag, model, preset, work / "outputs", size, **settings))
-            except Exception as exc:   # one broken job must not cost the rest
-                results["jobs"].append({"tag": tag, "error": repr(exc)[:400]})
-            save()
+        for tag, model, size, settings in jobs:
+            results["jobs"].append(run_kept(client, tag, model, preset, work / "outputs", size, **settings))
+            save(out, results)
         client.unload()
         time.sleep(1.0)
         gone = client.memory(timeout=20)
         results["unload"] = {"allocated_gb": getattr(gone, "vram_engine_gb", None),
                              "rss_gb": getattr(gone, "engine_ram_gb", None)}
-        save()
+        save(out, results)
     finally:
         client.close()
-    if "small" not in parts:
-        print("DONE", flush=True)
-        return
-    # The small machine: a 4 GB card (capped) in a 16 GB machine (as the engine is told); the disk rung, then group
-    # offload from RAM forced for its step time; then an unload: the pinned RAM must go back.
-    if not tiny:
-        probe = WorkerClient(files["models"])
-        try:
-            real = probe.hardware_profile()
-        finally:
-            probe.close()
+
+
+def small_machine(models: Path, tiny: bool) -> tuple:
+    """(the hardware the engine is told, the phase hook that caps its device memory): a card of SMALL_CARD_GB in
+    a 16 GB machine; the self-test model's run keeps the machine as it is."""
+    from engine.service.worker import WorkerClient
+
     if tiny:
-        hardware = None
-        cap = CapMemory(1.0)
-    else:
-        hardware = replace(real, device_name=f"{real.device_name} capped at {SMALL_CARD_GB:g} GB",
-                           vram_total_gb=SMALL_CARD_GB, vram_free_gb=SMALL_CARD_GB, ram_total_gb=16.0,
-                           ram_available_gb=14.5, devices=())
-        cap = CapMemory(SMALL_CARD_GB / real.vram_total_gb)
-    client = WorkerClient(files["models"], hardware_json=hardware.to_json() if hardware else None, faults=cap,
-                          preview_seconds=-1, outputs_dir=work / "outputs")
+        return None, CapMemory(1.0)
+    probe = WorkerClient(models)
+    try:
+        real = probe.hardware_profile()
+    finally:
+        probe.close()
+    hardware = replace(real, device_name=f"{real.device_name} capped at {SMALL_CARD_GB:g} GB",
+                       vram_total_gb=SMALL_CARD_GB, vram_free_gb=SMALL_CARD_GB, ram_total_gb=16.0,
+                       ram_available_gb=14.5, devices=())
+    return hardware, CapMemory(SMALL_CARD_GB / real.vram_total_gb)
+
+
+def soak_small_machine(out: Path, results: dict, files: dict, preset, work: Path, tiny: bool, big: dict) -> None:
+    """The small machine (``small_machine``): the disk rung, then group offload from RAM forced for its step time;
+    then an unload: the pinned RAM must go back."""
+    from engine.service.worker import WorkerClient
+
+    hardware, cap = small_machine(files["models"], tiny)
+    client = WorkerClient(files["models"], hardware=hardware, faults=cap, preview_seconds=-1,
+                          outputs_dir=work / "outputs")
     client.start()
     try:
         results["small_machine_fresh_rss_gb"] = fresh_rss(client)
@@ -232,11 +259,9 @@ def soak_models(out: Path, work: Path, tiny: bool, parts: tuple = ("models", "sm
                               ("disk rung again", {} if not tiny else {"strategy": "disk_offload"}),
                               ("group offload from RAM (forced)", {"strategy": "group_offload"}),
                               ("group offload again", {"strategy": "group_offload"})):
-            try:
-                results["small_machine"].append(run_job(client, tag, a, preset, work / "outputs", big, **settings))
-            except Exception as exc:
-                results["small_machine"].append({"tag": tag, "error": repr(exc)[:400]})
-            save()
+            results["small_machine"].append(run_kept(client, tag, files["a"], preset, work / "outputs", big,
+                                                     **settings))
+            save(out, results)
         before = client.memory(timeout=20)
         client.unload()
         time.sleep(1.0)
@@ -244,10 +269,9 @@ def soak_models(out: Path, work: Path, tiny: bool, parts: tuple = ("models", "sm
         results["small_machine_unload"] = {"rss_before_gb": getattr(before, "engine_ram_gb", None),
                                            "rss_after_gb": getattr(after, "engine_ram_gb", None),
                                            "allocated_after_gb": getattr(after, "vram_engine_gb", None)}
-        save()
+        save(out, results)
     finally:
         client.close()
-    print("DONE", flush=True)
 
 
 def soak_a14b(out: Path, work: Path) -> None:
@@ -264,7 +288,7 @@ def soak_a14b(out: Path, work: Path) -> None:
     from engine.settings.presets import load_presets
 
     class A14B(vm.BenchEngine):
-        def _resolve(self, ref, job):
+        def resolve(self, ref, job):
             return ResolvedModel(ref, self.folder, "bench", "random-weights", "WanPipeline",
                                  ("transformer", "transformer_2", "vae", "text_encoder"),
                                  spec=spec_for(ref, self.folder))

@@ -16,7 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engine.device.hardware import HardwareProfile  # noqa: E402
 from engine.models.spec import KNOWN_MODELS  # noqa: E402
-from engine.planning.planner import PlanRequest, _phases, _rung, plan_memory  # noqa: E402
+from engine.planning.phases import Rung, phase_table  # noqa: E402
+from engine.planning.planner import PlanRequest, plan_memory  # noqa: E402
 from engine.settings.presets import load_presets  # noqa: E402
 
 
@@ -46,8 +47,8 @@ def main(paths: list[str]) -> None:
             print(f"| {budget:g} | {name} | {row['status']} | | | {row['predicted_peak_gb']:.2f} | - | - | - | "
                   f"{now.strategy if now.fits else 'does not fit'} |")
             continue
-        ran = _rung(row["strategy_used"], row["text_encoder"], row["vae_tile"], row["load"])
-        phases = [p for p in _phases(spec, size(preset), hw, ran)
+        ran = Rung.named(row["strategy_used"], row["text_encoder"], row["vae_tile"], row["load"])
+        phases = [p for p in phase_table(spec, size(preset), hw, ran)
                   if not (row.get("prompt_reused") and p.phase == "text_encode")]
         predicted = max(p.peak_vram_gb for p in phases)
         same = (now.strategy, now.text_encoder, now.vae_tile) == (ran.name, ran.text_encoder, ran.vae_tile)

@@ -24,8 +24,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import psutil  # noqa: E402
 import torch  # noqa: E402
 
-import engine.outputs.record as record_module  # noqa: E402
-from bench.validate_memory import MODELS, BenchEngine, fake_mp4  # noqa: E402
+from bench.validate_memory import MODELS, BenchEngine  # noqa: E402
 from engine.device.hardware import GIB, HardwareProfile  # noqa: E402
 from engine.device.usage import engine_memory  # noqa: E402
 from engine.events import JobFinished, PreviewReady, StepFinished  # noqa: E402
@@ -76,7 +75,6 @@ def main() -> None:
     presets = load_presets()
     work = Path("/tmp/wan-preview-bench")
     (work / "empty-model").mkdir(parents=True, exist_ok=True)
-    record_module.write_mp4 = fake_mp4   # no ffmpeg on the GPU machine; export is not measured
     ram = psutil.virtual_memory()
     total = torch.cuda.get_device_properties(0).total_memory / GIB
     hardware = HardwareProfile(backend="cuda", device_name=torch.cuda.get_device_name(0), arch="sm_90",

@@ -25,256 +25,22 @@ Nothing here asserts a time: the numbers are the output. ``--tiny`` runs every p
 from __future__ import annotations
 
 import argparse
-import gc
-import json
 import os
-import subprocess
 import sys
 import time
-import traceback
-from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-PROMPTS = ("a red fox running through fresh snow, cinematic", "a paper boat drifting down a rainy street")
-NEGATIVE = "blurry, low quality"
+from bench.speed_setup import (  # noqa: E402
+    PROMPTS, Setup, build_folder, cold, difference, engine_video, free, measure_machine, part, peak_gb, peak_reset,
+    plain_pipeline, plain_video, sync,
+)
+
 PARTS = ("cold", "warm", "decode", "caches", "attention")
-
-
-@dataclass
-class Setup:
-    """Where and how big: the GPU with real sizes, or the CPU with the self-test model (--tiny)."""
-    tiny: bool
-    work: Path
-    device: str = "cuda"
-    width: int = 832
-    height: int = 480
-    frames: int = 81
-    long_steps: int = 50
-    cache_steps: int = 20
-    cold_steps: int = 10
-    results: dict = field(default_factory=dict)
-    out: Path | None = None
-
-    @classmethod
-    def make(cls, tiny: bool, work: Path, out: Path) -> "Setup":
-        if tiny:
-            return cls(True, work, "cpu", 64, 64, 9, long_steps=6, cache_steps=8, cold_steps=2, out=out)
-        return cls(False, work, out=out)
-
-    def save(self) -> None:
-        self.out.write_text(json.dumps(self.results, indent=2, default=str))
-
-
-@contextmanager
-def part(setup: Setup, name: str):
-    """One measurement: its failure is recorded (with the traceback) and the next one runs."""
-    print(f"[bench] {name} ...", flush=True)
-    started = time.perf_counter()
-    try:
-        yield
-    except Exception as exc:  # the run goes on: one broken part must not cost the others
-        traceback.print_exc()
-        setup.results.setdefault("failures", {})[name] = f"{type(exc).__name__}: {exc}"
-    finally:
-        print(f"[bench] {name} done in {time.perf_counter() - started:.1f} s", flush=True)
-        free()
-        setup.save()
-
-
-def free() -> None:
-    import torch
-
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-def sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def peak_reset() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-
-
-def peak_gb() -> float | None:
-    import torch
-
-    return round(torch.cuda.max_memory_allocated() / 1024 ** 3, 3) if torch.cuda.is_available() else None
-
-
-# ----- the model on disk -------------------------------------------------------------------------------
-def build_folder(setup: Setup) -> Path:
-    """The 1.3B text-to-video model saved as a diffusers folder (the self-test model with --tiny)."""
-    folder = setup.work / "wan13"
-    if (folder / "model_index.json").exists():
-        return folder
-    started = time.perf_counter()
-    if setup.tiny:
-        from engine.models.selftest import SELFTEST_T2V, build_selftest_pipeline
-
-        pipe = build_selftest_pipeline(SELFTEST_T2V)
-    else:
-        from diffusers import UniPCMultistepScheduler, WanPipeline
-
-        from bench import realsize
-
-        pipe = WanPipeline(tokenizer=realsize.tokenizer(), text_encoder=realsize.text_encoder(),
-                           vae=realsize.vae(), transformer=realsize.transformer("wan21-1.3b"),
-                           scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
-                                                             flow_shift=3.0))
-        pipe.to("cpu")
-    pipe.save_pretrained(folder)
-    del pipe
-    from engine.models.weights import weight_bytes
-
-    setup.results["folder"] = {"gb": round(weight_bytes(folder) / 1024 ** 3, 2),
-                               "seconds": round(time.perf_counter() - started, 1)}
-    return folder
-
-
-# ----- the machine's rates, measured once (as the engine does before its first job) -------------------------
-def measure_machine(setup: Setup, engine) -> None:
-    """The engine's calibration, kept where its runs (and the cold run's process) look for it."""
-    import shutil
-
-    out = setup.work / "out"
-    started = time.perf_counter()
-    calibration = engine.timing.calibration(out, engine.hardware, lambda work: work())
-    setup.results["calibration"] = {"seconds": round(time.perf_counter() - started, 2), **calibration.to_dict()}
-    (setup.work / "cold-out").mkdir(parents=True, exist_ok=True)
-    from engine.device.calibrate import CALIBRATION_FILE
-
-    shutil.copy(out / CALIBRATION_FILE, setup.work / "cold-out" / CALIBRATION_FILE)
-
-
-# ----- cold: two fresh processes --------------------------------------------------------------------------
-def cold(setup: Setup, folder: Path) -> None:
-    size = ["--width", str(setup.width), "--height", str(setup.height), "--frames", str(setup.frames)]
-    runs = {
-        "plain": [sys.executable, str(ROOT / "bench" / "plain_script.py"), str(folder),
-                  str(setup.work / "plain-cold.mp4"), "--steps", str(setup.cold_steps), *size],
-        "engine": [sys.executable, str(ROOT / "app.py"), "generate", "--model", str(folder), "--prompt", PROMPTS[0],
-                   "--negative-prompt", NEGATIVE, "--steps", str(setup.cold_steps), "--guidance", "5",
-                   "--outputs", str(setup.work / "cold-out"), "--models-dir", str(setup.work / "models"), *size],
-    }
-    rows = {}
-    for repeat in (1,):
-        for name, command in runs.items():
-            started = time.perf_counter()
-            done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
-            wall = time.perf_counter() - started
-            rows.setdefault(name, []).append({"seconds": round(wall, 2), "rc": done.returncode,
-                                              "tail": (done.stdout + done.stderr)[-1500:]})
-            print(f"[bench] cold {name} #{repeat}: {wall:.1f} s rc {done.returncode}", flush=True)
-    best = {name: min(r["seconds"] for r in runs_ if r["rc"] == 0) for name, runs_ in rows.items()
-            if any(r["rc"] == 0 for r in runs_)}
-    setup.results["cold"] = {"steps": setup.cold_steps, "runs": rows, "best": best,
-                             "ratio": round(best["engine"] / best["plain"], 3) if len(best) == 2 else None}
-
-
-# ----- warm: plain diffusers and the engine in one process ------------------------------------------------
-def plain_pipeline(folder: Path, setup: Setup):
-    import torch
-    from diffusers import AutoencoderKLWan, WanPipeline
-
-    started = time.perf_counter()
-    dtype = torch.float32 if setup.tiny else torch.bfloat16
-    vae = AutoencoderKLWan.from_pretrained(folder, subfolder="vae", torch_dtype=torch.float32)
-    pipe = WanPipeline.from_pretrained(folder, vae=vae, torch_dtype=dtype)
-    loaded = time.perf_counter()
-    pipe.to(setup.device)
-    sync()
-    pipe.set_progress_bar_config(disable=True)
-    return pipe, {"load_s": round(loaded - started, 3), "to_device_s": round(time.perf_counter() - loaded, 3)}
-
-
-def plain_video(pipe, setup: Setup, case: dict, prompt: str, out: Path) -> tuple[dict, object]:
-    """One video the plain way, timed: (the timings, the final latents)."""
-    import torch
-    from diffusers.utils import export_to_video
-
-    from engine.run.schedulers import make_scheduler
-
-    pipe.scheduler = make_scheduler(dict(pipe.scheduler.config), case["shift"], case.get("sigmas"),
-                                    case.get("scheduler", "unipc"), 1)
-    marks, ends, kept = {}, [], {}
-
-    def first_call(*_):
-        marks.setdefault("first", time.perf_counter())
-
-    def on_step_end(pipeline, i, t, tensors):
-        sync()
-        ends.append(time.perf_counter())
-        kept["latents"] = tensors["latents"].detach().clone()
-        return {}
-
-    handle = pipe.transformer.register_forward_pre_hook(first_call)
-    peak_reset()
-    started = time.perf_counter()
-    try:
-        frames = pipe(prompt=prompt, negative_prompt=NEGATIVE, height=setup.height, width=setup.width,
-                      num_frames=setup.frames, num_inference_steps=case["steps"], guidance_scale=case["guidance"],
-                      generator=torch.Generator("cpu").manual_seed(1), callback_on_step_end=on_step_end).frames[0]
-        sync()
-    finally:
-        handle.remove()
-    decoded = time.perf_counter()
-    export_to_video(frames, str(out), fps=16)
-    done = time.perf_counter()
-    steps = [b - a for a, b in zip([marks["first"], *ends[:-1]], ends)]
-    return {"seconds": round(done - started, 3), "before_denoise_s": round(marks["first"] - started, 3),
-            "denoise_s": round(ends[-1] - marks["first"], 3), "step_s": round(sum(steps) / len(steps), 4),
-            "decode_s": round(decoded - ends[-1], 3), "export_s": round(done - decoded, 3),
-            "peak_vram_gb": peak_gb()}, kept["latents"]
-
-
-def engine_video(engine, setup: Setup, case: dict, prompt: str, **settings) -> tuple[dict, object]:
-    """One video through the engine, request to mp4 on disk: (timings and plan, the final latents)."""
-    from engine.events import Info, JobFinished, PlanReady
-    from engine.outputs.latents import load_latents
-    from engine.settings.presets import load_presets
-    from engine.settings.request import GenerationRequest
-
-    preset = load_presets()[case["preset"]]
-    request = GenerationRequest.from_preset(
-        preset, prompt, model=case["model"], width=setup.width, height=setup.height, frames=setup.frames,
-        steps=case["steps"], guidance=case["guidance"], shift=case["shift"], seed=1,
-        outputs_dir=str(setup.work / "out"), keep_latents=True,
-        negative_prompt=NEGATIVE, **settings)
-    events = []
-    peak_reset()
-    started = time.perf_counter()
-    result = engine.run(request, f"bench-{time.time_ns()}", events.append)
-    wall = time.perf_counter() - started
-    if not isinstance(result, JobFinished):
-        raise RuntimeError(f"the engine's run ended with {result}")
-    sidecar = json.loads(Path(result.sidecar).read_text())
-    plan = [e.plan for e in events if isinstance(e, PlanReady)][-1]
-    latents, _ = load_latents(Path(sidecar["latents"]))
-    row = {"seconds": round(wall, 3), "timings": result.timings,
-           "step_s": round(sum(sidecar["step_seconds"]) / len(sidecar["step_seconds"]), 4),
-           "peak_vram_gb": result.peak_vram_gb, "peak_ram_gb": result.peak_ram_gb,
-           "plan": {k: plan.get(k) for k in ("strategy", "vae_dtype", "conv", "compile", "attention_backend",
-                                             "text_encoder", "vae_tile")},
-           "predicted": plan.get("predicted_seconds"), "speed": sidecar.get("speed"),
-           "notes": [e.message for e in events if isinstance(e, Info)][-6:]}
-    return row, latents
-
-
-def difference(a, b) -> float:
-    return round(float((a.float().cpu() - b.float().cpu()).abs().max()), 6)
 
 
 def cases(setup: Setup, folder: Path) -> dict:
@@ -341,7 +107,8 @@ def decode(setup: Setup, folder: Path, latents) -> None:
     from engine.outputs.export import to_uint8
     from engine.run.decoding import decode_latents, decode_stream, denormalize
     from engine.run.decode_stage import FAST_DECODE_CHUNK
-    from engine.run.fast_decoder import load_fast_decoder, random_fast_decoder_state, write_fast_decoder
+    from engine.models.fast_decoder_file import random_fast_decoder_state, write_fast_decoder
+    from engine.run.fast_decoder import load_fast_decoder
 
     results = setup.results.setdefault("decode", {})
     latents = latents.to(setup.device)
@@ -511,8 +278,8 @@ class _Calling:
 # ----- the whole run -------------------------------------------------------------------------------------------------
 def make_engine(setup: Setup):
     """The engine as the app makes it, with a fast decoder file (random weights) in its models folder."""
+    from engine.models.fast_decoder_file import random_fast_decoder_state, write_fast_decoder
     from engine.run.engine import Engine
-    from engine.run.fast_decoder import random_fast_decoder_state, write_fast_decoder
 
     models = setup.work / "models"
     (models / "fast_decoders").mkdir(parents=True, exist_ok=True)

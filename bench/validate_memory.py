@@ -77,7 +77,7 @@ class BenchEngine(Engine):
         self.use_hardware(hardware)
         self.fraction = fraction
 
-    def _resolve(self, ref, job):
+    def resolve(self, ref, job):
         pipeline = MODELS[self.key][2]
         parts = ("transformer", "vae", "text_encoder") + (("image_encoder",) if "Image" in pipeline else ())
         return ResolvedModel(ref, self.folder, "bench", "random-weights", pipeline, parts,
@@ -133,7 +133,7 @@ def run_case(engine: Engine, preset, budget_gb: float, work: Path, image: Path, 
     started = time.perf_counter()
     result = engine.run(request, f"{preset.name}-{budget_gb}", events.append)
     row["seconds"] = round(time.perf_counter() - started, 2)
-    used = [e.plan for e in events if isinstance(e, PlanReady)][-1]
+    used = [e.plan.to_dict() for e in events if isinstance(e, PlanReady)][-1]
     reused = any("encoding is reused" in getattr(e, "message", "") for e in events)
     phases = {k: v[peak.replace("predicted_", "")] for k, v in used["phases"].items()}
     ran = {k: v for k, v in phases.items() if not (reused and k == "text_encode")}

@@ -180,7 +180,7 @@ def run_engine(key: str, preset, steps: int, image_path: Path | None, budget: fl
         if isinstance(result, JobFinished):
             timings = result.timings
             sidecar = json.loads(Path(result.sidecar).read_text())
-            plan = [e.plan for e in events if isinstance(e, PlanReady)][-1]
+            plan = [e.plan.to_dict() for e in events if isinstance(e, PlanReady)][-1]
             setup = timings.get("transfer", 0.0)
             before = sum(timings.get(k, 0.0) for k in ("transfer", "text_encode", "image_encode"))
             row.update(status="ok", setup_s=setup, before_denoise_s=before, text_encode_s=timings.get("text_encode"),
@@ -253,11 +253,8 @@ def main() -> None:
     import torch
     from PIL import Image
 
-    import engine.outputs.record as record_module
-    from bench.validate_memory import fake_mp4
     from engine.settings.presets import load_presets
 
-    record_module.write_mp4 = fake_mp4   # no ffmpeg on the GPU machine; export is left out on both sides
     presets = load_presets()
     work = Path("/tmp/wan-vs-diffusers")
     (work / "empty-model").mkdir(parents=True, exist_ok=True)

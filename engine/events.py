@@ -13,12 +13,30 @@ from enum import Enum
 # puts a job's LoRAs on the loaded model (reading the files it has not read yet); "expert_swap" (Wan2.2 A14B with
 # one expert on the device at a time) puts the low-noise expert on the device at the boundary: it runs inside
 # the denoise phase, whose seconds leave it out.
-PHASES = (
-    "engine_start", "calibrate", "download", "build_model", "load", "transfer", "lora", "text_encode",
-    "image_encode", "denoise", "expert_swap", "vae_decode", "export",
-)
+class Phase(str, Enum):
+    """A phase of a job. Each equals its string (events, sidecars and timings say "denoise" as before)."""
+    ENGINE_START = "engine_start"
+    CALIBRATE = "calibrate"
+    DOWNLOAD = "download"
+    BUILD_MODEL = "build_model"
+    LOAD = "load"
+    TRANSFER = "transfer"
+    LORA = "lora"
+    TEXT_ENCODE = "text_encode"
+    IMAGE_ENCODE = "image_encode"
+    DENOISE = "denoise"
+    EXPERT_SWAP = "expert_swap"
+    SAVE_LATENTS = "save_latents"   # never timed: named so that a failure while the latents are written is its own
+    VAE_DECODE = "vae_decode"
+    EXPORT = "export"
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
+PHASES = tuple(Phase)
 # The phases that run inside another one: it goes on when they finish.
-INSIDE = {"expert_swap": "denoise"}
+INSIDE = {Phase.EXPERT_SWAP: Phase.DENOISE}
 
 
 class FailureKind(str, Enum):
@@ -84,8 +102,11 @@ class Info(Event):
 
 @dataclass(frozen=True)
 class PlanReady(Event):
-    """The memory plan chosen for this run (Plan.to_dict()), before anything heavy runs."""
-    plan: dict
+    """The memory plan chosen for this run, before anything heavy runs, with the seconds it predicts for each
+    phase and in all (None until this machine has been measured)."""
+    plan: "Plan"                                # engine/planning/plan.py (a layer above: named, not imported)
+    predicted_seconds: dict | None = None
+    predicted_total: float | None = None
 
 
 @dataclass(frozen=True)

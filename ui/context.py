@@ -13,17 +13,13 @@ from engine.models.single_file import TRANSFORMERS_FOLDER, transformer_folder
 from engine.service.jobqueue import JobQueue
 from engine.service.engines import Engines
 from engine.settings.loras import LORAS_FOLDER, lora_folder
+from engine.settings.draft import Paths
 from engine.settings.presets import Preset, UserPresets
 from engine.models.single_file import TRANSFORMER_FILE_NAMES
 from engine.settings.values import InputError
 
 # The end of the message that refuses a model path from the page or the API.
 ALLOW_PATHS_HINT = "start the app with --allow-model-paths to use folders outside models/"
-
-# A value a caller left out that stands for the preset's own (the low-noise guidance, where None has a meaning of
-# its own: the same guidance for both experts).
-PRESETS_OWN = object()
-
 
 def _looks_like_path(ref: str) -> bool:
     """Written as a filesystem path (absolute, home-relative, dotted or with backslashes), not a repo id."""
@@ -188,6 +184,12 @@ class AppContext:
         """The named preset, or the mode's default when the name is unknown or empty."""
         found = self.presets.get(name) if isinstance(name, str) else None
         return found or self.presets[self.default_preset(mode)]
+
+    @property
+    def paths(self) -> Paths:
+        """The page's path policy: models, LoRA and transformer files inside the models folder (unless paths are
+        allowed), and the files the presets name."""
+        return Paths(self.model_ref, self.lora_files, self.transformer_files)
 
     def model_ref(self, ref: str | None) -> str:
         """A model reference from the page or the API, checked (ModelError when refused); see checked_model_ref."""

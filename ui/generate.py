@@ -16,14 +16,14 @@ from engine.events import Ending, Event, JobFailed, JobFinished, PreviewReady
 from engine.models.refs import ModelError
 from engine.run.failures import failure_event
 from engine.service.jobqueue import QueueFull
-from engine.settings.draft import prepare
+from engine.settings.draft import prepare_request
+from engine.settings.fields import by_field
 from engine.settings.request import GenerationRequest
 from engine.settings.values import InputError
-from ui.context import PRESETS_OWN, AppContext
+from ui.context import AppContext
 from ui.pacing import paced
 from ui.parts.chains import when_ended
 from ui.views.job_view import JobView
-from ui.views.plan_panel import form_overrides
 
 # Every event that runs the engine is in this concurrency group; the JobQueue orders them.
 GPU_QUEUE = "gpu"
@@ -86,24 +86,27 @@ def _preset(ctx: AppContext, name, mode: str):
     return preset
 
 
-def build_request(ctx: AppContext, mode: str, preset_name, prompt, negative_prompt, model, width, height, frames,
-                  steps, guidance, shift, seed, *choices, guidance_2=PRESETS_OWN, image=None,
-                  last_image=None) -> GenerationRequest:
-    """The request for a page or API call, from the values as sent: a field left empty is missing (not the
-    preset's), -1 or no seed is random; ``choices`` are the plan panel's dropdowns, its LoRA box and its
-    transformer files (override_fields' order); ``guidance_2`` the Guidance 2 box (low_noise_guidance; left out
-    by a Python caller: the preset's). The settings are made by engine/settings/draft.py, as the plan panel's
-    are; the run's request check says what is wrong with them, with its prompts and images.
+def build_request(ctx: AppContext, mode: str, values: dict) -> GenerationRequest:
+    """The request for a page or API call, from the values as sent, by field name (engine/settings/fields.py): a
+    field left empty is missing (not the preset's), one not given is the preset's; -1 or no seed is random; the
+    images are upload records. The request is made by engine/settings/draft.py, as the plan panel's settings
+    are; the run's request check says what is wrong with it, with its prompts and images.
     Raises InputError or ModelError saying what to change."""
-    preset = _preset(ctx, preset_name, mode)
-    values = dict(model=model, width=width, height=height, frames=frames, steps=steps, guidance=guidance,
-                  shift=shift, guidance_2=preset.settings.guidance_2 if guidance_2 is PRESETS_OWN else guidance_2,
-                  **form_overrides(ctx, *choices))
-    settings = prepare(values, preset.settings, mode, ctx.model_ref, ctx.client.catalog.limits, check=False)
-    return GenerationRequest(
-        settings, prompt, negative_prompt=preset.negative_prompt if negative_prompt is None else negative_prompt,
-        seed=-1 if seed is None else seed, image=upload_path(image, "image"),
-        last_image=upload_path(last_image, "last image"), preset=preset.name, outputs_dir=ctx.outputs_dir)
+    values = dict(values)
+    preset = _preset(ctx, values.pop("preset", None), mode)
+    for name in ("image", "last_image"):
+        if name in values:
+            values[name] = upload_path(values[name], name.replace("_", " "))
+    return prepare_request(values, preset, mode, ctx.paths, ctx.client.catalog.limits, ctx.outputs_dir)
+
+
+def generation(ctx: AppContext, mode: str, what: str, show: Show):
+    """The handler of a generation endpoint of ``mode``: the values by API parameter name (gradio's keyword
+    inputs, in the field table's order), the job streamed as ``show``'s page updates."""
+    def generate(session: gr.Request = None, **values):
+        yield from run_job(ctx, session, what, engine_job(ctx, lambda: build_request(ctx, mode, by_field(values))),
+                           show)
+    return generate
 
 
 def _say(text: str) -> None:
@@ -224,13 +227,13 @@ def wire_cancel(ctx: AppContext, button: gr.Button, answer: gr.Textbox, api_name
                  show_progress="hidden", **visibility)
 
 
-def start_job(button: gr.Button, cancel_button: gr.Button, fn, inputs: list, outputs: list, ctx: AppContext,
+def start_job(button: gr.Button, cancel_button: gr.Button, fn, inputs: dict, outputs: list, ctx: AppContext,
               api_name: str):
-    """``button`` runs ``fn`` as a job (public as ``api_name``); the page's Cancel turns red from the click
-    until that job has ended. Returns the job's event, for what follows it."""
+    """``button`` runs ``fn`` as a job (public as ``api_name``, its parameters ``inputs``' names in order); the
+    page's Cancel turns red from the click until that job has ended. Returns the job's event, for what follows."""
     armed = button.click(lambda: gr.Button(variant="stop"), None, cancel_button, queue=False,
                          api_visibility="private", show_progress="hidden")
-    run = armed.then(fn, inputs, outputs, api_name=api_name, **gpu_event(ctx))
+    run = armed.then(fn, inputs_kwargs=inputs, outputs=outputs, api_name=api_name, **gpu_event(ctx))
     when_ended(run, lambda: gr.Button(variant="secondary"), None, cancel_button)
     return run
 

@@ -4,12 +4,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from engine.models.selftest import SELFTEST_REFS
-from engine.settings.loras import parse_lora_lines
 from engine.settings.presets import Preset, PresetError, check_user_preset_name, preset_json
 from engine.settings.draft import prepare
+from engine.settings.fields import Place, on_page
 from engine.settings.values import PRESET_MODES, InputError
 from engine.settings.request import check_prompt, clean_prompt
-from ui.context import PRESETS_OWN, AppContext
+from ui.context import AppContext
 from ui.views.preset_cards import MODE_TITLES
 
 
@@ -28,33 +28,30 @@ def _text(value, what: str) -> str:
     return clean_prompt(value)[0].strip()
 
 
-def preset_data(ctx: AppContext, name: str, mode: str, preset: str | None, negative_prompt: str | None,
-                model: str | None, width, height, frames, steps, guidance, shift,
-                title: str | None = "", description: str | None = "", loras: str | None = None,
-                guidance_2=PRESETS_OWN) -> dict:
+# What a preset saved from the page holds of the form: the preset it started from, the negative prompt, the
+# settings boxes (engine/settings/fields.py, Place.FORM) and the LoRA box; the rest comes from that preset.
+SAVED_FIELDS = ("preset", "negative_prompt", *(field.name for field in on_page(Place.FORM)), "loras")
+
+
+def preset_data(ctx: AppContext, name: str, mode: str, values: dict, title: str | None = "",
+                description: str | None = "") -> dict:
     """The JSON object of a user preset holding these settings, checked as a run checks them.
 
-    ``preset`` is the preset the form was filled from: values left out (None) come from it, and
-    so does what the form does not show (fps, scheduler and fixed sigmas, size multiple), so the
-    saved preset runs exactly as the form would. Raises a ValueError (PresetError, InputError,
-    ModelError) that says what to change. ``loras``: the LoRA box's text (one ``file: strength[@high|@low]`` a
-    line, each file found as a run finds it, a preset's published LoRA keeping its source); None keeps the
-    preset's LoRAs. ``guidance_2``: Wan2.2 A14B's low-noise guidance (None: the same as guidance; left out: the
-    preset's).
+    ``values`` are raw, by field name (SAVED_FIELDS): ``preset`` is the preset the form was filled from; values
+    not given come from it, and so does what the form does not show (fps, scheduler and fixed sigmas, size
+    multiple), so the saved preset runs exactly as the form would. ``loras`` is the LoRA box's text (one
+    ``file: strength[@high|@low]`` a line, each file found as a run finds it, a preset's published LoRA keeping
+    its source); ``guidance_2`` Wan2.2 A14B's low-noise guidance (0 or empty: the same as guidance). Raises a
+    ValueError (PresetError, InputError, ModelError) that says what to change.
     """
     if mode not in PRESET_MODES:
         raise PresetError(f"mode must be one of {', '.join(PRESET_MODES)} (text or image to video), got {mode!r}")
-    base = ctx.preset_or_default(preset, mode)
-    # Values left out (None) are the preset's; the model as a run would take it (a path outside the models folder
-    # is refused, unless allowed); checked as text-to-video settings (image-to-video checks the same numbers).
-    given = {name: value for name, value in dict(model=model, width=width, height=height, frames=frames,
-                                                 steps=steps, guidance=guidance, shift=shift).items()
-             if value is not None}
-    if guidance_2 is not PRESETS_OWN:
-        given["guidance_2"] = guidance_2
-    if loras is not None:
-        given["loras"] = ctx.lora_files(parse_lora_lines(loras))
-    settings = prepare(given, base.settings, "t2v", ctx.model_ref, ctx.client.catalog.limits,
+    values = dict(values)
+    base = ctx.preset_or_default(values.pop("preset", None), mode)
+    negative_prompt = values.pop("negative_prompt", None)
+    # The model as a run would take it (a path outside the models folder is refused, unless allowed); checked as
+    # text-to-video settings (image-to-video checks the same numbers).
+    settings = prepare(values, base.settings, "t2v", ctx.paths, ctx.client.catalog.limits,
                        drop_unused_guidance_2=False)
     problems: list[str] = []
     negative = check_prompt("negative prompt", base.negative_prompt if negative_prompt is None else negative_prompt,
@@ -85,19 +82,15 @@ class Saved:
                 "preset": preset_json(self.preset)}
 
 
-def save_user_preset(ctx: AppContext, name: str, mode: str, preset: str | None, negative_prompt: str | None,
-                     model: str | None, width, height, frames, steps, guidance, shift,
-                     title: str | None = "", description: str | None = "", loras: str | None = None,
-                     guidance_2=PRESETS_OWN) -> Saved:
-    """Save (or replace) one of the user's presets.
+def save_user_preset(ctx: AppContext, name: str, mode: str, values: dict, title: str | None = "",
+                     description: str | None = "") -> Saved:
+    """Save (or replace) one of the user's presets from ``values`` (preset_data's).
 
     Refusals are ValueErrors saying what to change; nothing is written then.
     """
     store = _store(ctx)
     name = check_user_preset_name(name, store.builtin)   # the name first: the likeliest mistake
-    data = preset_data(ctx, name, mode, preset, negative_prompt, model, width, height, frames, steps,
-                       guidance, shift, title, description, loras, guidance_2)
-    return Saved(*store.save(data))
+    return Saved(*store.save(preset_data(ctx, name, mode, values, title, description)))
 
 
 def delete_user_preset(ctx: AppContext, name: str) -> str:

@@ -13,13 +13,11 @@ def build(ctx: AppContext) -> None:
     def generate_image(prompt: str, steps: int = 0, request: gr.Request = None) -> FileData:
         """A still from the default text-to-video preset's model and settings: `prompt` and `steps` (0: the
         preset's) in, the PNG out. Waits its turn in the same queue as the page's jobs."""
-        preset = ctx.presets[ctx.default_preset("t2v")]
-        def make():
-            return build_request(ctx, "t2i", preset.name, prompt, preset.negative_prompt, ctx.model_for("t2v"),
-                                 preset.settings.width, preset.settings.height, 1, steps if steps not in (0, None) else preset.settings.steps,
-                                 preset.settings.guidance, preset.settings.shift, -1)
+        # Everything not given is the default preset's (engine/settings/draft.py); no seed: a random one.
+        given = {"preset": ctx.default_preset("t2v"), "prompt": prompt, "model": ctx.model_for("t2v")}
+        given |= {} if steps in (0, None) else {"steps": steps}
         path = None
-        for update in run_job(ctx, request, "text to image", engine_job(ctx, make),
+        for update in run_job(ctx, request, "text to image", engine_job(ctx, lambda: build_request(ctx, "t2i", given)),
                               lambda view, event: {"path": event.paths[0]} if isinstance(event, JobFinished) else {}):
             path = update.get("path", path)
         return FileData(path=path)

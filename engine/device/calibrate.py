@@ -4,8 +4,10 @@ The time a run takes is, phase by phase, an amount of work (FLOPs of matrix prod
 3-D convolutions; bytes copied; frames encoded) divided by how fast this machine does that kind of work.
 The amounts come from the model's shapes (engine/planning/timing.py, a pure function); the rates come from
 here: a few seconds of small benchmarks, each at a shape like the one the model really runs, timed with the
-device synchronised and after a warm-up. The result is saved beside the models and reused until the device
-or torch changes, since either changes the rates.
+device synchronised and after a warm-up. The export's rates (frames to uint8, H.264) are measured where the
+export lives (engine/outputs/export_rates.py) and handed to ``calibrate`` by its caller. The result is saved
+beside the models and reused until the device or torch changes, since either changes the rates; the command
+line that measures and saves it is engine/service/calibrate.py.
 
 torch is imported inside the functions only (tests/test_architecture.py): the page starts without it.
 """
@@ -14,7 +16,6 @@ from __future__ import annotations
 import json
 import platform
 import statistics
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -52,10 +53,6 @@ _CONV2D = {"gpu": ((384, 192, 120, 208), (192, 96, 240, 416), (768, 768, 60, 104
            "cpu_quick": ((192, 96, 16, 24),)}
 _CONV_FRAMES = 4          # output frames of one conv call (one latent frame of the decoder)
 _COPY_BYTES = {"gpu": 1 << 30, "gpu_quick": 256 << 20, "cpu": 256 << 20, "cpu_quick": 64 << 20}
-# Frames of the H.264 encode: two counts, so ffmpeg's start (and the engine's frame count check) is told
-# apart from the per-frame cost. A smooth moving picture, not noise: noise takes x264 several times longer
-# than a generated video does.
-_ENCODE = {"full": (832, 480, (8, 32)), "quick": (320, 192, (4, 12))}
 
 
 @dataclass(frozen=True)
@@ -150,7 +147,7 @@ def _dtype_name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _timer(device: str) -> Callable[[Callable[[], object], int, int], float]:
+def timer(device: str) -> Callable[[Callable[[], object], int, int], float]:
     """seconds(fn, repeats, inner): the median over ``repeats`` samples of ``inner`` calls of ``fn`` (per
     call), after one warm-up sample, with the device synchronised before and after each sample."""
     from engine.device.runtime import synchronize
@@ -264,61 +261,14 @@ def _copies(torch, device, seconds, nbytes: int) -> dict:
     return {k: round(v, 2) for k, v in rates.items()}
 
 
-def _to_uint8_gbps(torch, quick: bool) -> float:
-    """The engine's float -> uint8 conversion of decoded frames (engine.outputs.export.to_uint8)."""
-    import numpy as np
-
-    from engine.outputs.export import to_uint8
-
-    frames = np.random.default_rng(0).random((4 if quick else 16, 240, 416, 3), dtype=np.float32)
-    t = _timer("cpu")(lambda: to_uint8(frames), 3, 1)
-    return round(frames.nbytes / t / DECIMAL_GB, 3)
-
-
-def _encode(quick: bool) -> dict:
-    """H.264 encode through the engine's own writer (engine.outputs.export.write_mp4): ffmpeg's fixed cost
-    and megapixels per second, from two clip lengths. Empty when there is no video encoder here."""
-    import numpy as np
-
-    try:
-        import imageio_ffmpeg  # noqa: F401
-        from engine.outputs.export import write_mp4
-    except ImportError:
-        return {}
-    width, height, counts = _ENCODE["quick" if quick else "full"]
-    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
-    noise = np.random.default_rng(0).integers(0, 8, (height, width, 1), dtype=np.uint8)
-
-    def clip(count: int) -> np.ndarray:
-        frames = []
-        for i in range(count):
-            r = 127 + 120 * np.sin((xs + 6 * i) / 40.0)
-            g = 127 + 120 * np.cos((ys - 4 * i) / 33.0)
-            b = 127 + 120 * np.sin((xs + ys + 5 * i) / 57.0)
-            frames.append(np.stack([r, g, b], axis=-1).astype(np.uint8) + noise)
-        return np.stack(frames)
-
-    times = {}
-    with tempfile.TemporaryDirectory() as folder:
-        for count in counts:
-            frames = clip(count)
-            write_mp4(frames, Path(folder) / "warm.mp4", 16)     # ffmpeg's first start reads its binary
-            start = time.perf_counter()
-            write_mp4(frames, Path(folder) / f"clip{count}.mp4", 16)
-            times[count] = time.perf_counter() - start
-    (short, long_) = counts
-    per_frame = max((times[long_] - times[short]) / (long_ - short), 1e-6)
-    fixed = max(times[short] - short * per_frame, 0.0)
-    return {"encode_megapixels_per_s": round(width * height / per_frame / 1e6, 3),
-            "encode_fixed_s": round(fixed, 3)}
-
-
-def calibrate(device: str, dtype, quick: bool = False) -> Calibration:
+def calibrate(device: str, dtype, quick: bool = False, *, export_rates: Callable[[bool], dict]) -> Calibration:
     """Measure this machine's rates on ``device`` in the compute ``dtype`` (a torch dtype or its name).
 
     5-8 s on an H200 (about 1.3 s with ``quick``); ``quick`` on a 2-core CPU about 1-2 s. The CPU's matrix
     rate is measured too, for encoders the plan runs on the CPU. On CUDA and ROCm the decoder's convolutions
     are measured in the set-up the planner picks too (cudnn.benchmark, MIOpen off), after the defaults.
+    ``export_rates(quick)``: the export's fields (``to_uint8_gbps``, the H.264 rates), measured by the layer that
+    exports (engine/outputs/export_rates.py's export_rates), so the device never imports it.
     """
     import torch
 
@@ -326,7 +276,7 @@ def calibrate(device: str, dtype, quick: bool = False) -> Calibration:
     compute = _dtype(torch, dtype)
     on_cpu = device == "cpu"
     size = ("cpu" if on_cpu else "gpu") + ("_quick" if quick else "")
-    seconds = _timer(device)
+    seconds = timer(device)
     conv_dtypes = [torch.float32] + ([compute] if compute != torch.float32 else [])
     with torch.inference_mode():
         matmul = _matmul(torch, device, compute, seconds, **_MATMUL[size])
@@ -339,11 +289,10 @@ def calibrate(device: str, dtype, quick: bool = False) -> Calibration:
             cpu_matmul = max(v for _, v in matmul)
             copies = {}
         else:
-            cpu_matmul = max(v for _, v in _matmul(torch, "cpu", compute, _timer("cpu"),
+            cpu_matmul = max(v for _, v in _matmul(torch, "cpu", compute, timer("cpu"),
                                                     **_MATMUL["cpu_quick" if quick else "cpu"]))
             copies = _copies(torch, device, seconds, _COPY_BYTES[size]) if device.startswith("cuda") else {}
-    to_uint8 = _to_uint8_gbps(torch, quick)
-    encode = _encode(quick)
+    export = export_rates(quick)
     name, backend = _machine(device)
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
@@ -351,26 +300,5 @@ def calibrate(device: str, dtype, quick: bool = False) -> Calibration:
         device_name=name, backend=backend, torch_version=torch.__version__, dtype=_dtype_name(compute),
         matmul_tflops=matmul, attention_tflops=attention, conv3d_tflops=conv, conv2d_tflops=conv_2d,
         memory_gbps=memory,
-        cpu_matmul_tflops=cpu_matmul, to_uint8_gbps=to_uint8, **copies, **encode, quick=quick,
+        cpu_matmul_tflops=cpu_matmul, **copies, **export, quick=quick,
         seconds=round(time.perf_counter() - started, 2))
-
-
-def main(argv: list[str] | None = None) -> None:
-    """python -m engine.device.calibrate [DEVICE] [DTYPE] [--quick] [--save FOLDER]: measure, print the
-    calibration as JSON and, with --save, keep it in FOLDER (the models folder) for the app to read."""
-    import argparse
-
-    parser = argparse.ArgumentParser(description=main.__doc__)
-    parser.add_argument("device", nargs="?", default="cuda", help="cuda, mps or cpu (default cuda)")
-    parser.add_argument("dtype", nargs="?", default="bfloat16", help="the compute dtype (default bfloat16)")
-    parser.add_argument("--quick", action="store_true", help="smaller shapes: about a second on a GPU")
-    parser.add_argument("--save", type=Path, metavar="FOLDER", help=f"write FOLDER/{CALIBRATION_FILE}")
-    args = parser.parse_args(argv)
-    result = calibrate(args.device, args.dtype, quick=args.quick)
-    print(json.dumps(result.to_dict(), indent=2))
-    if args.save:
-        print(f"saved {result.save(args.save)}")
-
-
-if __name__ == "__main__":
-    main()

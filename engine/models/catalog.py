@@ -106,13 +106,18 @@ class ModelCatalog:
                 self._keep(self._files, key, found)
         return found
 
+    def known_spec(self, ref) -> ModelSpec | None:
+        """The spec of ``ref`` when it can be known here without a download, else None (the run finds out)."""
+        try:
+            return self.spec(ref)
+        except (ModelError, ValueError, OSError, TypeError, KeyError):
+            return None
+
     def limits(self, ref) -> Limits | None:
         """What ``ref`` can make (frames, sizes), or None when that is not known here (a model not downloaded
         yet, or a reference that cannot be used: the run says why)."""
-        try:
-            return limits_of(self.spec(ref))
-        except (ModelError, ValueError, OSError, TypeError, KeyError):
-            return None
+        spec = self.known_spec(ref)
+        return None if spec is None else limits_of(spec)
 
     def check_folder(self, ref: str) -> None:
         """Refuse a bad reference or a broken local folder (ModelError saying what to change) before any

@@ -2,14 +2,18 @@
 
 They come from the model's configs (its rotary position table and patch sizes, its VAE's scale factors),
 so that a frame count the form accepts but the model cannot place is refused with a sentence, not a
-shape error mid-run. The settings' checks (engine/settings/values.py) take them when they are known.
+shape error mid-run. The settings' checks (engine/settings/values.py, engine/settings/model_fit.py) take them
+when they are known.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from engine.models.spec import ModelSpec
-from engine.settings.values import MAX_FRAMES, MAX_SIDE, InputError, check_frames, check_side
+
+# The most frames and pixels across the app asks of any model (the settings' bounds: engine/settings/values.py).
+MIN_SIDE, MAX_SIDE = 32, 2048
+MAX_FRAMES = 257
 
 
 @dataclass(frozen=True)
@@ -31,14 +35,3 @@ def limits_of(spec: ModelSpec) -> Limits:
     frames = min(MAX_FRAMES, spec.max_frames)
     side = min(MAX_SIDE, spec.max_side // spec.size_multiple * spec.size_multiple)
     return Limits(spec.name, frames, side, spec.size_multiple, spec.transformer.rope_max_seq_len, spec.experts)
-
-
-def check_model_limits(spec: ModelSpec, width: int, height: int, frames: int, mode: str = "t2v") -> None:
-    """Raise InputError listing what of (width, height, frames) this model cannot make, each with what to use."""
-    problems: list[str] = []
-    limits = limits_of(spec)
-    for side, value in (("width", width), ("height", height)):
-        check_side(side, value, limits.size_multiple, problems, limits)
-    check_frames(frames, mode, problems, limits)
-    if problems:
-        raise InputError(problems)

@@ -36,10 +36,9 @@ class ResolvedModel:
     pipeline_class: str
     components: tuple[str, ...]
     expand_timesteps: bool = False   # Wan2.2 TI2V-5B: one model for text and image to video
-    # Read once when the model is resolved (not on every run): its shapes and sizes, and whether it is a
-    # first-and-last-frame model (None: not known).
+    # Read once when the model is resolved (not on every run): its shapes and sizes, and so its kind
+    # (ModelSpec.image_to_video, takes_image, first_last).
     spec: ModelSpec | None = None
-    last_frame: bool | None = None
     # Single files in place of its transformers, one per expert (None: its own), with the spec counting them:
     # engine/models/single_file.py's use_transformer_files, once per run.
     transformer_files: tuple = ()
@@ -269,14 +268,4 @@ def resolve_model(ref: str, models_dir: Path,
         revision = folder.name
     pipeline_class, components, expand_timesteps = check_model_folder(folder, ref)
     return ResolvedModel(ref, folder, source, revision, pipeline_class, components, expand_timesteps,
-                         spec_for(ref, folder), takes_last_frame(folder))
-
-
-def takes_last_frame(folder: Path) -> bool | None:
-    """Whether an image-to-video model is a first-and-last-frame one (its image embedding has a position
-    table for two images: it then needs a last frame, and other models cannot take one); None if unknown."""
-    try:
-        transformer = json.loads((folder / "transformer" / "config.json").read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return transformer.get("pos_embed_seq_len") is not None
+                         spec_for(ref, folder))

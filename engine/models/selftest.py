@@ -98,7 +98,7 @@ def write_selftest_fast_decoder(folder: Path) -> Path:
     fresh install can run "Fast decode" (and its previews) offline: noise, like everything the model makes."""
     import torch
 
-    from engine.run.fast_decoder import MODEL_OWN_FOLDER, random_fast_decoder_state, write_fast_decoder
+    from engine.models.fast_decoder_file import MODEL_OWN_FOLDER, random_fast_decoder_state, write_fast_decoder
 
     path = Path(folder) / MODEL_OWN_FOLDER / "taew2_1.safetensors"
     path.parent.mkdir(parents=True, exist_ok=True)

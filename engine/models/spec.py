@@ -22,6 +22,9 @@ TEXT_TOKENS = 512   # Wan's pipelines encode 512 tokens; the I2V transformer nee
 # A pipeline's transformers, by component name: the one of every model, and Wan2.2 A14B's two experts (the
 # high-noise ``transformer`` first, the low-noise ``transformer_2``).
 TRANSFORMERS = ("transformer", "transformer_2")
+# The transformer's input channels of an image-to-video model: 16 of noise, 4 of the first frame's mask and 16 of
+# its latents.
+I2V_IN_CHANNELS = 36
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,22 @@ class ModelSpec:
     @property
     def size_multiple(self) -> int:
         return self.vae_spatial * self.transformer.patch
+
+    @property
+    def image_to_video(self) -> bool:
+        """An image-to-video-only model: its transformer takes the image's latents beside the noise (36 input
+        channels: Wan2.1 I2V and FLF2V, Wan2.2 I2V A14B), so it needs a first frame."""
+        return self.transformer.in_channels == I2V_IN_CHANNELS and not self.expand_timesteps
+
+    @property
+    def takes_image(self) -> bool:
+        """It can start from an image: an image-to-video model, or Wan2.2 TI2V-5B (text or image)."""
+        return self.image_to_video or self.expand_timesteps
+
+    @property
+    def first_last(self) -> bool:
+        """A first-and-last-frame model (FLF2V): it needs a last frame, and no other model can take one."""
+        return self.transformer.first_last
 
     @property
     def wan22_vae(self) -> bool:

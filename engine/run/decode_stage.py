@@ -6,17 +6,17 @@ the whole clip, retrying tiled and then on the CPU from the same latents (the de
 fast decoder (approximate) streams the same way; saved latents can be decoded again without loading the rest
 of the model.
 
-``DecodeStage`` is a part of ``Engine`` (engine/run/engine.py): it uses the engine's ``_phase``, ``loaded``,
-``models_dir``, ``hardware``, ``_resolve`` and ``plan_for``.
+``Decoder`` does this for one job, given the job (its phases and record) and the models folder; the loaded model,
+the plan and the saved latents come with each call.
 """
 from __future__ import annotations
 
-from contextlib import closing
+from contextlib import closing, nullcontext
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from engine.device.runtime import free_device_memory, peak_vram_gb, reset_peak_vram
-from engine.events import Event, Info, JobFinished
+from engine.device.runtime import free_device_memory, peak_vram_gb
+from engine.events import JobFinished, Phase
 from engine.models.refs import ResolvedModel
 from engine.outputs.bundle import Bundle
 from engine.outputs.export import output_stem
@@ -29,12 +29,11 @@ from engine.planning.planner import Plan
 from engine.run.apply_plan import conv_settings, set_vae_tiling
 from engine.run.decoding import decode_attempts, decode_latents, decode_stream, decoded_shape
 from engine.run.failures import is_out_of_memory
+from engine.run.job import Job
+from engine.run.loaded import LoadedModel
 from engine.run.nonfinite import refuse_nonfinite
 from engine.settings.request import GenerationRequest
 from engine.settings.values import InputError
-
-if TYPE_CHECKING:
-    from engine.run.engine import LoadedModel, _Job
 
 # The fast decoder's frames go to the encoder this many latent frames at a time (4 video frames): on an H200
 # at 832x480x81 in float16, 0.7 GiB and 0.126 s, against 8.2 GiB and 0.115 s for the whole clip at once.
@@ -60,174 +59,192 @@ def files_in_use(loaded: LoadedModel, request: GenerationRequest) -> list[str]:
     return files
 
 
-class DecodeStage:
-    """Latents to a media file, for the Engine."""
+def check_latents(loaded: LoadedModel, request: GenerationRequest, latents) -> None:
+    """NonFiniteValues, naming the files in use, when the denoise ended in NaN or infinite values: nothing is
+    saved or decoded (a decode would write black frames)."""
+    files = files_in_use(loaded, request)
+    with_what = f" with {' and '.join(files)}" if files else f" with {loaded.model.ref}'s own weights"
+    several = len(files) > 1 or sum(bool(lora.strength) for lora in request.settings.loras) > 1
+    hint = (WITH_FILES_HINT if several else WITH_FILE_HINT) if files else OWN_WEIGHTS_HINT
+    refuse_nonfinite(latents, "The denoising", "the latents", f"{with_what}, so there is no video to decode; "
+                     "nothing was saved", hint)
 
-    def _check_latents(self, loaded: LoadedModel, request: GenerationRequest, latents) -> None:
-        """NonFiniteValues, naming the files in use, when the denoise ended in NaN or infinite values: nothing is
-        saved or decoded (a decode would write black frames)."""
-        files = files_in_use(loaded, request)
-        with_what = f" with {' and '.join(files)}" if files else f" with {loaded.model.ref}'s own weights"
-        several = len(files) > 1 or sum(bool(lora.strength) for lora in request.settings.loras) > 1
-        hint = (WITH_FILES_HINT if several else WITH_FILE_HINT) if files else OWN_WEIGHTS_HINT
-        refuse_nonfinite(latents, "The denoising", "the latents", f"{with_what}, so there is no video to decode; "
-                         "nothing was saved", hint)
+
+@dataclass(frozen=True)
+class SavedLatents:
+    """A run's saved latents, read back: the file, the tensor, its metadata and the request it records."""
+    path: Path
+    latents: object
+    meta: dict
+    request: GenerationRequest
+
+    @classmethod
+    def read(cls, path: Path) -> "SavedLatents":
+        latents, meta = load_latents(path)
+        return cls(path, latents, meta, GenerationRequest.from_dict(dict(meta["request"])))
+
+
+@dataclass(frozen=True)
+class VaeParts:
+    """The VAE a decode again uses, its video processor, and whether it is the loaded model's (shared)."""
+    vae: object
+    video_processor: object
+    shared: bool
+
+
+class Decoder:
+    """Latents to a media file for ``job``: streamed, whole with its fallbacks, or through the fast decoder."""
+
+    def __init__(self, job: Job, models_dir: Path):
+        self.job = job
+        self.models_dir = models_dir
+        self.fast_file: Path | None = None   # the fast decoder's file, when the job decodes with it
 
     # ----- decode, with its own fallbacks --------------------------------------
-    def _decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle, job: _Job):
+    def decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle):
         """(the media file, the frames' shape). A video planned untiled is streamed; a still, a tiled decode
         or a stream out of memory decodes the whole clip (its fallbacks next: tiled, then on the CPU), then
         writes it."""
         pipe, plan = loaded.pipe, loaded.plan
-        if job.fast_decoder is not None:
-            return self._fast_decode_and_write(loaded, request, latents, bundle, job)
+        if self.fast_file is not None:
+            return self._fast_decode_and_write(loaded, request, latents, bundle)
         first = 0
         if request.settings.mode != "t2i" and plan.vae_tile is None:
             try:
-                return self._decode_streaming(pipe.vae, plan, request, latents, bundle, job)
+                return self._decode_streaming(pipe.vae, plan, request, latents, bundle)
             except Exception as exc:
-                if not is_out_of_memory(exc) or job.phase != "vae_decode":
+                if not is_out_of_memory(exc) or self.job.phase != "vae_decode":
                     raise
                 first = 1   # the stream was the planned attempt; it left nothing on disk
-                self._retrying_decode(job, decode_attempts(plan.vae_tile, plan.device, VAE_TILES)[first][0])
-        frames = self._decode(pipe.vae, pipe.video_processor, plan, latents, job, first)
-        with self._phase(job, "export"):
+                self._retrying(decode_attempts(plan.vae_tile, plan.device, VAE_TILES)[first][0])
+        frames = self._decode(pipe.vae, pipe.video_processor, plan, latents, first)
+        with self.job.in_phase(Phase.EXPORT):
             media = write_media(request, frames, bundle)
         return media, frames.shape
 
-    def _decode_streaming(self, vae, plan: Plan, request: GenerationRequest, latents, bundle: Bundle, job: _Job):
+    def _decode_streaming(self, vae, plan: Plan, request: GenerationRequest, latents, bundle: Bundle):
         """The VAE's frames go to the encoder as they decode, with the plan's convolution set-up."""
         with conv_settings(plan.conv):
             return self._write_streaming(request, decoded_shape(vae, latents),
-                                         decode_stream(vae, latents, plan.device), bundle, job)
+                                         decode_stream(vae, latents, plan.device), bundle)
 
-    def _write_streaming(self, request: GenerationRequest, shape: tuple, batches, bundle: Bundle, job: _Job):
+    def _write_streaming(self, request: GenerationRequest, shape: tuple, batches, bundle: Bundle):
         """(the media file, its shape): the decoder's ``batches`` of frames go to the encoder as they come;
         vae_decode times the decode (the encoding overlaps it), export only the encoder's tail after the last
         frame. The file is complete or absent, whatever fails."""
-        job.phase = "export"   # the disk-room check is the export's, asked before the decode spends its time
-        with open_video_stream(request, shape, bundle) as video, closing(batches) as decoded:   # closed: caches freed
-            with self._phase(job, "vae_decode"):
+        # The disk-room check is the export's, asked before the decode spends its time.
+        with self.job.in_phase(Phase.EXPORT, timed=False), open_video_stream(request, shape, bundle) as video, \
+                closing(batches) as decoded:   # closed: caches freed
+            with self.job.in_phase(Phase.VAE_DECODE):
                 for frames in decoded:
                     video.send(frames)
-            with self._phase(job, "export"):
+            with self.job.in_phase(Phase.EXPORT):
                 return video.close(), video.shape
 
-    def _retrying_decode(self, job: _Job, how: str) -> None:
+    def _retrying(self, how: str) -> None:
         free_device_memory()
-        job.emit(Info(job.id, f"Out of memory in the VAE decode; retrying {how} from the same latents."))
+        self.job.info(f"Out of memory in the VAE decode; retrying {how} from the same latents.")
 
-    def _decode(self, vae, video_processor, plan: Plan, latents, job: _Job, first: int = 0):
+    def _decode(self, vae, video_processor, plan: Plan, latents, first: int = 0):
         """Decode as planned; on out-of-memory retry tiled, then on the CPU. The denoise is never repeated.
         ``first``: the attempt to start from (1 when a streamed decode ran out of memory as planned)."""
         attempts = decode_attempts(plan.vae_tile, plan.device, VAE_TILES)
         for number, (how, tile, device) in enumerate(attempts[first:], first):
             try:
-                frames = self._decode_once(vae, video_processor, latents, job, tile, device,
+                frames = self._decode_once(vae, video_processor, latents, tile, device,
                                            plan.conv if device == plan.device else "default")
                 if number:
-                    job.decode_fallback = how
-                    job.emit(Info(job.id, f"The VAE decode worked {how}."))
+                    self.job.decode_fell_back(how)
                 return frames
             except Exception as exc:
                 if not is_out_of_memory(exc) or number == len(attempts) - 1:
                     raise
-                self._retrying_decode(job, attempts[number + 1][0])
+                self._retrying(attempts[number + 1][0])
             finally:
                 if device != plan.device:
                     vae.to(plan.device)
                 set_vae_tiling(vae, plan.vae_tile)
 
-    def _decode_once(self, vae, video_processor, latents, job: _Job, tile: int | None, device: str,
-                     conv: str = "default"):
-        with self._phase(job, "vae_decode"), conv_settings(conv):
+    def _decode_once(self, vae, video_processor, latents, tile: int | None, device: str, conv: str = "default"):
+        with self.job.in_phase(Phase.VAE_DECODE), conv_settings(conv):
             return decode_latents(vae, video_processor, latents, tile, device)
 
     # ----- the fast decoder (approximate) ---------------------------------------
-    def _fast_decoder_file(self, resolved: ResolvedModel, job: _Job) -> Path:
-        """The fast decoder for this model's latents: on disk, else downloaded once (its own phase), and read
-        (its layout, its latents' channels and its values checked) unless it is loaded already, all before the
-        denoise; InputError saying where to put one when there is none, or what is wrong with it."""
+    def use_fast_decoder(self, resolved: ResolvedModel, loaded: LoadedModel | None) -> None:
+        """Decode with the fast decoder for this model's latents: on disk, else downloaded once (its own phase),
+        and read (its layout, its latents' channels and its values checked) unless ``loaded`` (the model loaded
+        now) has it already, all before the denoise; InputError saying where to put one when there is none, or
+        what is wrong with it."""
+        from engine.models.fast_decoder_file import (FastDecoderError, check_matches, find_fast_decoder,
+                                                     locate_fast_decoder, read_fast_decoder)
         from engine.models.refs import hub_offline
-        from engine.run.fast_decoder import (FastDecoderError, check_matches, find_fast_decoder, locate_fast_decoder,
-                                             read_fast_decoder)
 
         z_dim = 48 if resolved.spec.wan22_vae else 16
         try:
             found = find_fast_decoder(self.models_dir, z_dim, resolved.folder)
             if found is None:
-                with self._phase(job, "download"):
+                with self.job.in_phase(Phase.DOWNLOAD):
                     found = locate_fast_decoder(self.models_dir, z_dim, resolved.folder, offline=hub_offline())
-            if self.loaded is None or found not in self.loaded.fast_decoders:
+            if loaded is None or found not in loaded.fast_decoders:
                 check_matches(read_fast_decoder(found)[0], z_dim)
-            return found
         except FastDecoderError as exc:
             raise InputError(str(exc)) from None
+        self.fast_file = found
 
-    def _fast_decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle,
-                               job: _Job):
+    def _fast_decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle):
         """(the media file, the frames' shape) from the fast decoder: approximate, a fraction of the VAE's time
         and memory; the frames are written as they decode, as the VAE's are."""
-        from engine.run.fast_decoder import check_matches, load_fast_decoder
-
-        path, config = job.fast_decoder, loaded.pipe.vae.config
-        decoder = loaded.fast_decoders.get(path)
-        if decoder is None:
-            job.phase = "vae_decode"
-            decoder = load_fast_decoder(path, loaded.plan.device)
-            check_matches(decoder.info, config.z_dim)
-            loaded.fast_decoders[path] = decoder
-        job.decoder = f"fast ({decoder.info.name})"
-        job.emit(Info(job.id, f"Decoding with the fast decoder {decoder.info.name}: approximate, softer than the "
-                              "model's VAE; choose the VAE decoder for the final video."))
+        path, config = self.fast_file, loaded.pipe.vae.config
+        loading = path not in loaded.fast_decoders   # its load (untimed) is the decode's
+        with self.job.in_phase(Phase.VAE_DECODE, timed=False) if loading else nullcontext():
+            decoder = loaded.fast_decoder(path, check_z_dim=config.z_dim)
+        self.job.decoding_fast(decoder.info.name)
         if request.settings.mode == "t2i":
-            with self._phase(job, "vae_decode"):
+            with self.job.in_phase(Phase.VAE_DECODE):
                 frames = decoder.decode(latents, config.latents_mean, config.latents_std).cpu().numpy()
-            with self._phase(job, "export"):
+            with self.job.in_phase(Phase.EXPORT):
                 return write_media(request, frames, bundle), frames.shape
         shape = (decoder.info.frames_out(latents.shape[2]), latents.shape[3] * decoder.info.scale,
                  latents.shape[4] * decoder.info.scale, 3)
         batches = (frames.cpu().numpy() for frames in decoder.stream(latents, FAST_DECODE_CHUNK,
                                                                     config.latents_mean, config.latents_std))
-        return self._write_streaming(request, shape, batches, bundle, job)
+        return self._write_streaming(request, shape, batches, bundle)
 
     # ----- decode again, from saved latents ------------------------------------
-    def _decode_saved(self, path: Path, job: _Job, tiled: bool, on_cpu: bool) -> Event:
-        latents, meta = load_latents(path)
-        fields = dict(meta["request"])
-        request = GenerationRequest.from_dict(fields)
-        reset_peak_vram()
-        resolved = self._resolve(request.settings.model, job)
-        vae, video_processor = self._vae_for(resolved, job)
-        plan = self.plan_for(request, resolved.spec)
-        device = "cpu" if on_cpu else plan.device
-        tile = (plan.vae_tile or VAE_TILES[2]) if tiled else plan.vae_tile
-        job.device = device
-        vae.to(device)
-        frames = self._decode_once(vae, video_processor, latents, job, tile, device)
-        if device != plan.device and self.loaded is not None and vae is self.loaded.pipe.vae:
-            vae.to(plan.device)
-        bundle = Bundle.from_latents(path)   # the failed run's own name, unless a decode already filled it
-        if bundle.has_output():
-            bundle = Bundle(output_stem(path.parent.parent, request.settings.mode, request.prompt, request.seed))
-        with self._phase(job, "export"):
-            media = write_media(request, frames, bundle)
-        how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
-        inputs = carry_inputs(meta["inputs"], path.parent, bundle.stem) if meta.get("inputs") else None
-        record = redecode_record(request, media, path, how, meta.get("model"), fields, job.timings,
-                                 job.ram.peak_gb, self.hardware.to_dict(), inputs=inputs)
-        sidecar = write_sidecar(record, bundle.sidecar)
-        return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
-                           job.ram.peak_gb, f"Decoded again ({how}) from saved latents.")
-
-    def _vae_for(self, resolved: ResolvedModel, job: _Job):
-        """The loaded model's VAE, or the VAE alone from the model's files (nothing else is loaded)."""
-        if self.loaded is not None and self.loaded.model.ref == resolved.ref:
-            return self.loaded.pipe.vae, self.loaded.pipe.video_processor
+    def vae_for(self, resolved: ResolvedModel, loaded: LoadedModel | None) -> VaeParts:
+        """``loaded``'s VAE (the model loaded now, when it is this one), or the VAE alone from the model's files
+        (nothing else is loaded)."""
+        if loaded is not None:
+            return VaeParts(loaded.pipe.vae, loaded.pipe.video_processor, shared=True)
         import torch
         from diffusers import AutoencoderKLWan
         from diffusers.video_processor import VideoProcessor
 
-        with self._phase(job, "load"):
+        with self.job.in_phase(Phase.LOAD):
             vae = AutoencoderKLWan.from_pretrained(resolved.folder, subfolder="vae", dtype=torch.float32)
-        return vae, VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
+        return VaeParts(vae, VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial), shared=False)
+
+    def decode_saved(self, saved: SavedLatents, parts: VaeParts, plan: Plan, tiled: bool, on_cpu: bool,
+                     hardware: dict) -> JobFinished:
+        """A new video from ``saved`` (``tiled``, or ``on_cpu``, or as ``plan`` says), with its own sidecar."""
+        request, job = saved.request, self.job
+        device = "cpu" if on_cpu else plan.device
+        tile = (plan.vae_tile or VAE_TILES[2]) if tiled else plan.vae_tile
+        job.use_device(device)
+        parts.vae.to(device)
+        frames = self._decode_once(parts.vae, parts.video_processor, saved.latents, tile, device)
+        if device != plan.device and parts.shared:
+            parts.vae.to(plan.device)
+        bundle = Bundle.from_latents(saved.path)   # the failed run's own name, unless a decode already filled it
+        if bundle.has_output():
+            bundle = Bundle(output_stem(saved.path.parent.parent, request.settings.mode, request.prompt, request.seed))
+        with job.in_phase(Phase.EXPORT):
+            media = write_media(request, frames, bundle)
+        how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
+        meta = saved.meta
+        inputs = carry_inputs(meta["inputs"], saved.path.parent, bundle.stem) if meta.get("inputs") else None
+        record = redecode_record(request, media, saved.path, how, meta.get("model"), dict(meta["request"]),
+                                 job.timings, job.ram.peak_gb, hardware, inputs=inputs)
+        sidecar = write_sidecar(record, bundle.sidecar)
+        return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
+                           job.ram.peak_gb, f"Decoded again ({how}) from saved latents.")

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Callable
 
 from engine.models.single_file import read_bytes
-from engine.planning.timing import MeasuredRun, PhaseTimes, learn, predict_times
+from engine.planning.learning import MeasuredRun, learn
+from engine.planning.timing import PhaseTimes, predict_times
 
 # A first step this many times the others' mean paid a one-off cost (compiling, warming up): a learned
 # prediction leaves it out.
@@ -94,9 +95,11 @@ class TimePlanner:
         found = Calibration.load(folder, hardware)
         if found is None:
             from engine.device.calibrate import calibrate
+            from engine.outputs.export_rates import export_rates
 
             device, dtype = hardware.device, CALIBRATION_DTYPES[hardware.backend]
-            found = measure(lambda: replace(calibrate(device, dtype, quick=device == "cpu"),
+            found = measure(lambda: replace(calibrate(device, dtype, quick=device == "cpu",
+                                                      export_rates=export_rates),
                                             attention_seconds=_attention_seconds(device, dtype)))
             # Named as the engine knows its hardware, so the file is found again on this machine.
             found = replace(found, device_name=hardware.device_name, backend=hardware.backend,

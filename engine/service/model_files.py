@@ -15,10 +15,10 @@ from typing import Iterable
 
 from engine.folders import inside
 from engine.models.download import size_words
+from engine.models.fast_decoder_file import FAST_DECODER_FOLDER, FAST_DECODER_SUFFIXES
 from engine.models.refs import WEIGHT_SUFFIXES, ModelError, hub_cache_dir
 from engine.models.selftest import SELFTEST_REFS
 from engine.models.single_file import TRANSFORMERS_FOLDER
-from engine.run.fast_decoder import FAST_DECODER_FOLDER, FAST_DECODER_SUFFIXES
 from engine.settings.loras import LORAS_FOLDER
 from engine.models.single_file import TRANSFORMER_FILE_SUFFIXES
 from engine.settings.values import Settings

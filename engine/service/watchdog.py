@@ -54,9 +54,8 @@ class Watchdog:
         elif isinstance(event, StepFinished):
             self.slowest_step = max(self.slowest_step, event.seconds)
         elif isinstance(event, PlanReady):
-            phases = event.plan.get("phases") or {}
-            load = phases.get("load") or {}
-            self.weights_gib = max(float(load.get("peak_ram_gb") or 0), float(load.get("peak_vram_gb") or 0))
+            load = next((phase for phase in event.plan.phases if phase.phase == "load"), None)
+            self.weights_gib = max(load.peak_ram_gb, load.peak_vram_gb) if load else 0.0
         elif isinstance(event, JobCancelled):
             self.cancelled_at = None
 

@@ -7,13 +7,9 @@ was running, starts a fresh worker, and the next job runs there.
 """
 from __future__ import annotations
 
-import faulthandler
 import itertools
-import json
 import multiprocessing as mp
-import os
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -24,9 +20,8 @@ from typing import Iterator
 
 from engine.device.hardware import HardwareProfile
 from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
-from engine.events import Event, Info, JobFailed, LatentsSaved, PhaseFinished, PhaseStarted, is_terminal
+from engine.events import Event, Info, JobFailed, LatentsSaved, Phase, PhaseFinished, PhaseStarted, is_terminal
 from engine.models.catalog import ModelCatalog
-from engine.models.loras import LORA_EXPERTS
 from engine.service.model_files import LoadedFiles
 from engine.models.refs import ModelError
 from engine.atomic import discard_temporary
@@ -34,7 +29,10 @@ from engine.outputs.bundle import Bundle
 from engine.outputs.latents import DECODE_AGAIN_HINT
 from engine.run.failures import failure_event
 from engine.run.faults import NO_FAULTS, PhaseHook
+from engine.service.commands import PONG, Ask, DecodeSaved, Ready, RunJob, Stop, Unload, Unloaded
+from engine.service.engine_process import run_engine_process
 from engine.service.watchdog import Watchdog
+from engine.settings.model_fit import check_model_kind
 from engine.settings.request import GenerationRequest, check_request_with_notes
 from engine.settings.values import InputError
 
@@ -43,130 +41,6 @@ _SPAWN = mp.get_context("spawn")
 WATCH_TICK_S = 0.5
 # A new engine process that has not loaded its libraries after this long is stopped and started again.
 STARTUP_LIMIT_S = 600.0
-# Applied in the worker before torch loads: flash attention on ROCm (AOTriton); MIOpen's quick
-# kernel search, where it still runs (its exhaustive search costs minutes per new VAE shape); and an
-# allocator that grows segments instead of fragmenting (CUDA and ROCm read the same variable).
-PLATFORM_ENV = {
-    "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL": "1",
-    "MIOPEN_FIND_MODE": "FAST",
-    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
-}
-
-
-@dataclass
-class _Starting:
-    """The engine process while it loads its libraries; ``engine`` is set once it can take jobs."""
-    since: float
-    engine: object = None
-
-
-def _serve_status(conn, state: _Starting) -> None:
-    """Answer memory questions from the app while the main thread starts up or runs jobs (a daemon thread)."""
-    while True:
-        try:
-            question = conn.recv()
-        except (EOFError, OSError):
-            return
-        engine = state.engine
-        if question == ("ping",):   # the client's watchdog: is this process alive?
-            reply = "pong"
-        elif engine is None:
-            reply = EngineStarting(round(time.monotonic() - state.since, 1))
-        elif question == ("hardware",):   # probed once before the engine said it was ready
-            reply = engine.hardware.to_dict()
-        elif question == ("loaded",):
-            reply = _loaded_files(engine)
-        else:
-            reply = _memory(engine)
-        try:
-            conn.send(reply)
-        except (BrokenPipeError, OSError):
-            return
-
-
-def _memory(engine):
-    """What the engine holds now (EngineMemory), or the error's words. Its own function, so that the loaded model
-    it looks at is referenced only while it answers: kept in the status loop's variables, it stayed in memory
-    beside the next model after a swap (both on the device at once)."""
-    from engine.device.usage import engine_memory
-
-    loaded = engine.loaded
-    hardware = engine.hardware
-    try:
-        return engine_memory(hardware.backend, hardware.device_name,
-                             loaded.model.ref if loaded else None, loaded.plan.strategy if loaded else None)
-    except Exception as exc:   # never let a status question take the engine down
-        return f"{type(exc).__name__}: {exc}"
-
-
-def _loaded_files(engine) -> LoadedFiles | str:
-    """The files the engine's loaded pipeline holds (engine/service/model_files.py's LoadedFiles; none loaded: no
-    paths), or what went wrong while it was read (a job may change the pipeline meanwhile)."""
-    loaded = engine.loaded
-    if loaded is None:
-        return LoadedFiles(None, ())
-    try:
-        from engine.run.lora import adapter_name, loaded_adapters
-        from engine.settings.loras import lora_folder, listed_lora_files
-
-        adapters = set(loaded_adapters(loaded.pipe))
-        folder = lora_folder(engine.models_dir)
-        loras = [str(folder / name) for name in listed_lora_files(engine.models_dir)
-                 if any(adapter_name(str(folder / name), expert) in adapters for expert in LORA_EXPERTS)]
-        files = [file[0] for file in loaded.plan.transformer_files if file]
-        return LoadedFiles(loaded.model.ref, (str(loaded.model.folder), *files, *loras,
-                                              *map(str, loaded.fast_decoders)))
-    except Exception as exc:   # never let a status question take the engine down
-        return f"{type(exc).__name__}: {exc}"
-
-
-def _worker_main(conn, status_conn, cancel_event, models_dir: str, hardware_json: str | None,
-                 options: dict, env: dict | None = None) -> None:
-    """Entry point of the worker process: load the libraries, say so, then serve requests until told to stop.
-    ``env``: variables set before torch loads (which GPUs it sees, in which order: engine/service/pool.py)."""
-    # A crash in native code (a driver, a collective) prints each thread's Python stack to the console, so the
-    # report the page asks for says where it happened.
-    faulthandler.enable()
-    # Platform settings must be in place before torch initialises the device.
-    os.environ.update(env or {})
-    for name, value in PLATFORM_ENV.items():
-        os.environ.setdefault(name, value)
-    state = _Starting(time.monotonic())
-    threading.Thread(target=_serve_status, args=(status_conn, state), name="engine-status", daemon=True).start()
-    from engine.device.runtime import load_libraries
-
-    load_libraries()   # torch, diffusers and transformers: seconds that belong to no job's load
-    from engine.device.hardware import HardwareProfile
-    from engine.run.engine import Engine
-
-    hardware = HardwareProfile.from_dict(json.loads(hardware_json)) if hardware_json else None
-    engine = Engine(models_dir, hardware, **options)
-    engine.hardware   # the device is probed (and its driver started) now, not during the first job
-    state.engine = engine
-    conn.send(("ready", time.monotonic() - state.since))
-    while True:
-        try:
-            message = conn.recv()
-        except EOFError:
-            return
-        kind = message[0]
-        if kind == "run":   # ("run", request, job_id, timings[, group]): a RankGroup for one part of a split job
-            _, request, job_id, timings, *group = message
-            engine.run(request, job_id, conn.send, cancel_event.is_set, timings, group=group[0] if group else None)
-        elif kind == "decode":
-            _, path, job_id, tiled, on_cpu, timings = message
-            engine.decode_saved(path, job_id, conn.send, tiled=tiled, on_cpu=on_cpu, timings=timings)
-        elif kind == "unload":
-            engine.unload()
-            conn.send(("unloaded",))
-        elif kind == "stop":
-            # Nothing here needs tearing down (the OS frees the memory and the device): exiting at once saves
-            # the seconds the interpreter spends unloading torch.
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(0)
-
-
 def _signal_name(exitcode: int | None) -> str:
     if exitcode is None:
         return "no exit code"
@@ -200,7 +74,7 @@ class _Worker:
 class WorkerClient:
     """Owns the worker process; runs one job at a time; restarts the worker when it dies."""
 
-    def __init__(self, models_dir: Path | str = "models", hardware_json: str | None = None,
+    def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
                  latents_hours: float | None = None, preview_seconds: float | None = None,
                  faults: PhaseHook = NO_FAULTS, env: dict[str, str] | None = None,
                  outputs_dir: Path | str | None = None):
@@ -208,6 +82,7 @@ class WorkerClient:
         between live previews (0: every step; negative: none); ``faults``: the engine's phase hook in the
         first engine process (tests inject faults with it, such as a crash in a phase), NO_FAULTS after;
         ``env``: variables every engine process of this client starts with (its GPU: engine/service/pool.py);
+        ``hardware``: the profile the engine plans for instead of probing its device (a described machine);
         ``outputs_dir``: the app's outputs folder, where the engine finds this machine's measured rates."""
         self.models_dir = str(models_dir)
         self.env = dict(env or {})
@@ -220,7 +95,7 @@ class WorkerClient:
             self.options["preview_seconds"] = preview_seconds
         if outputs_dir is not None:
             self.options["outputs_dir"] = str(outputs_dir)
-        self.hardware_json = hardware_json
+        self.given_hardware = hardware
         self._cancel = _SPAWN.Event()
         self._job_lock = threading.Lock()
         self._start_lock = threading.Lock()
@@ -245,8 +120,8 @@ class WorkerClient:
                 parent, child = _SPAWN.Pipe()
                 status_parent, status_child = _SPAWN.Pipe()
                 process = _SPAWN.Process(
-                    target=_worker_main, args=(child, status_child, self._cancel, self.models_dir,
-                                               self.hardware_json, self.options, self.env),
+                    target=run_engine_process, args=(child, status_child, self._cancel, self.models_dir,
+                                               self.given_hardware, self.options, self.env),
                     name="wan-engine", daemon=True)
                 process.start()
                 child.close()
@@ -270,7 +145,7 @@ class WorkerClient:
             return
         try:
             if worker.ready:   # still loading its libraries: it would hear the stop only once they are in
-                worker.conn.send(("stop",))
+                worker.conn.send(Stop())
         except (BrokenPipeError, OSError):
             pass
         worker.process.join(timeout=5 if worker.ready else 0)
@@ -312,7 +187,7 @@ class WorkerClient:
                 reply = worker.conn.recv()
             except (EOFError, OSError):
                 return False
-            worker.ready = reply[0] == "ready"
+            worker.ready = isinstance(reply, Ready)
         return True
 
     def _ready_worker(self) -> _Worker:
@@ -327,34 +202,34 @@ class WorkerClient:
                 self._wait_ready(worker)
             return worker
 
-    def _call(self, message, expect: str, timeout: float = 120.0):
+    def _call(self, command, expect: type, timeout: float = 120.0):
         """Ask the engine for something quick between jobs; an engine that does not answer within ``timeout``
         seconds is stopped (OSError says so, and the next job starts a fresh one)."""
         with self._job_lock:
             worker = self._ready_worker()
-            worker.conn.send(message)
+            worker.conn.send(command)
             if not wait([worker.conn, worker.process.sentinel], timeout=timeout) or not worker.conn.poll():
                 worker.process.kill()
                 worker.process.join(timeout=10)
-                raise OSError(f"the engine process did not answer {message[0]!r} within {timeout:.0f} s; it was "
+                raise OSError(f"the engine process did not answer {type(command).__name__} within {timeout:.0f} s; it was "
                               "stopped, and the next job starts a fresh one")
             reply = worker.conn.recv()
-            assert reply[0] == expect, reply
+            assert isinstance(reply, expect), reply
             return reply
 
     def unload(self) -> None:
-        self._call(("unload",), "unloaded")
+        self._call(Unload(), Unloaded)
 
-    def hardware(self, timeout: float = 30.0) -> dict:
+    def hardware(self, timeout: float = 30.0) -> HardwareProfile:
         """The engine process's hardware profile, answered on its status channel: never behind a running job
         (it waits only for a starting engine to load its libraries). OSError when it does not answer."""
         self._ready_worker()
-        reply = self._ask_status(("hardware",), timeout)
-        if not isinstance(reply, dict):
+        reply = self._ask_status(Ask.HARDWARE, timeout)
+        if not isinstance(reply, HardwareProfile):
             raise OSError(f"the engine process did not say what hardware it runs on within {timeout:.0f} s")
         return reply
 
-    def _ask_status(self, question: tuple, timeout: float):
+    def _ask_status(self, question: Ask, timeout: float):
         """The engine process's answer to ``question`` on its status channel; EngineSilent when it runs but
         does not answer in time, None when no engine process runs."""
         with self._status_lock:
@@ -375,7 +250,7 @@ class WorkerClient:
         """What the engine process holds now (device memory, its RAM, the loaded model), that it is still
         loading its libraries, or that it does not answer; answered during a job too. None when no engine
         process is running."""
-        reply = self._ask_status(("memory",), timeout)
+        reply = self._ask_status(Ask.MEMORY, timeout)
         return reply if isinstance(reply, (EngineMemory, EngineStarting, EngineSilent)) else None
 
     def memories(self, timeout: float = 2.0) -> list:
@@ -386,7 +261,7 @@ class WorkerClient:
         """The files the loaded pipeline holds (its folder, transformer files, LoRAs, fast decoders), answered during
         a job too (no engine process, or one still starting, holds none); EngineSilent when the engine does not
         answer, None when it answered that it could not tell."""
-        reply = self._ask_status(("loaded",), timeout)
+        reply = self._ask_status(Ask.LOADED, timeout)
         if reply is None or isinstance(reply, EngineStarting):
             return LoadedFiles(None, ())
         return reply if isinstance(reply, (LoadedFiles, EngineSilent)) else None
@@ -401,13 +276,13 @@ class WorkerClient:
 
     def alive(self, timeout: float = 1.0) -> bool:
         """Whether the engine process answers its status channel within ``timeout`` seconds."""
-        return self._ask_status(("ping",), timeout) == "pong"
+        return self._ask_status(Ask.PING, timeout) == PONG
 
     def hardware_profile(self) -> HardwareProfile:
         """The engine process's hardware as its plans see it, asked once and kept until the next job ends (the app
         never probes the GPU itself)."""
         if self._hardware_profile is None:
-            self._hardware_profile = HardwareProfile.from_dict(self.hardware())
+            self._hardware_profile = self.hardware()
         return self._hardware_profile
 
     # ----- jobs ----------------------------------------------------------
@@ -417,8 +292,12 @@ class WorkerClient:
     def check(self, request: GenerationRequest) -> tuple[GenerationRequest, list[str]]:
         """``request`` checked as a run checks it before anything heavy (settings, images, the model and what
         it can make), with notes for the user; raises InputError or ModelError saying what to change."""
-        request, notes = check_request_with_notes(request, self.catalog.limits(request.settings.model))
-        self.catalog.check_folder(request.settings.model)
+        ref = request.settings.model
+        request, notes = check_request_with_notes(request, self.catalog.limits(ref))
+        self.catalog.check_folder(ref)
+        spec = self.catalog.known_spec(ref)
+        if spec is not None:   # known before any download (a known Hub model): a model of another kind is refused now
+            check_model_kind(spec, ref, request.settings.mode, bool(request.last_image))
         return request, notes
 
     def run(self, request: GenerationRequest, notes: list[str] | tuple = (),
@@ -435,7 +314,7 @@ class WorkerClient:
             yield Info(job_id, note)
         self.running_settings = request.settings   # the models it uses may not be deleted meanwhile
         try:
-            yield from self._exchange(lambda timings: ("run", request, job_id, timings, group), job_id)
+            yield from self._exchange(lambda timings: RunJob(request, job_id, timings, group), job_id)
         finally:
             self.running_settings = None
             # A job may have measured the machine (its fastest attention backend is the plan's from now on):
@@ -459,7 +338,7 @@ class WorkerClient:
                job_id: str | None = None, slots=()) -> Iterator[Event]:
         """Decode saved latents again (tiled, or on the CPU) into a new video, without denoising."""
         job_id = job_id or self.new_job_id()
-        yield from self._exchange(lambda timings: ("decode", str(latents), job_id, tiled, on_cpu, timings), job_id)
+        yield from self._exchange(lambda timings: DecodeSaved(str(latents), job_id, tiled, on_cpu, timings), job_id)
 
     def _starting(self, job_id: str) -> Iterator[Event]:
         """While a new engine process loads its libraries, the job says so and times it (phase engine_start);
@@ -467,23 +346,23 @@ class WorkerClient:
         worker = self._ensure_worker()
         if worker.ready:
             return worker, {}
-        yield PhaseStarted(job_id, "engine_start")
+        yield PhaseStarted(job_id, Phase.ENGINE_START)
         start = time.monotonic()
         worker = self._ready_worker()
         waited = time.monotonic() - start
-        yield PhaseFinished(job_id, "engine_start", waited)
+        yield PhaseFinished(job_id, Phase.ENGINE_START, waited)
         return worker, {"engine_start": round(waited, 4)}
 
-    def _exchange(self, message, job_id: str) -> Iterator[Event]:
-        """Run one job in the engine: ``message(timings)`` is what to send it, with the timings so far."""
+    def _exchange(self, command, job_id: str) -> Iterator[Event]:
+        """Run one job in the engine: ``command(timings)`` is what to send it, with the timings so far."""
         with self._job_lock:
             self._cancel.clear()
             worker, timings = yield from self._starting(job_id)
             try:
-                worker.conn.send(message(timings))
+                worker.conn.send(command(timings))
             except (BrokenPipeError, OSError):
                 worker, timings = yield from self._starting(job_id)
-                worker.conn.send(message(timings))
+                worker.conn.send(command(timings))
             events = self._read_events(worker, job_id)
             finished = False
             try:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from engine.models.loras import LORA_EXPERTS, LORA_SUFFIX, Lora
 from engine.models.weights import files_under, find_file
-from engine.settings.values import InputError
+from engine.errors import InputError
 
 LORAS_FOLDER = "loras"        # inside the models folder: where the page (and a bare file name) finds LoRA files
 DEFAULT_STRENGTH = 1.0

@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import InputError
+from engine.models.limits import MAX_FRAMES, MAX_SIDE, MIN_SIDE
 from engine.models.loras import LORA_EXPERTS, Lora, as_lora, lora_file_problem
 from engine.models.single_file import TRANSFORMER_FILE_NAMES, TRANSFORMER_FILE_SUFFIXES
+from engine.settings.fields import SETTING_TYPES, Group, names_in
 from engine.settings.choices import ATTENTION_BACKENDS, DECODERS, LADDER, STEP_CACHES, TEXT_ENCODER_PLACES, VAE_DTYPES
 
 if TYPE_CHECKING:
@@ -30,8 +32,6 @@ MODE_NAMES = {"t2v": "text to video", "i2v": "image to video", "t2i": "text to i
 # A preset belongs to a generation tab: text to video (text to image is its 1-frame mode) or image to video.
 PRESET_MODES = ("t2v", "i2v")
 SCHEDULERS = ("unipc", "flow_euler", "flow_dmd")   # engine/run/schedulers.py
-MIN_SIDE, MAX_SIDE = 32, 2048
-MAX_FRAMES = 257
 MAX_STEPS = 200
 MAX_GUIDANCE = 30.0
 MAX_SHIFT = 50.0
@@ -109,23 +109,11 @@ def _read_lora(entry):
 
 SETTING_NAMES = tuple(f.name for f in fields(Settings))
 _FIELD_NAMES = frozenset(SETTING_NAMES)
-# How a preset file (JSON) holds each setting: a new setting adds its line here (a test checks that every
-# setting has one). The memory choices are optional in a file and absent from the built-in presets.
-SETTING_TYPES = {
-    "model": str, "mode": str, "width": int, "height": int, "frames": int, "steps": int,
-    "guidance": (int, float), "shift": (int, float), "fps": int, "size_multiple": int, "scheduler": str,
-    "sigmas": (list, type(None)), "strategy": (str, type(None)), "text_encoder": (str, type(None)),
-    "vae_tiling": (bool, type(None)), "decoder": str, "step_cache": (str, type(None)),
-    "compile": (bool, type(None)), "attention": (str, type(None)), "vae_dtype": (str, type(None)),
-    "transformer": (str, type(None)), "transformer_2": (str, type(None)), "loras": (list, tuple),
-    "guidance_2": (int, float, type(None)), "gpus": int,
-}
-MEMORY_CHOICES = ("strategy", "text_encoder", "vae_tiling", "gpus")
-SPEED_CHOICES = ("decoder", "step_cache", "compile", "attention", "vae_dtype")
+MEMORY_CHOICES = names_in(Group.MEMORY)
+SPEED_CHOICES = names_in(Group.SPEED)
 # The model's sources and adapters: optional in a preset file, left out when at their defaults.
-SOURCE_CHOICES = ("transformer", "transformer_2", "loras", "guidance_2")
-# What every preset file must give; the other settings take Settings' defaults.
-REQUIRED_SETTINGS = ("model", "mode", "width", "height", "frames", "steps", "guidance", "shift", "fps")
+SOURCE_CHOICES = names_in(Group.SOURCE)
+REQUIRED_SETTINGS = names_in(Group.REQUIRED)
 
 
 def split_values(values: dict) -> tuple[dict, dict]:

@@ -17,8 +17,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine.events import JobFailed, JobFinished, PhaseStarted
+from engine.models.fast_decoder_file import MODEL_OWN_FOLDER, random_fast_decoder_state, write_fast_decoder
 from engine.run.engine import Engine
-from engine.run.fast_decoder import MODEL_OWN_FOLDER, random_fast_decoder_state, write_fast_decoder
 from tests.conftest import CPU, run_engine, tiny_request
 from tests.engine.test_lora import FAST, diffusers_lora
 from tests.engine.test_single_file import RUN, original_state, write_gguf

@@ -69,3 +69,31 @@ def test_a_catalog_keeps_only_its_last_models(tmp_path, model_dirs):
         shutil.copytree(model_dirs["tiny-t2v"], tmp_path / name)
         catalog.spec(str(tmp_path / name))
     assert len(catalog._specs) == 2
+
+
+@pytest.mark.parametrize("model, mode, last, said", [
+    ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v", False, "is a text-to-video model; pick an image-to-video model"),
+    ("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "t2v", False, "is an image-to-video model; use the Image to Video tab"),
+    ("Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers", "i2v", False, "is a first-and-last-frame model and needs a last frame"),
+    ("Wan-AI/Wan2.2-I2V-A14B-Diffusers", "i2v", True, "cannot use a last frame"),
+])
+def test_a_known_hub_model_of_another_kind_is_refused_before_it_is_queued_or_downloaded(
+        tmp_path, monkeypatch, selftest_models_dir, image_file, model, mode, last, said):
+    """The job's check knows a Hub model's kind from the table of known models: nothing is downloaded (the hub
+    cache is empty and the engine process never starts) before the sentence."""
+    from engine.service.worker import WorkerClient
+    from engine.settings.request import GenerationRequest
+    from engine.settings.values import InputError, Settings
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    client = WorkerClient(selftest_models_dir)
+    settings = Settings(model, mode, 832, 480, 81, 40, 5.0, 5.0)
+    images = {"image": str(image_file), "last_image": str(image_file) if last else None} if mode == "i2v" else {}
+    with pytest.raises(InputError, match=said):
+        client.check(GenerationRequest(settings, "a fox", outputs_dir=str(tmp_path / "out"), **images))
+    assert client.pid is None and not (tmp_path / "empty-cache").exists()
+    # a model of the right kind passes the same check
+    right = {"t2v": "Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v": "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers"}[mode]
+    if not last:
+        client.check(GenerationRequest(Settings(right, mode, 832, 480, 81, 40, 5.0, 5.0), "a fox",
+                                       outputs_dir=str(tmp_path / "out"), **images))

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 
 from engine.events import JobFailed, JobFinished, PhaseStarted
+from engine.models.fast_decoder_file import MODEL_OWN_FOLDER, find_fast_decoder
 from engine.models.selftest import SELFTEST_T2V, ensure_selftest_model, write_selftest_fast_decoder
 from engine.outputs.export import read_video
 from engine.run.engine import Engine
-from engine.run.fast_decoder import MODEL_OWN_FOLDER, find_fast_decoder
 from tests.conftest import CPU, run_engine, tiny_request
 
 
@@ -61,7 +61,8 @@ def test_the_self_test_model_carries_its_own_fast_decoder(tmp_path):
 def test_a_fast_decoder_preview_has_one_frame_per_latent_frame_at_preview_size(tmp_path):
     import torch
 
-    from engine.run.fast_decoder import load_fast_decoder, random_fast_decoder_state, write_fast_decoder
+    from engine.models.fast_decoder_file import random_fast_decoder_state, write_fast_decoder
+    from engine.run.fast_decoder import load_fast_decoder
     from engine.run.preview import DecoderPreview, encode_animation
 
     path = write_fast_decoder(tmp_path / "taew2_1.safetensors", random_fast_decoder_state(16, 1))

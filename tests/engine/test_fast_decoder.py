@@ -8,15 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.run.fast_decoder import (
+from engine.models.fast_decoder_file import (
     FastDecoderError,
     check_matches,
     find_fast_decoder,
-    load_fast_decoder,
     random_fast_decoder_state,
     read_fast_decoder,
     write_fast_decoder,
 )
+from engine.run.fast_decoder import load_fast_decoder
 
 H, W = 2, 3  # latent pixels: frames of 16 x 24 (8x), or 32 x 48 with 2x2 patches
 # The time strides of decoder.7, .13 and .19 in every real file (taehv.py: TGrow(n_f[0], 1), then 2, 2).

@@ -124,6 +124,7 @@ def test_the_page_plans_with_the_attention_backend_the_engine_runs(selftest_mode
 
     from engine.device.calibrate import calibrate
     from engine.events import PlanReady
+    from engine.outputs.export_rates import export_rates
 
     outputs = tmp_path / "out"
     client = WorkerClient(selftest_models_dir, outputs_dir=outputs, env={"WAN_STUDIO_CALIBRATE": "1"})
@@ -132,12 +133,12 @@ def test_the_page_plans_with_the_attention_backend_the_engine_runs(selftest_mode
         assert first.attention == ""   # never measured here
         # A calibration kept beside the outputs (as a first job on this machine would keep it), whose attention
         # probe found another backend fastest than torch's own.
-        rates = calibrate("cpu", "float32", quick=True)
+        rates = calibrate("cpu", "float32", quick=True, export_rates=export_rates)
         replace(rates, device_name=first.device_name, backend=first.backend, torch_version=first.torch_version,
                 attention_seconds={"native": 0.2, "_native_math": 0.1}).save(outputs)
         events = list(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
         assert isinstance(events[-1], JobFinished), events[-1]
-        ran = next(e.plan for e in events if isinstance(e, PlanReady))["attention_backend"]
+        ran = next(e.plan for e in events if isinstance(e, PlanReady)).attention_backend
         assert ran == "_native_math"
         assert client.hardware_profile().attention == ran   # the page's next plan says the same
     finally:

@@ -1,7 +1,6 @@
 """One job split across two engine processes (context parallel over gloo on the CPU), against one process."""
 from __future__ import annotations
 
-import json
 import threading
 import uuid
 
@@ -18,7 +17,7 @@ from tests.conftest import CPU, free_port, run_engine, tiny_request
 @pytest.fixture(scope="module")
 def pair(selftest_models_dir):
     """Two engine processes on the CPU, as the pool would hold them for one split job."""
-    clients = [WorkerClient(selftest_models_dir, json.dumps(CPU.to_dict()), preview_seconds=0) for _ in range(2)]
+    clients = [WorkerClient(selftest_models_dir, CPU, preview_seconds=0) for _ in range(2)]
     for client in clients:
         client.start()
     yield clients
@@ -103,7 +102,7 @@ def test_a_rank_that_fails_stops_the_other_before_the_denoise_and_one_that_dies_
                                                                                                presets, outputs):
     from tests.faults import InjectedFaults
 
-    hardware = json.dumps(CPU.to_dict())
+    hardware = CPU
     faulty = InjectedFaults(out_of_memory={"text_encode": 1}, crash_in="denoise")
     clients = [WorkerClient(selftest_models_dir, hardware), WorkerClient(selftest_models_dir, hardware, faults=faulty)]
     try:

@@ -7,9 +7,9 @@ import pytest
 
 from engine.device.hardware import HardwareProfile
 from engine.models.spec import KNOWN_MODELS
-from engine.planning.ahead import plan_table
 from engine.planning.planner import Override, PlanRequest, plan_memory
 from engine.planning.speed import COMPILE_MIN_PASSES, SpeedRequest, fast_bf16
+from engine.service.ahead import plan_table
 from engine.settings.values import InputError, Settings, check_settings
 
 T2V_13 = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]

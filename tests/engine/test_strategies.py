@@ -31,7 +31,7 @@ def test_each_rung_produces_the_video(strategy, model_dirs, presets, outputs, tm
     result, events = run_engine(engine, request)
     assert isinstance(result, JobFinished), result
     plan = next(e.plan for e in events if isinstance(e, PlanReady))
-    assert plan["strategy"] == strategy
+    assert plan.strategy == strategy
     frames = read_video(result.paths[0])[0]
     assert frames.shape == reference.shape
     if strategy.startswith("fp8"):
@@ -98,7 +98,7 @@ def test_a_streamed_text_encoder_encodes_the_same_and_the_loaded_model_follows_a
         assert isinstance(result, JobFinished), result
         phases = [e.phase for e in events if isinstance(e, PhaseFinished)]
         plan = next(e.plan for e in events if isinstance(e, PlanReady))
-        assert plan["text_encoder"] == place
+        assert plan.text_encoder == place
         return result, phases
 
     streamed, phases = generate("a red fox in the snow", "streamed")

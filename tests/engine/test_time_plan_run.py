@@ -11,8 +11,8 @@ from engine.run.engine import Engine
 from tests.conftest import CPU, run_engine, tiny_request
 
 
-def _predicted(events) -> dict:
-    return [e.plan for e in events if isinstance(e, PlanReady)][-1]
+def _predicted(events) -> PlanReady:
+    return [e for e in events if isinstance(e, PlanReady)][-1]
 
 
 def test_the_machine_is_measured_once_and_every_run_is_predicted(model_dirs, presets, tmp_path):
@@ -23,12 +23,12 @@ def test_the_machine_is_measured_once_and_every_run_is_predicted(model_dirs, pre
     assert [e.phase for e in events if isinstance(e, PhaseStarted)][0] == "calibrate"
     assert "calibrate" in first.timings and (outputs / CALIBRATION_FILE).is_file()
     plan = _predicted(events)
-    assert plan["predicted_total"] > 0 and {"load", "denoise", "vae_decode", "export"} <= set(plan["predicted_seconds"])
+    assert plan.predicted_total > 0 and {"load", "denoise", "vae_decode", "export"} <= set(plan.predicted_seconds)
     sidecar = json.loads(Path(first.sidecar).read_text())
-    assert sidecar["speed"]["predicted_seconds"] == plan["predicted_seconds"]
+    assert sidecar["speed"]["predicted_seconds"] == plan.predicted_seconds
 
     second, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=7))
-    assert "calibrate" not in second.timings and "load" not in _predicted(events)["predicted_seconds"]
+    assert "calibrate" not in second.timings and "load" not in _predicted(events).predicted_seconds
 
     again = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1, calibrate=True)   # a new process
     third, _ = run_engine(again, tiny_request(presets, model_dirs["tiny-t2v"], outputs, seed=8))
@@ -42,7 +42,7 @@ def test_a_prediction_learns_from_the_runs_of_the_same_model_and_plan(model_dirs
                                                        seed=5))
     learned, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], tmp_path / "out", steps=8,
                                                       seed=6))
-    predicted = _predicted(events)["predicted_seconds"]
+    predicted = _predicted(events).predicted_seconds
     # The decode and the export of the same size are predicted from a measured run's own figures.
     for phase in ("vae_decode", "export"):
         assert any(abs(predicted[phase] - run.timings[phase]) < 1e-3 for run in (first, measured)), phase
@@ -51,7 +51,7 @@ def test_a_prediction_learns_from_the_runs_of_the_same_model_and_plan(model_dirs
 def test_turned_off_nothing_is_measured_or_predicted(model_dirs, presets, tmp_path):
     engine = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1, calibrate=False)
     result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], tmp_path / "out"))
-    assert "calibrate" not in result.timings and "predicted_seconds" not in _predicted(events)
+    assert "calibrate" not in result.timings and _predicted(events).predicted_seconds is None
     assert json.loads(Path(result.sidecar).read_text())["speed"]["predicted_seconds"] is None
 
 
@@ -59,13 +59,15 @@ def test_the_fastest_attention_measured_here_is_the_one_the_plan_picks(model_dir
     from dataclasses import replace
 
     from engine.device.calibrate import calibrate
+    from engine.outputs.export_rates import export_rates
 
     outputs = tmp_path / "out"
-    measured = replace(calibrate("cpu", "float32", quick=True), device_name=CPU.device_name, backend="cpu",
+    measured = replace(calibrate("cpu", "float32", quick=True, export_rates=export_rates),
+                       device_name=CPU.device_name, backend="cpu",
                        torch_version=CPU.torch_version, attention_seconds={"native": 0.02, "_native_math": 0.01})
     measured.save(outputs)
     engine = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1, calibrate=True)
     result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs))
     assert isinstance(result, JobFinished), result
-    assert _predicted(events)["attention_backend"] == "_native_math" and engine.hardware.attention == "_native_math"
+    assert _predicted(events).plan.attention_backend == "_native_math" and engine.hardware.attention == "_native_math"
     assert json.loads(Path(result.sidecar).read_text())["speed"]["attention"] == "_native_math"

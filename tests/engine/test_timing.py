@@ -15,18 +15,11 @@ from engine.device.calibrate import CALIBRATION_FILE, Calibration
 from engine.device.hardware import HardwareProfile
 from engine.models.spec import KNOWN_MODELS
 from engine.planning import timing
+from engine.planning.learning import STEP_TOKEN_EXPONENT, MeasuredRun, learn, token_exponent
 from engine.planning.planner import PlanRequest, plan_memory
-from engine.planning.timing import (
-    VAE21,
-    VAE22,
-    MeasuredRun,
-    decoder_flops,
-    learn,
-    predict_times,
-    token_exponent,
-    transformer_pass,
-    vae_decode_seconds,
-)
+from engine.planning.rates import device_rates
+from engine.planning.timing import predict_times, transformer_pass
+from engine.planning.vae_time import VAE21, VAE22, decoder_flops, vae_decode_seconds
 
 T2V_13 = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
 I2V_14 = KNOWN_MODELS["Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"]
@@ -165,7 +158,7 @@ def test_a_measured_disk_rate_replaces_the_default():
 # ----- what the predictions do as the request changes ----------------------------------------------------
 
 def _rates():
-    return timing._device_rates(plan_for(T2V_13), H200_CALIBRATION)
+    return device_rates(plan_for(T2V_13), H200_CALIBRATION)
 
 
 def test_more_frames_give_attention_a_larger_share():
@@ -325,7 +318,7 @@ def test_learn_scales_a_step_by_passes_and_tokens():
                       pixels=prediction.pixels // 2)
     learned = learn(prediction, [run])
     # 1 s a pass measured at half the tokens: x 2^1.4 at the new length, one pass per step here
-    assert learned.step_seconds == pytest.approx(2 ** timing.STEP_TOKEN_EXPONENT, rel=1e-3)
+    assert learned.step_seconds == pytest.approx(2 ** STEP_TOKEN_EXPONENT, rel=1e-3)
     assert learned.seconds["vae_decode"] == prediction.seconds["vae_decode"]   # no decode was measured
     assert learn(prediction, []) is prediction
 
@@ -345,7 +338,7 @@ def test_the_first_decode_after_a_load_is_not_what_the_next_run_learns():
 def test_the_token_exponent_is_fitted_from_runs_at_several_lengths():
     runs = [MeasuredRun({}, tokens, 1, 1, 1, step_seconds=0.5 * (tokens / 8000) ** 1.6) for tokens in (8000, 16000, 32000)]
     assert token_exponent(runs) == pytest.approx(1.6, rel=1e-6)
-    assert token_exponent(runs[:1]) == timing.STEP_TOKEN_EXPONENT
+    assert token_exponent(runs[:1]) == STEP_TOKEN_EXPONENT
     steep = [MeasuredRun({}, t, 1, 1, 1, step_seconds=(t / 1000) ** 3) for t in (1000, 2000)]
     assert token_exponent(steep) == 2.0
 
@@ -355,8 +348,9 @@ def test_the_token_exponent_is_fitted_from_runs_at_several_lengths():
 def test_a_quick_cpu_calibration_runs_in_seconds_saves_and_loads(tmp_path):
     torch = pytest.importorskip("torch")
     from engine.device.calibrate import calibrate
+    from engine.outputs.export_rates import export_rates
 
-    result = calibrate("cpu", torch.float32, quick=True)
+    result = calibrate("cpu", torch.float32, quick=True, export_rates=export_rates)
     assert result.backend == "cpu" and result.dtype == "float32" and result.torch_version == torch.__version__
     assert result.seconds < 10
     numbers = [v for _, v in result.matmul_tflops] + [v for _, v in result.attention_tflops] + \

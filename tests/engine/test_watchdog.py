@@ -1,7 +1,13 @@
 """When an engine that stopped answering is declared hung: silence, and a phase that goes on too long."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 from engine.events import JobCancelled, PhaseStarted, PlanReady, StepFinished
+from engine.models.spec import SELFTEST_SPECS
+from engine.planning.plan import PhasePlan
+from engine.planning.planner import PlanRequest, plan_memory
+from tests.conftest import CPU
 from engine.service.watchdog import (
     CANCEL_SILENCE_S,
     QUIET_BEFORE_ASKING_S,
@@ -39,7 +45,8 @@ def test_after_a_cancel_silence_is_hung_sooner():
 
 def test_a_phase_gets_its_time_from_the_plan_and_the_steps_seen():
     watch = Watchdog(0.0)
-    watch.saw(PlanReady("j", {"phases": {"load": {"peak_ram_gb": 40.0, "peak_vram_gb": 0.0}}}), 0.0)
+    plan = plan_memory(SELFTEST_SPECS["selftest-t2v"], PlanRequest(64, 64, 9), CPU)
+    watch.saw(PlanReady("j", replace(plan, phases=[PhasePlan("load", {"transformer": "cpu"}, 0.0, 40.0)])), 0.0)
     watch.saw(PhaseStarted("j", "load"), 0.0)
     assert watch.allowance() == 300.0 + 30.0 * 40.0           # 28 GB of weights on a slow disk get their time
     assert watch.hung(1400.0) is None and watch.hung(1500.0) == "it answered but made no progress for 1500 s"

@@ -127,7 +127,7 @@ def test_memory_is_answered_while_a_job_runs(client, presets, outputs):
 
     events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=6)), ask)
     assert isinstance(events[-1], JobFinished)
-    assert len(during) == 3 and during[1]["backend"] == "cpu" and during[2] is True, during
+    assert len(during) == 3 and during[1].backend == "cpu" and during[2] is True, during
     snapshot = during[0]
     assert snapshot is not None and client.busy is False
     assert snapshot.backend == "cpu" and snapshot.vram_total_gb is None
@@ -188,7 +188,7 @@ def test_the_page_asking_the_hardware_while_the_first_job_starts_the_engine_take
             on_event(event)
         asker.join(timeout=60)
         assert isinstance(events[-1], JobFinished), events[-1]
-        assert answers and answers[0]["backend"] == "cpu", answers
+        assert answers and answers[0].backend == "cpu", answers
     finally:
         client.close()
 

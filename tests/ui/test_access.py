@@ -73,8 +73,9 @@ def test_auth_refuses_a_wrong_password_and_accepts_the_right_one(tmp_path, selft
 def _auth_for(*argv: str):
     """resolve_auth for these serve arguments (nothing is started: --share needs no network here)."""
     import app
+    from ui.startup import resolve_auth
 
-    return app.resolve_auth(app.parse_args(list(argv)))
+    return resolve_auth(app.parse_args(list(argv)))
 
 
 @pytest.mark.parametrize("argv", [["--share"], ["--listen"], ["--host", "0.0.0.0"], ["--host", "192.168.1.20"],

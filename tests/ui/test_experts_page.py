@@ -7,8 +7,10 @@ from ui.context import AppContext
 from ui.generate import build_request
 
 
-def request(ctx, model, guidance):
-    return build_request(ctx, "t2v", "wan22-t2v-a14b-480p", "a fox", None, model, 832, 480, 81, 40, guidance, 12.0, 1)
+def request(ctx, model, guidance, **boxes):
+    return build_request(ctx, "t2v", dict(preset="wan22-t2v-a14b-480p", prompt="a fox", model=model, width=832,
+                                          height=480, frames=81, steps=40, guidance=guidance, shift=12.0, seed=1,
+                                          **boxes))
 
 
 def test_the_low_noise_guidance_goes_with_two_experts_and_guidance_on(presets, selftest_models_dir, outputs):
@@ -24,8 +26,7 @@ def test_the_guidance_2_box_sets_it_and_0_or_empty_means_the_same_as_guidance(pr
     ctx = AppContext(WorkerClient(selftest_models_dir), presets, str(outputs))
 
     def boxed(value, model=None, guidance=4.0):
-        return build_request(ctx, "t2v", "wan22-t2v-a14b-480p", "a fox", None, model, 832, 480, 81, 40, guidance,
-                             12.0, 1, guidance_2=value).settings.guidance_2
+        return request(ctx, model, guidance, guidance_2=value).settings.guidance_2
 
     assert boxed(2.5) == 2.5
     assert boxed(0) is None and boxed(None) is None and boxed("") is None   # the same as guidance
@@ -39,8 +40,9 @@ def test_a_saved_preset_keeps_the_guidance_2_the_form_had(presets, selftest_mode
 
     ctx = AppContext(WorkerClient(selftest_models_dir), presets, str(outputs),
                      user_presets=UserPresets(tmp_path / "user", presets))
-    args = ("mine-a14b", "t2v", "wan22-t2v-a14b-480p", None, None, None, None, None, None, 4.0, None)
-    assert save_user_preset(ctx, *args, guidance_2=2.0).preset.settings.guidance_2 == 2.0
-    cleared = save_user_preset(ctx, *args, guidance_2=None)
-    assert cleared.replaced and cleared.preset.settings.guidance_2 is None
-    assert save_user_preset(ctx, *args).preset.settings.guidance_2 == 3.0   # left out: the preset's
+    form = {"preset": "wan22-t2v-a14b-480p", "guidance": 4.0}
+    assert save_user_preset(ctx, "mine-a14b", "t2v", {**form, "guidance_2": 2.0}).preset.settings.guidance_2 == 2.0
+    for same in (None, 0, ""):   # the box's 0 or empty, and an API's None: the same guidance as the high-noise one
+        cleared = save_user_preset(ctx, "mine-a14b", "t2v", {**form, "guidance_2": same})
+        assert cleared.replaced and cleared.preset.settings.guidance_2 is None
+    assert save_user_preset(ctx, "mine-a14b", "t2v", form).preset.settings.guidance_2 == 3.0   # left out: the preset's

@@ -5,6 +5,7 @@ import base64
 import io
 import re
 
+import pytest
 from PIL import Image
 
 from engine.events import (PHASES, JobCancelled, JobFailed, JobFinished, JobStarted, PhaseFinished, PhaseStarted,
@@ -125,12 +126,14 @@ def test_every_phase_has_a_label_and_runs_in_the_engine_s_order():
 
 def test_the_chart_draws_the_predicted_time_beside_each_phase_and_ahead_of_those_to_come():
     from engine.events import PlanReady
+    from engine.models.spec import KNOWN_MODELS
+    from engine.planning.planner import PlanRequest, plan_memory
+    from tests.ui.test_plan_panel import RTX_3060
 
     view = JobView()
-    plan = {"strategy": "all_on_device", "device": "cuda", "predicted_peak_vram_gb": 10.0, "predicted_peak_ram_gb": 4.0,
-            "predicted_seconds": {"load": 3.0, "denoise": 12.0, "vae_decode": 2.0, "export": 0.3},
-            "predicted_total": 17.3}
-    for event in (JobStarted("j", "t2v"), PlanReady("j", plan), PhaseStarted("j", "load"),
+    plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"], PlanRequest(832, 480, 81), RTX_3060)
+    planned = PlanReady("j", plan, {"load": 3.0, "denoise": 12.0, "vae_decode": 2.0, "export": 0.3}, 17.3)
+    for event in (JobStarted("j", "t2v"), planned, PhaseStarted("j", "load"),
                   PhaseFinished("j", "load", 2.5, "14.0 GB read at 5.6 GB/s")):
         view.apply(event)
     chart = view.chart_html()
@@ -152,3 +155,15 @@ def test_the_denoise_goes_on_after_the_expert_swap_inside_it():
     rows = view.timing_rows()
     assert ["Expert swap (high to low noise)", 1.25, "the low-noise expert on the device"] in rows
     assert rows[0][0] == "Denoise" and rows[0][1] is None   # still running, listed before the swap
+
+
+def test_every_phase_has_its_words_and_a_name_that_is_no_phase_is_refused_by_the_job(tmp_path):
+    from engine.events import PHASES, Phase
+    from engine.run.job import Job
+    from ui.views.job_view import PHASE_LABELS
+
+    assert set(PHASE_LABELS) == set(PHASES) and Phase.DENOISE == "denoise" and f"{Phase.DENOISE}" == "denoise"
+    job = Job("j", lambda event: None)
+    with pytest.raises(ValueError, match="saving latents"):
+        with job.in_phase("saving latents", timed=False):
+            pass

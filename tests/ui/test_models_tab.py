@@ -56,8 +56,8 @@ def held(tmp_path_factory, selftest_models_dir):
     from gradio_client import Client
     from safetensors.torch import save_file
 
+    from engine.models.fast_decoder_file import random_fast_decoder_state, write_fast_decoder
     from engine.models.selftest import SELFTEST_T2V
-    from engine.run.fast_decoder import random_fast_decoder_state, write_fast_decoder
     from tests.engine.test_lora import diffusers_lora
     from tests.engine.test_single_file import original_state, write_gguf
 

@@ -3,16 +3,19 @@ place (engine/settings/draft.py): the same values give the same Settings, and an
 plan as for Generate."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app import _settings, build_parser
 from engine.service.worker import WorkerClient
-from engine.settings.draft import prepare
-from engine.settings.values import InputError, check_settings
+from engine.settings.draft import Paths, prepare
+from engine.settings.fields import Place, on_page, starting_values
+from engine.settings.values import InputError, Settings, check_settings
 from ui.context import AppContext
 from ui.generate import build_request
-from ui.preset_saving import preset_data
-from ui.views.plan_panel import AUTO, OFF, OWN_TRANSFORMER, _form_settings, form_overrides
+from ui.preset_saving import SAVED_FIELDS, preset_data
+from ui.views.plan_panel import form_settings
 
 
 @pytest.fixture
@@ -28,6 +31,10 @@ CASES = {
     "memory and speed choices": (["--vae-tiling", "on", "--decoder", "fast", "--step-cache", "first_block"],
                                  dict(width=64, height=64, frames=9, vae_tiling="On", decoder="fast",
                                       step_cache="first_block")),
+    "every other plan choice": (["--strategy", "group_offload", "--text-encoder", "cpu", "--compile", "off",
+                                 "--attention", "native", "--vae-precision", "float32", "--split", "1"],
+                                dict(width=64, height=64, frames=9, strategy="group_offload", text_encoder="cpu",
+                                     compile="Off", attention="native", vae_dtype="float32", gpus="1")),
 }
 
 
@@ -37,50 +44,42 @@ def _cli(models_dir, options) -> object:
     return check_settings(_settings(args)[1])
 
 
-def _choices(values: dict) -> tuple:
-    """The plan panel's dropdowns (override_fields' order) for these values."""
-    return (AUTO, AUTO, values.get("vae_tiling", AUTO), values.get("decoder", "vae"), values.get("step_cache", OFF),
-            AUTO, AUTO, AUTO, "", OWN_TRANSFORMER, OWN_TRANSFORMER, AUTO)
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_the_cli_the_plan_panel_and_generate_make_the_same_settings(ctx, selftest_models_dir, case):
-    options, boxes = CASES[case]
+    """The same choices, typed as options and as the page's boxes (every box given, as the page gives them), make
+    the same Settings through the CLI, the plan panel, Generate and preset saving."""
+    options, typed = CASES[case]
     preset = ctx.presets["selftest-t2v"].settings
-    steps = boxes.get("steps", preset.steps)
-    choices = _choices(boxes)
+    page = {**starting_values(on_page(Place.PLAN)), "model": "", "steps": preset.steps, "guidance": preset.guidance,
+            "shift": preset.shift, "guidance_2": 0, **typed}
     from_cli = _cli(selftest_models_dir, options)
-    from_plan = _form_settings(ctx, "t2v", "selftest-t2v", "", boxes["width"], boxes["height"], boxes["frames"],
-                               form_overrides(ctx, *choices))
-    generated = build_request(ctx, "t2v", "selftest-t2v", "a fox", None, "", boxes["width"], boxes["height"],
-                              boxes["frames"], steps, preset.guidance, preset.shift, 1, *choices).settings
-    # the plan panel is not given steps, guidance and shift: the preset's, as the others were given here
-    assert from_cli == check_settings(generated) == from_plan.changed(steps=steps), case
-    if case == "another size and steps":
-        saved = preset_data(ctx, "mine", "t2v", "selftest-t2v", None, "", 96, 48, 5, 3, preset.guidance,
-                            preset.shift)
-        assert (saved["width"], saved["height"], saved["frames"], saved["steps"]) == (96, 48, 5, 3)
+    from_plan = form_settings(ctx, "t2v", {"preset": "selftest-t2v", **page})
+    generated = build_request(ctx, "t2v", {"preset": "selftest-t2v", "prompt": "a fox", "seed": 1, **page}).settings
+    assert from_cli == check_settings(generated) == from_plan, case
+    saved = preset_data(ctx, "mine", "t2v", {"preset": "selftest-t2v", **{name: page[name] for name in
+                                                                         SAVED_FIELDS if name in page}})
+    not_saved = {f.name: getattr(preset, f.name) for f in on_page(Place.PLAN) if f.name not in SAVED_FIELDS}
+    assert Settings.from_dict(saved) == replace(from_cli, **not_saved), case   # the plan's choices are not saved
 
 
 def test_an_empty_width_is_refused_alike_by_the_plan_panel_and_by_generate(ctx):
-    preset = ctx.presets["selftest-t2v"].settings
-    choices = _choices({})
+    page = {"preset": "selftest-t2v", **starting_values(on_page(Place.PLAN)), "model": "", "width": None,
+            "height": 64, "frames": 9}
     with pytest.raises(InputError, match="Width is missing: give a whole number"):
-        _form_settings(ctx, "t2v", "selftest-t2v", "", None, 64, 9, form_overrides(ctx, *choices))
-    request = build_request(ctx, "t2v", "selftest-t2v", "a fox", None, "", None, 64, 9, preset.steps,
-                            preset.guidance, preset.shift, 1, *choices)
+        form_settings(ctx, "t2v", page)
+    request = build_request(ctx, "t2v", {**page, "prompt": "a fox"})
     with pytest.raises(InputError, match="Width is missing: give a whole number"):
         check_settings(request.settings)
 
 
 def test_a_value_not_given_is_the_preset_s_and_one_given_empty_is_missing(presets):
     preset = presets["selftest-t2v"].settings
-    same = prepare({}, preset, "t2v", lambda ref: ref, lambda ref: None)
+    same = prepare({}, preset, "t2v", Paths(), lambda ref: None)
     assert same == check_settings(preset)
     with pytest.raises(InputError, match="Steps is missing"):
-        prepare({"steps": ""}, preset, "t2v", lambda ref: ref, lambda ref: None)
+        prepare({"steps": ""}, preset, "t2v", Paths(), lambda ref: None)
     # an empty Model box is the preset's model; a still is one frame
-    still = prepare({"model": " ", "frames": 9}, preset, "t2i", lambda ref: ref, lambda ref: None)
+    still = prepare({"model": " ", "frames": 9}, preset, "t2i", Paths(), lambda ref: None)
     assert (still.model, still.frames, still.mode) == (preset.model, 1, "t2i")
     with pytest.raises(TypeError, match="not settings: colour"):
-        prepare({"colour": "red"}, preset, "t2v", lambda ref: ref, lambda ref: None)
+        prepare({"colour": "red"}, preset, "t2v", Paths(), lambda ref: None)

@@ -1,6 +1,8 @@
 """The memory plan on the page: its markdown, the plan for the form's values, and the plan a run used."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from engine.device.hardware import HardwareProfile
@@ -13,8 +15,22 @@ from tests.conftest import shown
 from ui.context import AppContext
 from ui.views.job_view import JobView
 from ui.parts.form import transformer_choices
-from ui.views.plan_panel import (AUTO, OFF, OWN_TRANSFORMER, form_overrides, form_plan_markdown, gpu_choices,
-                                 lora_text, override_fields, plan_markdown, transformer_choice)
+from engine.settings.fields import AUTO, OFF, OWN_TRANSFORMER, Place, on_page, plan_fields, read_all
+from ui.views import plan_panel
+from ui.views.plan_panel import gpu_choices, lora_text, plan_markdown, transformer_choice
+
+PANEL = tuple(field.name for field in on_page(Place.PLAN))   # the plan panel's own boxes, in the API's order
+
+
+def panel_markdown(ctx, hardware, mode, *values) -> str:
+    """The plan panel's markdown for its inputs given in the /plan API's order (the field table's plan_fields);
+    those left out are not given (the preset's)."""
+    return plan_panel.form_plan_markdown(ctx, hardware, mode, dict(zip((f.name for f in plan_fields()), values)))
+
+
+def overrides(*values) -> dict:
+    """The plan panel's boxes, given in its order, read as a run reads them (every box given)."""
+    return read_all(dict(zip(PANEL, values + tuple(f.start for f in on_page(Place.PLAN)[len(values):]))))
 
 RTX_3060 = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce RTX 3060", arch="sm_86",
                            vram_total_gb=12.0, vram_free_gb=11.5, ram_total_gb=32.0, ram_available_gb=28.0)
@@ -68,14 +84,14 @@ def test_dropdowns_become_request_overrides():
     defaults = {"strategy": None, "text_encoder": None, "vae_tiling": None, "decoder": "vae", "step_cache": None,
                 "compile": None, "attention": None, "vae_dtype": None, "loras": (), "transformer": None,
                 "transformer_2": None, "gpus": 0}
-    assert override_fields() == defaults
-    assert override_fields(None, None, None, None, None, None, None, None) == override_fields(AUTO, AUTO, AUTO) == defaults
-    assert override_fields("group_offload", "cpu", "On", "fast", "mag", "Off", "_native_cudnn", "float32") == {
+    assert overrides() == defaults
+    assert overrides(None, None, None, None, None, None, None, None) == overrides(AUTO, AUTO, AUTO) == defaults
+    assert overrides("group_offload", "cpu", "On", "fast", "mag", "Off", "_native_cudnn", "float32") == {
         "strategy": "group_offload", "text_encoder": "cpu", "vae_tiling": True, "decoder": "fast", "step_cache": "mag",
         "compile": False, "attention": "_native_cudnn", "vae_dtype": "float32", "loras": (), "transformer": None,
         "transformer_2": None, "gpus": 0}
-    assert override_fields(AUTO, "offload", "Off")["vae_tiling"] is False
-    assert override_fields(*[None] * 8, "a.safetensors: 0.5\n\nb.safetensors")["loras"] == (
+    assert overrides(AUTO, "offload", "Off")["vae_tiling"] is False
+    assert overrides(*[None] * 8, "a.safetensors: 0.5\n\nb.safetensors")["loras"] == (
         Lora("a.safetensors", 0.5), Lora("b.safetensors", 1.0))
 
 
@@ -90,12 +106,12 @@ def test_the_lora_box_names_files_in_the_models_folder(presets, selftest_models_
                "transformer.blocks.0.attn1.to_q.lora_B.weight": torch.zeros(24, 2)}, file)
     ctx = AppContext(WorkerClient(selftest_models_dir), presets, str(outputs), models_dir=str(models))
     choices = [AUTO, AUTO, AUTO, "vae", OFF, AUTO, AUTO, AUTO]
-    assert form_overrides(ctx, *choices, "style/ink.safetensors: 0.5")["loras"] == (Lora(str(file), 0.5),)
+    assert ctx.lora_files(overrides(*choices, "style/ink.safetensors: 0.5")["loras"]) == (Lora(str(file), 0.5),)
     assert lora_text(((str(file), 0.5), ("/elsewhere/x.safetensors", 1.0)), models) == (
         "style/ink.safetensors: 0.5\n/elsewhere/x.safetensors: 1")
 
     def plan(text):
-        return shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, *choices, text))
+        return shown(panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, *choices, text))
 
     assert plan("style/ink.safetensors: 0.5").startswith("_For `selftest-t2v`")
     assert plan("gone.safetensors") == (f"**No plan yet:** LoRA file '{models / 'loras' / 'gone.safetensors'}' is not "
@@ -110,25 +126,25 @@ def test_the_lora_box_names_files_in_the_models_folder(presets, selftest_models_
 
 
 def test_form_values_plan_the_selftest_model(ctx):
-    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
+    text = panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
     assert "_For `selftest-t2v`, video 64x64, 9 frames, on CPU only (4 cores)" in text
     assert "**Strategy: CPU only** (fits): everything in RAM, computed on the CPU." in text
 
 
 def test_form_values_with_overrides(ctx):
-    text = form_plan_markdown(ctx, RTX_3060, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9,
+    text = panel_markdown(ctx, RTX_3060, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9,
                               "group_offload", "cpu", "On")
     assert "**Strategy: group_offload** (fits)" in text
     assert "text encoder: cpu" in text and "Strategy forced to 'group_offload'" in text
     # A 64x64 frame is smaller than any tile: tiling on changes nothing, and the plan says so.
     assert "decodes whole (untiled)" in text and "no larger than one 512px tile" in text
-    tiled = form_plan_markdown(ctx, RTX_3060, "t2v", "wan21-t2v-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
+    tiled = panel_markdown(ctx, RTX_3060, "t2v", "wan21-t2v-1.3b", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers",
                                832, 480, 81, "Auto", "Auto", "On")
     assert "decodes in 512px tiles" in tiled and "VAE tiling is on (your choice)" in tiled
 
 
 def test_image_to_video_form_plans_the_image_encoder(ctx):
-    text = form_plan_markdown(ctx, RTX_3060, "i2v", "selftest-i2v", "selftest-i2v", 96, 64, 9)
+    text = panel_markdown(ctx, RTX_3060, "i2v", "selftest-i2v", "selftest-i2v", 96, 64, 9)
     assert "image to video 96x64" in text and "| Image encode |" in text
 
 
@@ -136,9 +152,9 @@ def test_an_empty_box_is_missing_for_the_plan_as_for_generate_and_an_empty_model
     """The plan panel and Generate make their settings in one place (engine/settings/draft.py): an empty size box
     is missing for both (it planned the preset's 64x64 while Generate refused), an empty Model box is the preset's
     model for both."""
-    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "", None, None, None)
+    text = panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "", None, None, None)
     assert "Width is missing: give a whole number" in text and "Frames is missing" in text
-    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "", 64, 64, 9)
+    text = panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "", 64, 64, 9)
     assert "_For `selftest-t2v`, video 64x64, 9 frames" in text
 
 
@@ -148,48 +164,48 @@ def test_an_empty_box_is_missing_for_the_plan_as_for_generate_and_an_empty_model
 ])
 def test_a_model_that_cannot_be_planned_is_one_line(ctx, monkeypatch, tmp_path, model, message):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty-cache"))
-    text = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", model, 64, 64, 9))
+    text = shown(panel_markdown(ctx, CPU, "t2v", "selftest-t2v", model, 64, 64, 9))
     assert text.startswith("**No plan yet:**") and message in text and "\n" not in text
 
 
 def test_a_folder_that_is_not_a_model_is_one_line(ctx, tmp_path):
-    text = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", str(tmp_path), 64, 64, 9))
+    text = shown(panel_markdown(ctx, CPU, "t2v", "selftest-t2v", str(tmp_path), 64, 64, 9))
     assert text.startswith("**No plan yet:**") and "outside the app's models folder" in text
 
 
 def test_bad_sizes_say_what_to_change(ctx):
-    text = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 70, 64, 10))
+    text = shown(panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 70, 64, 10))
     assert text == ("**No plan yet:**\n- Width 70 is not a multiple of 16, which selftest-t2v needs: try 64 or 80."
                     "\n- Frames must be 4k+1 (1, 5, 9, ... up to 125): 10 is not; try 9 or 13.")
-    too_long = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 129))
+    too_long = shown(panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 129))
     assert too_long == ("**No plan yet:** Frames 129 is more than selftest-t2v can make (its position table has 32 "
                         "rows for the frames): use at most 125.")
-    assert "whole number" in form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64.5, 64, 9)
+    assert "whole number" in panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64.5, 64, 9)
 
 
 def test_a_bad_override_is_one_line(ctx):
-    text = shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, "turbo"))
+    text = shown(panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, "turbo"))
     # The run's own sentence (check_settings), not the planner's.
     assert "\n" not in text and text.startswith("**No plan yet:** Strategy 'turbo' is unknown: use auto or one of")
 
 
 def test_the_status_shows_the_plan_the_engine_used():
     spec = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
-    plan = plan_memory(spec, PlanRequest(832, 480, 81), RTX_3060).to_dict()
+    plan = plan_memory(spec, PlanRequest(832, 480, 81), RTX_3060)
     view = JobView().apply(PlanReady("j", plan)).apply(Info("j", "Plan: why"))
     text = shown(view.markdown())
-    assert f"Plan: {plan['strategy']} (predicted peak {plan['predicted_peak_vram_gb']:.2f} GB device" in text
-    assert text.index(f"Plan: {plan['strategy']} (") < text.index("- Plan: why")
+    assert f"Plan: {plan.strategy} (predicted peak {plan.predicted_peak_vram_gb:.2f} GB device" in text
+    assert text.index(f"Plan: {plan.strategy} (") < text.index("- Plan: why")
     # After an out-of-memory step-down the engine announces the lower rung: the status follows it.
-    assert plan["strategy"] != "leaf_offload"
-    view.apply(PlanReady("j", {**plan, "strategy": "leaf_offload"}))
-    assert "Plan: leaf_offload (" in view.markdown() and f"Plan: {plan['strategy']} (" not in view.markdown()
+    assert plan.strategy != "leaf_offload"
+    view.apply(PlanReady("j", replace(plan, strategy="leaf_offload")))
+    assert "Plan: leaf_offload (" in view.markdown() and f"Plan: {plan.strategy} (" not in view.markdown()
 
 
 def test_the_hardware_is_asked_once(monkeypatch):
     client = WorkerClient("models")
     calls = []
-    monkeypatch.setattr(client, "hardware", lambda: calls.append(1) or CPU.to_dict())
+    monkeypatch.setattr(client, "hardware", lambda: calls.append(1) or CPU)
     assert client.hardware_profile() == CPU and client.hardware_profile() == CPU
     assert len(calls) == 1
 
@@ -198,12 +214,13 @@ def test_with_this_machine_measured_the_plan_says_how_long_the_video_takes(ctx, 
     from dataclasses import replace
 
     from engine.device.calibrate import calibrate
+    from engine.outputs.export_rates import export_rates
 
-    assert "About" not in form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
-    measured = replace(calibrate("cpu", "float32", quick=True), device_name=CPU.device_name, backend="cpu",
-                       torch_version=CPU.torch_version)
+    assert "About" not in panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
+    measured = replace(calibrate("cpu", "float32", quick=True, export_rates=export_rates),
+                       device_name=CPU.device_name, backend="cpu", torch_version=CPU.torch_version)
     measured.save(outputs)
-    text = form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
+    text = panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
     assert "**About " in text and "when the model is already loaded" in text
 
 
@@ -220,13 +237,15 @@ def test_the_transformer_dropdowns_list_the_models_folder_s_transformers(presets
                                           models_dir=str(tmp_path / "none"))) == [OWN_TRANSFORMER]
     choices = [AUTO, AUTO, AUTO, "vae", OFF, AUTO, AUTO, AUTO, ""]
     high = models / "transformers" / "wan22" / "high.safetensors"
-    chosen = form_overrides(ctx, *choices, "wan22/high.safetensors", OWN_TRANSFORMER)
+    chosen = ctx.transformer_files({name: value for name, value in overrides(*choices, "wan22/high.safetensors",
+                                                                             OWN_TRANSFORMER).items()
+                                    if name.startswith("transformer")})
     assert (chosen["transformer"], chosen["transformer_2"]) == (str(high), None)
     assert [transformer_choice(path, models) for path in (str(high), None, "/elsewhere/x.gguf")] == [
         "wan22/high.safetensors", OWN_TRANSFORMER, "/elsewhere/x.gguf"]
 
     def plan(*files):
-        return shown(form_plan_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, *choices, *files))
+        return shown(panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9, *choices, *files))
 
     # The plan reads the chosen file's header: one that is no GGUF is named before any run.
     assert plan("b-Q4_K_M.gguf", OWN_TRANSFORMER).startswith(
@@ -239,9 +258,9 @@ def test_the_transformer_dropdowns_list_the_models_folder_s_transformers(presets
 
 def test_the_gpus_dropdown_offers_the_machines_gpus_and_becomes_the_gpus_setting():
     assert gpu_choices(1) == [AUTO, "1"] and gpu_choices(4) == [AUTO, "1", "2", "3", "4"]
-    assert override_fields(*[None] * 11, "2")["gpus"] == 2
-    assert override_fields(*[None] * 11, AUTO)["gpus"] == 0
-    assert override_fields(*[None] * 11, "two")["gpus"] == "two"   # left for the request's check to refuse
+    assert overrides(*[None] * 11, "2")["gpus"] == 2
+    assert overrides(*[None] * 11, AUTO)["gpus"] == 0
+    assert overrides(*[None] * 11, "two")["gpus"] == "two"   # left for the request's check to refuse
 
 
 def test_a_split_plan_says_how_many_gpus_share_the_job_and_a_refused_split_says_why():

@@ -28,6 +28,12 @@ SLOW_FOX = {"name": "slow-fox", "title": "Slow fox", "description": "Eight frame
             "guidance": 4.0, "shift": 3.0, "fps": 8, "selftest": True}
 
 
+
+def boxes(preset, negative_prompt, model, width, height, frames, steps, guidance, shift, **more) -> dict:
+    """A form's values as preset saving takes them, by field name."""
+    return dict(preset=preset, negative_prompt=negative_prompt, model=model, width=width, height=height,
+                frames=frames, steps=steps, guidance=guidance, shift=shift, **more)
+
 def _builtin_files():
     return {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in BUILTIN_PRESETS_DIR.iterdir()}
 
@@ -81,14 +87,14 @@ def test_cpu_cards_and_cards_without_hardware(ctx):
 
 
 def test_a_saved_preset_runs_as_the_form_would(ctx):
-    saved = save_user_preset(ctx, "fast-square", "t2v", "fastwan21-t2v-1.3b", "", "", 256, 256, 9, 3, 1.0, 8.0)
+    saved = save_user_preset(ctx, "fast-square", "t2v", boxes("fastwan21-t2v-1.3b", "", "", 256, 256, 9, 3, 1.0, 8.0))
     preset = saved.preset
     # What the form does not show comes from the preset it was filled from (its fixed 3-step schedule).
     assert (preset.settings.model, preset.settings.width, preset.settings.frames, preset.settings.scheduler, preset.settings.sigmas) == (
         "FastVideo/FastWan2.1-T2V-1.3B-Diffusers", 256, 9, "flow_dmd", (1.0, 0.757, 0.522))
     assert preset.title == "fast-square" and "starting from FastWan2.1" in preset.description
     assert "Saved your preset **fast-square**" in saved.message
-    other = save_user_preset(ctx, "fast-square", "t2v", "fastwan21-t2v-1.3b", "", "", 256, 256, 9, 4, 1.0, 8.0)
+    other = save_user_preset(ctx, "fast-square", "t2v", boxes("fastwan21-t2v-1.3b", "", "", 256, 256, 9, 4, 1.0, 8.0))
     assert other.replaced and other.preset.settings.sigmas is None and other.preset.settings.scheduler == "flow_dmd"
     entry = next(e for e in preset_entries(ctx, CPU) if e["name"] == "fast-square")
     assert entry["user"] and "· *your preset*" in card_markdown(entry)
@@ -100,14 +106,14 @@ def test_a_saved_preset_keeps_its_loras(ctx, selftest_models_dir):
     from engine.models.loras import Lora
     from tests.engine.test_lora import original_lora
 
-    kept = save_user_preset(ctx, "fast-14b", "t2v", "wan21-t2v-14b-4step", "", "", 832, 480, 81, 4, 1.0, 5.0)
+    kept = save_user_preset(ctx, "fast-14b", "t2v", boxes("wan21-t2v-14b-4step", "", "", 832, 480, 81, 4, 1.0, 5.0))
     (lora,) = kept.preset.settings.loras   # the preset's published LoRA, not on disk yet, with its source
     assert lora.repo == "Kijai/WanVideo_comfy" and lora.path.startswith("Lightx2v/")
     (selftest_models_dir / "loras").mkdir(exist_ok=True)
     save_file(original_lora(), selftest_models_dir / "loras" / "mine.safetensors")
     box = f"mine.safetensors: 0.5@high\n{lora.file}: 0.8"
-    saved = save_user_preset(ctx, "fast-14b", "t2v", "wan21-t2v-14b-4step", "", "", 832, 480, 81, 4, 1.0, 5.0,
-                             loras=box)
+    saved = save_user_preset(ctx, "fast-14b", "t2v", boxes("wan21-t2v-14b-4step", "", "", 832, 480, 81, 4, 1.0, 5.0,
+                             loras=box))
     mine = str(selftest_models_dir / "loras" / "mine.safetensors")
     assert saved.preset.settings.loras[0] == Lora(mine, 0.5, "high")
     assert saved.preset.settings.loras[1].strength == 0.8 and saved.preset.settings.loras[1].repo == lora.repo
@@ -123,7 +129,7 @@ def test_reuse_settings_puts_the_output_s_loras_back_in_the_lora_box(ctx, preset
     from ui.tabs.history import form_updates
 
     with gr.Blocks():
-        form = Form(*(gr.Textbox() for _ in range(11)))
+        form = Form(*(gr.Textbox() for _ in range(11)))   # preset, prompts, model, the numbers and seed
         form.loras = gr.Textbox()
     loras = (Lora(str(selftest_models_dir / "loras" / "mine.safetensors"), 0.5, "high"), Lora("/x/y.safetensors"))
     values = ReuseValues("t2v", presets["selftest-t2v"].settings.changed(loras=loras), "selftest-t2v", "a fox", "", 7)
@@ -145,7 +151,7 @@ def test_reuse_settings_puts_the_output_s_loras_back_in_the_lora_box(ctx, preset
 ])
 def test_saving_refuses_what_a_run_would_refuse(ctx, args, expected):
     with pytest.raises(ValueError, match=re.escape(expected)):
-        save_user_preset(ctx, *args)
+        save_user_preset(ctx, *args[:2], boxes(*args[2:]))
     assert not (ctx.user_presets.folder).exists()
 
 
@@ -160,7 +166,7 @@ def test_the_dropdowns_follow_the_presets_through_updates_never_by_changing_the_
     with gr.Blocks():
         forms = {mode: build_form(ctx, mode, mode)[0] for mode in ("t2v", "i2v")}
     built = {mode: list(form.preset.choices) for mode, form in forms.items()}
-    save_user_preset(ctx, "fast-square", "t2v", "selftest-t2v", "", "", 64, 64, 9, 3, 1.0, 8.0)
+    save_user_preset(ctx, "fast-square", "t2v", boxes("selftest-t2v", "", "", 64, 64, 9, 3, 1.0, 8.0))
     t2v, i2v = _Dropdowns(ctx, forms).updates("selftest-t2v", "selftest-i2v", select=("t2v", "fast-square"))
     assert ("fast-square", "fast-square") in t2v.choices and t2v.value == "fast-square"
     assert ("fast-square", "fast-square") not in i2v.choices

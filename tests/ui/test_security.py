@@ -272,7 +272,7 @@ def _call_api(app, api_name: str, data: list, timeout: float = 60) -> str:
 def _server_files(secret_file) -> list[tuple[str, str]]:
     """(path as a caller writes it, text that must never come back)."""
     path, marker = secret_file
-    files = [(str(path), marker), (str(ROOT / "app.py"), "def resolve_auth")]
+    files = [(str(path), marker), (str(ROOT / "ui" / "startup.py"), "def resolve_auth")]
     if PASSWD.is_file():
         files.append(("/etc/passwd", PASSWD.read_text().splitlines()[0]))
         files.append(("../../../../../../../../etc/passwd", PASSWD.read_text().splitlines()[0]))
@@ -415,23 +415,23 @@ def test_the_app_keeps_its_served_copies_in_a_folder_of_its_own_and_removes_thos
         tmp_path, monkeypatch):
     import psutil
 
-    import app as app_module
+    from ui import startup
 
     monkeypatch.delenv("GRADIO_TEMP_DIR", raising=False)
     monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)
     root = tmp_path / "served"
     running = psutil.Process(os.getppid())        # another process that runs: its folder stays
-    theirs = root / app_module._instance_name(running.pid, running.create_time())
+    theirs = root / startup._instance_name(running.pid, running.create_time())
     ended = root / "app-999999999-1000"           # no such process: an app that ended
     older = root / "b7672158b83e687f"             # the folder layout of earlier versions
     for folder in (theirs, ended, older):
         (folder / "kept").mkdir(parents=True)
-    served = app_module.prepare_served_dir(root=root)
+    served = startup.prepare_served_dir(root=root)
     assert served.parent == root and list(served.iterdir()) == []
     assert (theirs / "kept").exists() and not ended.exists() and not older.exists()
     assert os.environ["GRADIO_TEMP_DIR"] == str(served) and os.environ["GRADIO_ANALYTICS_ENABLED"] == "False"
     (served / "left").mkdir()
-    assert app_module.prepare_served_dir(root=root) == served and list(served.iterdir()) == []
+    assert startup.prepare_served_dir(root=root) == served and list(served.iterdir()) == []
 
 
 # ----- 3. upload size ------------------------------------------------------------

@@ -37,6 +37,26 @@ def test_api_names_are_stable(client):
             ("gpus", "Auto"), ("guidance_2", 0)], name
 
 
+def test_each_endpoint_s_signature_is_the_field_table_s_order(client):
+    """The positional API is a view of engine/settings/fields.py: a new field lands in the table, and the
+    endpoints follow (documented positions never move: new ones are added last)."""
+    from engine.settings.fields import api_fields, plan_fields
+
+    endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+
+    def names(endpoint):
+        return [p["parameter_name"] for p in endpoints[endpoint]["parameters"]]
+
+    text = [f.api_name for f in api_fields("t2v")]
+    assert names("/text_to_video") == names("/text_to_image") == text
+    assert text[:11] == ["preset", "prompt", "negative_prompt", "model", "width", "height", "frames", "steps",
+                         "guidance", "shift", "seed"]
+    assert names("/image_to_video") == [f.api_name for f in api_fields("i2v")] == ["image", "last_image", *text]
+    assert names("/plan") == [f.api_name for f in plan_fields()]
+    assert names("/plan")[:8] == ["preset", "model", "width", "height", "frames", "strategy", "text_encoder",
+                                  "vae_tiling"]
+
+
 def test_plan_endpoint_shows_the_plan_for_the_settings(client):
     auto = client.predict("selftest-t2v", "selftest-t2v", 64, 64, 9, "Auto", "Auto", "Auto", api_name="/plan")
     assert "_For `selftest-t2v`, video 64x64, 9 frames, on " in auto

@@ -4,6 +4,9 @@ from __future__ import annotations
 from engine.device.hardware import GIB
 from engine.device.usage import EngineMemory, EngineStarting
 from engine.events import Ending, JobCancelled, JobEnding, JobFailed, JobFinished, PhaseStarted, PlanReady
+from engine.models.spec import SELFTEST_SPECS
+from engine.planning.planner import PlanRequest, plan_memory
+from tests.conftest import CPU
 from ui.parts.system_panel import system_markdown
 from ui.views.job_view import JobView, ending_words
 
@@ -48,7 +51,8 @@ def test_the_last_job_is_named_without_anyone_s_text():
     settings = JobView().apply(JobFailed("j", "The prompt 'my secret' is too long.", "", None, "input"))
     assert settings.ending.kind is Ending.REFUSED and ending_words(settings.ending) == "not started (settings)"
     assert "secret" not in repr(settings.ending)
-    on_cpu = JobView().apply(PlanReady("j", {"device": "cpu"})).apply(PhaseStarted("j", "transfer"))
+    cpu_plan = plan_memory(SELFTEST_SPECS["selftest-t2v"], PlanRequest(64, 64, 9), CPU)
+    on_cpu = JobView().apply(PlanReady("j", cpu_plan)).apply(PhaseStarted("j", "transfer"))
     assert on_cpu.ending == JobEnding(Ending.STOPPED, "transfer", device="cpu")
     assert ending_words(on_cpu.ending) == "stopped during Apply the plan"
     assert JobView().ending is None and JobView().withdrawn().ending.kind is Ending.WITHDRAWN

@@ -1,7 +1,7 @@
 """The settings form shared by the generation tabs, and its memory-plan panel."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import gradio as gr
 
@@ -11,23 +11,8 @@ from engine.settings.presets import Preset
 from engine.settings.values import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
 from ui.context import AppContext
 from ui.parts.lora_list import build_lora_list
-from ui.views.plan_panel import (
-    ATTENTION_CHOICES,
-    AUTO,
-    COMPILE_CHOICES,
-    DECODER_CHOICES,
-    OFF,
-    OWN_TRANSFORMER,
-    STEP_CACHE_CHOICES,
-    STRATEGY_CHOICES,
-    TEXT_ENCODER_CHOICES,
-    VAE_PRECISION_CHOICES,
-    VAE_TILING_CHOICES,
-    form_plan_markdown,
-    gpu_choices,
-    lora_text,
-    transformer_choice,
-)
+from engine.settings.fields import AUTO, FIELD, FIELDS, OWN_TRANSFORMER, Place, api_fields, by_field, on_page, plan_fields
+from ui.views.plan_panel import form_plan_markdown, gpu_choices, lora_text, transformer_choice
 
 CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strategy or text-encoder place to choose, "
             "and nothing to compile or other attention to pick. VAE tiling still lowers the decode's memory.")
@@ -37,10 +22,10 @@ NUMBER_MIN_WIDTH = 100
 NEGATIVE_INFO = ("what to steer away from; a preset with guidance suggests Wan's official one, in Chinese as the models "
                  "were trained with it (the README gives it in English). Your own text, in any language, replaces it.")
 # The settings the form shows, by their Settings names (the memory choices are the plan panel's).
-FORM_SETTINGS = ("model", "width", "height", "frames", "steps", "guidance", "shift", "guidance_2")
+FORM_SETTINGS = tuple(field.name for field in on_page(Place.FORM))
 # The low-noise expert's guidance box (Wan2.2 A14B's second expert; 0 or empty: the same as Guidance; left out for
 # models with one transformer).
-LOW_NOISE_GUIDANCE = "Guidance 2"
+LOW_NOISE_GUIDANCE = FIELD["guidance_2"].label
 
 
 @dataclass
@@ -63,11 +48,18 @@ class Form:
     loras: gr.Textbox | None = None
     # Wan2.2 A14B's low-noise expert's guidance (0: the same as Guidance); sent after the plan's choices.
     guidance_2: gr.Number | None = None
+    # The plan panel's boxes by field name, once it is built.
+    plan: dict = field(default_factory=dict)
 
-    def settings(self) -> list:
-        """Components in the order build_request takes them (after mode; the plan overrides follow)."""
-        return [self.preset, self.prompt, self.negative_prompt, self.model, self.width, self.height,
-                self.frames, self.steps, self.guidance, self.shift, self.seed]
+    def boxes(self) -> dict:
+        """Every box of the form by field name (engine/settings/fields.py), the plan panel's included."""
+        own = {f.name: getattr(self, f.name) for f in FIELDS if getattr(self, f.name, None) is not None}
+        return {**own, **self.plan}
+
+    def api_inputs(self, mode: str) -> dict:
+        """{API parameter name: box} of a generation endpoint of ``mode``, in the API's order (the field table's)."""
+        boxes = self.boxes()
+        return {f.api_name: boxes[f.name] for f in api_fields(mode)}
 
     def preset_fields(self) -> list:
         """What choosing a preset fills: the settings boxes, then the negative prompt (preset_values' order)."""
@@ -91,20 +83,8 @@ def shown(settings: Settings, name: str):
 
 @dataclass
 class PlanPanel:
-    strategy: gr.Dropdown
-    text_encoder: gr.Dropdown
-    vae_tiling: gr.Dropdown
-    speed: list      # decoder, step cache, compile, attention, VAE precision (override_fields' order)
+    boxes: dict      # the plan's dropdowns, the LoRA box (one "file: strength" a line) and the transformer files
     plan: gr.Markdown
-    loras: gr.Textbox   # one "file: strength" a line
-    transformers: list  # the transformer file and the low-noise one (Settings.transformer, transformer_2)
-    gpus: gr.Dropdown   # how many GPUs split the job (shown on a machine with more than one)
-
-    def overrides(self) -> list:
-        """The plan's dropdowns, the LoRA box and the transformer files, in the order build_request takes them
-        (after the form's settings)."""
-        return [self.strategy, self.text_encoder, self.vae_tiling, *self.speed, self.loras, *self.transformers,
-                self.gpus]
 
 
 def preset_choices(ctx: AppContext, mode: str) -> list[tuple[str, str]]:
@@ -183,25 +163,31 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
     return form, built
 
 
+def _dropdown(name: str, prefix: str, **layout) -> gr.Dropdown:
+    """The plan panel's dropdown of the field ``name``: its choices, label and start from the field table."""
+    field_ = FIELD[name]
+    return gr.Dropdown(list(field_.shown), value=field_.start, label=field_.label,
+                       elem_id=f"{prefix}-{name.replace('_', '-')}", **layout)
+
+
 def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
                      api_name: str | None = None) -> PlanPanel:
     """The memory plan for the form's settings, with overrides; ``api_name`` makes it a public endpoint."""
     with gr.Accordion("Memory plan", open=True, elem_id=f"{prefix}-plan-panel"):
         with gr.Row():
-            strategy = gr.Dropdown(list(STRATEGY_CHOICES), value=AUTO, label="Strategy",
-                                   elem_id=f"{prefix}-strategy", scale=2)
-            text_encoder = gr.Dropdown(list(TEXT_ENCODER_CHOICES), value=AUTO, label="Text encoder",
-                                       elem_id=f"{prefix}-text-encoder", scale=1)
-            vae_tiling = gr.Dropdown(list(VAE_TILING_CHOICES), value=AUTO, label="VAE tiling",
-                                     elem_id=f"{prefix}-vae-tiling", scale=1)
-            gpus = gr.Dropdown([AUTO], value=AUTO, label="GPUs", visible=False, elem_id=f"{prefix}-gpus", scale=1,
-                               info="split the job's denoise across GPUs (Auto: one unless it fits only split)")
+            boxes = {"strategy": _dropdown("strategy", prefix, scale=2),
+                     "text_encoder": _dropdown("text_encoder", prefix, scale=1),
+                     "vae_tiling": _dropdown("vae_tiling", prefix, scale=1),
+                     "gpus": gr.Dropdown([AUTO], value=AUTO, label=FIELD["gpus"].label, visible=False,
+                                         elem_id=f"{prefix}-gpus", scale=1, info="split the job's denoise across "
+                                         "GPUs (Auto: one unless it fits only split)")}
         cpu_note = gr.Markdown(CPU_NOTE, visible=False, elem_id=f"{prefix}-plan-cpu-note")
-        speed = _speed_row(prefix)
-        loras = _lora_box(ctx, form, mode, prefix)
-        transformers = _transformer_row(ctx, form, mode, prefix)
+        boxes |= _speed_row(prefix)
+        boxes["loras"] = _lora_box(ctx, form, mode, prefix)
+        boxes |= _transformer_row(ctx, form, mode, prefix)
         plan = gr.Markdown("Working out the memory plan...", elem_id=f"{prefix}-plan")
-    panel = PlanPanel(strategy, text_encoder, vae_tiling, speed, plan, loras, transformers, gpus)
+    form.plan = {f.name: boxes[f.name] for f in on_page(Place.PLAN)}
+    panel = PlanPanel(form.plan, plan)
 
     def for_this_machine():
         """On a CPU-only engine, Strategy, Text encoder, Compile and Attention mean nothing: they are hidden, and
@@ -214,23 +200,25 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
         return (*(gr.Dropdown(visible=not cpu) for _ in range(4)), gr.Markdown(visible=cpu),
                 gr.Dropdown(choices=gpu_choices(count), visible=count > 1))
 
-    compile_box, attention_box = speed[2], speed[3]
-    gr.on(None, for_this_machine, None, [strategy, text_encoder, compile_box, attention_box, cpu_note, gpus],
+    hidden_on_cpu = [boxes[name] for name in ("strategy", "text_encoder", "compile", "attention")]
+    gr.on(None, for_this_machine, None, [*hidden_on_cpu, cpu_note, boxes["gpus"]],
           api_visibility="private", show_progress="hidden")
 
-    def show_plan(preset, model, width, height, frames, *choices):
+    def show_plan(**values):
         """The memory plan for these settings on the engine's hardware, as markdown."""
         try:
             hardware = ctx.client.hardware_profile()
         except (EOFError, OSError) as exc:
             return f"**No plan yet:** the engine process did not answer ({exc}); try again in a moment."
-        return form_plan_markdown(ctx, hardware, mode, preset, model, width, height, frames, *choices)
+        return form_plan_markdown(ctx, hardware, mode, by_field(values))
 
     # No triggers: runs on page load and whenever an input changes (a preset filling the form included).
-    inputs = [form.preset, form.model, form.width, form.height, form.frames, *panel.overrides()]
+    every = form.boxes()
+    inputs = {f.api_name: every[f.name] for f in plan_fields()}
     # The values as typed (preprocess=False): a number out of range gets the plan's own sentence, not an error.
-    gr.on(None, show_plan, inputs, plan, api_name=api_name, api_visibility="public" if api_name else "private",
-          concurrency_id="plan", trigger_mode="always_last", show_progress="hidden", preprocess=False)
+    gr.on(None, show_plan, inputs_kwargs=inputs, outputs=plan, api_name=api_name,
+          api_visibility="public" if api_name else "private", concurrency_id="plan", trigger_mode="always_last",
+          show_progress="hidden", preprocess=False)
     return panel
 
 
@@ -262,7 +250,7 @@ def transformer_choices(ctx: AppContext, *current: str) -> list[str]:
                                              - set(files))]
 
 
-def _transformer_row(ctx: AppContext, form: Form, mode: str, prefix: str) -> list:
+def _transformer_row(ctx: AppContext, form: Form, mode: str, prefix: str) -> dict:
     """Two dropdowns, the transformer file and the low-noise one, listing models/transformers/ when the page
     opens and when Refresh is pressed; the preset's files when one is chosen (none for the built-in ones)."""
     models = ctx.models_dir or ctx.client.models_dir
@@ -289,21 +277,15 @@ def _transformer_row(ctx: AppContext, form: Form, mode: str, prefix: str) -> lis
     gr.on(None, listed, None, boxes, api_visibility="private", queue=False, show_progress="hidden")
     refresh.click(listed, None, boxes, api_visibility="private", queue=False, show_progress="hidden")
     form.preset.input(of_preset, form.preset, boxes, api_visibility="private", queue=False)
-    return boxes
+    return dict(zip(TRANSFORMERS, boxes))
 
 
-def _speed_row(prefix: str) -> list:
+def _speed_row(prefix: str) -> dict:
     """The speed choices: the exact defaults first; the approximate ones say so in their names."""
     with gr.Row(elem_id=f"{prefix}-speed"):
-        return [
-            gr.Dropdown(list(DECODER_CHOICES), value="vae", label="Decoder", elem_id=f"{prefix}-decoder",
-                        min_width=NUMBER_MIN_WIDTH, scale=2),
-            gr.Dropdown(list(STEP_CACHE_CHOICES), value=OFF, label="Step cache", elem_id=f"{prefix}-step-cache",
-                        min_width=NUMBER_MIN_WIDTH, scale=2),
-            gr.Dropdown(list(COMPILE_CHOICES), value=AUTO, label="Compile", elem_id=f"{prefix}-compile",
-                        min_width=NUMBER_MIN_WIDTH),
-            gr.Dropdown(list(ATTENTION_CHOICES), value=AUTO, label="Attention", elem_id=f"{prefix}-attention",
-                        min_width=NUMBER_MIN_WIDTH),
-            gr.Dropdown(list(VAE_PRECISION_CHOICES), value=AUTO, label="VAE precision",
-                        elem_id=f"{prefix}-vae-precision", min_width=NUMBER_MIN_WIDTH),
-        ]
+        return {"decoder": _dropdown("decoder", prefix, min_width=NUMBER_MIN_WIDTH, scale=2),
+                "step_cache": _dropdown("step_cache", prefix, min_width=NUMBER_MIN_WIDTH, scale=2),
+                "compile": _dropdown("compile", prefix, min_width=NUMBER_MIN_WIDTH),
+                "attention": _dropdown("attention", prefix, min_width=NUMBER_MIN_WIDTH),
+                "vae_dtype": gr.Dropdown(list(FIELD["vae_dtype"].shown), value=AUTO, label=FIELD["vae_dtype"].label,
+                                         elem_id=f"{prefix}-vae-precision", min_width=NUMBER_MIN_WIDTH)}

@@ -15,7 +15,7 @@ from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
 from engine.events import JobEnding
 from engine.models.refs import is_hub_ref
 from engine.models.selftest import SELFTEST_REFS
-from engine.planning.planner import strategy_words
+from engine.planning.explain import strategy_words
 from engine.service.watchdog import SILENCE_LIMIT_S
 from ui.context import AppContext
 from ui.parts.chains import when_ended

@@ -164,9 +164,7 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
 
     parts.gallery.select(show, parts.keys, parts.shown(), api_visibility="private", show_progress="hidden")
     t2v, i2v = forms["t2v"], forms["i2v"]
-    reuse_targets = [tabs, *t2v.settings(), *i2v.settings()]
-    reuse_targets += [c for c in (i2v.image, i2v.last_image, t2v.loras, i2v.loras, t2v.guidance_2, i2v.guidance_2)
-                      if c is not None]
+    reuse_targets = [tabs, *t2v.boxes().values(), *i2v.boxes().values()]
 
     def reuse(key):
         """Fill the matching tab's form with the output's settings (its seed included) and switch to it."""

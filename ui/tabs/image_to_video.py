@@ -6,10 +6,9 @@ import gradio as gr
 from engine.settings.images import describe_image, fit_image, size_for_aspect, upright_rgb
 from engine.settings.values import MAX_SIDE, MIN_SIDE, InputError
 from ui.context import AppContext
-from ui.generate import build_request, engine_job, run_job, start_job, upload_path, wire_cancel
+from ui.generate import generation, start_job, upload_path, wire_cancel
 from ui.parts.form import Form, build_form, build_plan_panel
 from ui.parts.job_panel import build_job_panel
-from ui.views.plan_panel import AUTO, OFF, OWN_TRANSFORMER
 
 NO_IMAGE = "Upload a first frame to see it at the video's size."
 
@@ -67,21 +66,10 @@ def build(ctx: AppContext, after_job) -> Form:
                     aspect_btn = gr.Button("Use the image's aspect", size="sm", elem_id="i2v-use-aspect")
             job = build_job_panel("i2v")
 
-    # The plan overrides, the LoRAs, the transformer files, the GPUs and the low-noise guidance come last, so
-    # callers that leave them out get Auto, none, the model's own, automatic and the same guidance for both experts.
-    def image_to_video(image, last_image, preset, prompt, negative_prompt, model, width, height, frames, steps,
-                       guidance, shift, seed, strategy=AUTO, text_encoder=AUTO, vae_tiling=AUTO, decoder="vae",
-                       step_cache=OFF, compile=AUTO, attention=AUTO, vae_precision=AUTO, loras="",
-                       transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO, guidance_2=0,
-                       session: gr.Request = None):
-        yield from run_job(ctx, session, "image to video", engine_job(ctx, lambda: build_request(
-            ctx, "i2v", preset, prompt, negative_prompt, model, width, height, frames, steps, guidance, shift, seed,
-            strategy, text_encoder, vae_tiling, decoder, step_cache, compile, attention, vae_precision, loras,
-            transformer, transformer_2, gpus, guidance_2=guidance_2, image=image, last_image=last_image)),
-            job.show())
-
-    inputs = [image, last_image, *form.settings(), *panel.overrides(), form.guidance_2]
-    run = start_job(run_btn, cancel_btn, image_to_video, inputs, job.outputs(), ctx, "image_to_video")
+    form.image, form.last_image = image, last_image
+    # The API's parameters: the images, then the field table's as on the Text to Video tab.
+    run = start_job(run_btn, cancel_btn, generation(ctx, "i2v", "image to video", job.show()), form.api_inputs("i2v"),
+                    job.outputs(), ctx, "image_to_video")
     job.reveal_after(run)
     wire_cancel(ctx, cancel_btn, job.cancel_answer)
     after_job(run)
@@ -100,5 +88,4 @@ def build(ctx: AppContext, after_job) -> Form:
 
     aspect_btn.click(use_aspect, [image, form.width, form.height], [form.width, form.height],
                      queue=False, api_visibility="private", preprocess=False)
-    form.image, form.last_image = image, last_image
     return form

@@ -22,7 +22,7 @@ from engine.service.model_files import (DeleteRefused, LoadedFiles, ModelEntry, 
                                    names_in)
 from engine.models.refs import REPO_ID, ModelError, hub_cache_dir
 from engine.models.single_file import TRANSFORMERS_FOLDER
-from engine.run.fast_decoder import FAST_DECODER_FOLDER
+from engine.models.fast_decoder_file import FAST_DECODER_FOLDER
 from engine.settings.loras import LORAS_FOLDER
 from ui.context import AppContext
 

@@ -12,10 +12,9 @@ import html
 
 import gradio as gr
 
-from engine.settings.draft import low_noise_guidance
-from ui.context import PRESETS_OWN, AppContext
+from ui.context import AppContext
 from ui.parts.form import Form, preset_choices, preset_values
-from ui.preset_saving import delete_user_preset, save_user_preset
+from ui.preset_saving import SAVED_FIELDS, delete_user_preset, save_user_preset
 from ui.tabs.ids import TAB_IDS, tab_by_id
 from ui.views.plan_panel import lora_text
 from ui.views.preset_cards import MODE_TITLES, card_markdown, machine_markdown, preset_entries
@@ -26,10 +25,10 @@ SAVE_HELP = ("The current values of the chosen tab's form (preset, model, negati
              "Saving again under one of your names replaces that preset; the built-in presets' names are taken.")
 
 
-def _saved_fields(form: Form) -> list:
-    """The components whose values a saved preset holds, in save_user_preset's order (after name and mode)."""
-    return [form.preset, form.negative_prompt, form.model, form.width, form.height, form.frames, form.steps,
-            form.guidance, form.shift, form.guidance_2, *([form.loras] if form.loras is not None else [])]
+def _saved_fields(form: Form, mode: str) -> dict:
+    """{"<mode>:<field>": box} of what a saved preset holds of this form (SAVED_FIELDS)."""
+    boxes = form.boxes()
+    return {f"{mode}:{name}": boxes[name] for name in SAVED_FIELDS if name in boxes}
 
 
 def _escaped(exc: Exception) -> str:
@@ -172,26 +171,23 @@ def _build_save(ctx: AppContext, forms: dict[str, Form], listing: gr.JSON, dropd
         description = gr.Textbox(label="Description (optional)", lines=2, elem_id="preset-save-description")
         save_btn = gr.Button("Save as preset", variant="primary", elem_id="preset-save-button")
         message.render()
-    size = len(_saved_fields(next(iter(forms.values()))))
-
-    def save_from_page(name, title, description, mode, *values):
-        by_mode = {key: values[i * size:(i + 1) * size] for i, key in enumerate(forms)}
+    def save_from_page(name, title, description, mode, **boxes):
+        """``boxes``: every form's saved fields, as "<mode>:<field>" (_saved_fields)."""
+        by_mode = {key: {field: value for box, value in boxes.items() if box.startswith(f"{key}:")
+                         for field in [box.partition(":")[2]]} for key in forms}
         if mode not in by_mode:
             return ["**Not saved:** choose whose settings to save: Text to Video or Image to Video.",
                     gr.skip(), *dropdowns.skip()]
         try:
-            chosen = by_mode[mode]   # the form's values, its Guidance 2, then its LoRA box's text when it has one
-            saved = save_user_preset(ctx, name, mode, *chosen[:9], title=title, description=description,
-                                     guidance_2=low_noise_guidance(chosen[9]),
-                                     loras=chosen[10] if len(chosen) > 10 else None)
+            saved = save_user_preset(ctx, name, mode, by_mode[mode], title=title, description=description)
         except ValueError as exc:
             return [f"**Not saved:** {_escaped(exc)}", gr.skip(), *dropdowns.skip()]
-        current = [chunk[0] for chunk in by_mode.values()]   # each form's Preset value
+        current = [values.get("preset") for values in by_mode.values()]   # each form's Preset value
         return [saved.message, presets(), *dropdowns.updates(*current, select=(mode, saved.preset.name))]
 
-    fields = [component for form in forms.values() for component in _saved_fields(form)]
-    save_btn.click(save_from_page, [name, title, description, mode, *fields],
-                   [message, listing, *dropdowns.components], api_visibility="private")
+    fields = {key: box for mode_, form in forms.items() for key, box in _saved_fields(form, mode_).items()}
+    save_btn.click(save_from_page, [name, title, description, mode], [message, listing, *dropdowns.components],
+                   inputs_kwargs=fields, api_visibility="private")
 
 
 def _build_api(ctx: AppContext) -> None:
@@ -204,10 +200,11 @@ def _build_api(ctx: AppContext) -> None:
         """Save settings as one of your presets; mode t2v or i2v; values left out (null) come from `preset`
         (guidance_2, Wan2.2 A14B's low-noise guidance, too; 0 is the same as guidance). Returns {name, replaced,
         message, preset}; the preset is usable by its name at once."""
+        given = dict(preset=preset, negative_prompt=negative_prompt, model=model, width=width, height=height,
+                     frames=frames, steps=steps, guidance=guidance, shift=shift, guidance_2=guidance_2)
         try:
-            saved = save_user_preset(ctx, name, mode, preset, negative_prompt, model, width, height, frames,
-                                     steps, guidance, shift, title=title, description=description,
-                                     guidance_2=PRESETS_OWN if guidance_2 is None else low_noise_guidance(guidance_2))
+            saved = save_user_preset(ctx, name, mode, {key: value for key, value in given.items() if value is not None},
+                                     title=title, description=description)
         except ValueError as exc:
             raise gr.Error(_escaped(exc), title="Preset not saved", print_exception=False) from None
         return saved.to_dict()

@@ -27,7 +27,7 @@ from engine.events import (
     PreviewReady,
     StepFinished,
 )
-from engine.planning.planner import strategy_words
+from engine.planning.explain import strategy_words
 from engine.words import plural
 from ui.views.text import plain
 from ui.views.timing_chart import timing_chart_html
@@ -37,7 +37,7 @@ PHASE_LABELS = {
     "engine_start": "Engine start (libraries)", "calibrate": "Measure this machine (once)", "download": "Download", "build_model": "Build self-test model",
     "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "lora": "LoRAs", "text_encode": "Text encode",
     "image_encode": "Image encode", "denoise": "Denoise", "expert_swap": "Expert swap (high to low noise)",
-    "vae_decode": "VAE decode", "export": "Export",
+    "save_latents": "Saving latents", "vae_decode": "VAE decode", "export": "Export",
 }
 
 
@@ -120,7 +120,7 @@ class JobView:
     eta: float | None = None
     notes: list = field(default_factory=list)
     download: str = ""
-    plan: dict | None = None          # the engine's latest PlanReady (again after an out-of-memory step-down)
+    planned: PlanReady | None = None  # the engine's latest plan (again after an out-of-memory step-down)
     peaks: tuple = (None, None)       # (VRAM, RAM) peaks so far, from the latest step
     preview: PreviewReady | None = None   # the latest live preview; dropped when the result arrives
     previews: int = 0
@@ -135,7 +135,7 @@ class JobView:
         elif isinstance(event, Info):
             self.notes.append(event.message)
         elif isinstance(event, PlanReady):
-            self.plan = event.plan
+            self.planned = event
         elif isinstance(event, PhaseStarted):
             self.running_phase = event.phase
             self.status = self.label(event.phase) + "..."
@@ -186,7 +186,7 @@ class JobView:
     @property
     def device(self) -> str | None:
         """The device of the job's plan, once known ("cpu" names some phases differently)."""
-        return (self.plan or {}).get("device")
+        return self.planned.plan.device if self.planned else None
 
     def label(self, phase: str) -> str:
         return phase_label(phase, self.device)
@@ -241,7 +241,7 @@ class JobView:
 
     def predicted(self) -> dict:
         """phase -> the seconds the plan predicted for it ({} when the machine is not measured yet)."""
-        return dict((self.plan or {}).get("predicted_seconds") or {})
+        return dict(self.planned.predicted_seconds or {}) if self.planned else {}
 
     def chart_html(self) -> str:
         shown = self.chart_phases()
@@ -315,19 +315,20 @@ class JobView:
         return self._with_plan_and_notes(lines)
 
     def _with_plan_and_notes(self, lines: list[str]) -> str:
-        if self.plan:
-            lines += ["", plan_line(self.plan)]
+        if self.planned:
+            lines += ["", plan_line(self.planned)]
         lines += [f"- {plain(note)}" for note in self.notes]
         return "\n".join(lines)
 
 
-def plan_line(plan: dict) -> str:
-    """'Plan: group_offload (predicted peak ...)' from a Plan.to_dict()."""
-    ram = f"{plan.get('predicted_peak_ram_gb', 0):.2f} GB RAM"
-    peak = ram if plan.get("device") == "cpu" else f"{plan.get('predicted_peak_vram_gb', 0):.2f} GB device, {ram}"
-    fits = "" if plan.get("fits", True) else "; predicted not to fit"
-    name, _ = strategy_words(str(plan.get("strategy")), str(plan.get("device")))
-    time = f"; about {plan['predicted_total']:.0f} s in all" if plan.get("predicted_total") else ""
+def plan_line(planned: PlanReady) -> str:
+    """'Plan: group_offload (predicted peak ...)' from the engine's PlanReady."""
+    plan = planned.plan
+    ram = f"{plan.predicted_peak_ram_gb:.2f} GB RAM"
+    peak = ram if plan.device == "cpu" else f"{plan.predicted_peak_vram_gb:.2f} GB device, {ram}"
+    fits = "" if plan.fits else "; predicted not to fit"
+    name, _ = strategy_words(plan.strategy, plan.device)
+    time = f"; about {planned.predicted_total:.0f} s in all" if planned.predicted_total else ""
     return f"Plan: {name} (predicted peak {peak}{fits}{time})"
 
 

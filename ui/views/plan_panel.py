@@ -9,30 +9,19 @@ from pathlib import Path
 
 from engine.device.hardware import HardwareProfile
 from engine.models.single_file import transformer_folder
-from engine.planning.ahead import plan_settings
-from engine.planning.planner import LADDER, TEXT_ENCODER_PLACES, Plan, strategy_words
-from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES
+from engine.planning.explain import strategy_words
+from engine.planning.plan import Plan
+from engine.service.ahead import plan_settings
 from engine.models.loras import as_lora
-from engine.settings.loras import lora_folder, lora_line, parse_lora_lines
+from engine.settings.loras import lora_folder, lora_line
 from engine.settings.draft import prepare
+from engine.settings.fields import AUTO, OWN_TRANSFORMER
 from engine.settings.values import Settings
 from engine.words import plural
 from ui.context import AppContext
 from ui.views.job_view import PHASE_LABELS
 from ui.views.text import code, plain
 
-AUTO = "Auto"
-STRATEGY_CHOICES = (AUTO, *LADDER)
-TEXT_ENCODER_CHOICES = (AUTO, *TEXT_ENCODER_PLACES)
-VAE_TILING_CHOICES = (AUTO, "On", "Off")
-OFF = "Off"
-# The speed dropdowns: (label, value) pairs where the value is not the label.
-DECODER_CHOICES = (("VAE (exact)", "vae"), ("Fast (approximate)", "fast"))
-STEP_CACHE_CHOICES = ((OFF, OFF), ("First block (approximate)", "first_block"), ("MagCache (approximate)", "mag"),
-                      ("TaylorSeer (approximate)", "taylor"))
-COMPILE_CHOICES = (AUTO, "On", "Off")
-ATTENTION_CHOICES = (AUTO, *ATTENTION_BACKENDS)
-VAE_PRECISION_CHOICES = (AUTO, *VAE_DTYPES)
 # The GPUs dropdown (shown on a machine with more than one): Auto, or how many GPUs split the job's denoise.
 MAX_GPU_CHOICES = 8
 
@@ -42,50 +31,8 @@ def gpu_choices(count: int) -> list[str]:
     return [AUTO, *(str(n) for n in range(1, min(count, MAX_GPU_CHOICES) + 1))]
 
 
-# The transformer file dropdowns' first choice: no file, the model's own transformer.
-OWN_TRANSFORMER = "(the model's own)"
 # Where a component can live, in the order the phase table lists them.
 PLACES = ("device", "streamed", "cpu", "absent")
-
-
-def override_fields(strategy: str | None = AUTO, text_encoder: str | None = AUTO, vae_tiling: str | None = AUTO,
-                    decoder: str | None = "vae", step_cache: str | None = OFF, compile: str | None = AUTO,
-                    attention: str | None = AUTO, vae_precision: str | None = AUTO, loras: str | None = "",
-                    transformer=OWN_TRANSFORMER, transformer_2=OWN_TRANSFORMER, gpus=AUTO) -> dict:
-    """The plan dropdowns as Settings fields; Auto, Off (or nothing) leaves each choice to the planner. ``loras``:
-    the LoRA box's text, one ``file: strength`` a line, as written (form_overrides finds the files); InputError
-    when a line does not read. ``transformer`` and ``transformer_2``: the transformer file dropdowns, as sent
-    (form_overrides finds and checks the files); their first choice is the model's own (None). ``gpus``: Auto
-    (0) or a number of GPUs to split the job across."""
-    def own_or_file(value):
-        return None if value in (None, "", OWN_TRANSFORMER) else value
-
-    def chosen(value):
-        return None if value in (None, "", AUTO) else value
-
-    def count(value):
-        # A number as the dropdown sends it ("2"); anything else stays as it came, for the check to refuse.
-        value = chosen(value)
-        return 0 if value is None else int(value) if isinstance(value, str) and value.isdigit() else value
-
-    def on_off(value):
-        # Anything but On or Off stays as it came, for the request's check to refuse with its own message.
-        value = chosen(value)
-        return {"On": True, "Off": False}.get(value, value) if isinstance(value, str) else value
-
-    return {"strategy": chosen(strategy), "text_encoder": chosen(text_encoder), "vae_tiling": on_off(vae_tiling),
-            "decoder": decoder or "vae", "step_cache": None if step_cache in (None, "", OFF) else step_cache,
-            "compile": on_off(compile), "attention": chosen(attention), "vae_dtype": chosen(vae_precision),
-            "loras": parse_lora_lines(loras), "transformer": own_or_file(transformer),
-            "transformer_2": own_or_file(transformer_2), "gpus": count(gpus)}
-
-
-def form_overrides(ctx: AppContext, *choices) -> dict:
-    """override_fields with each LoRA file's path (a name is looked for in the models folder's loras/) and each
-    transformer file's (a name is a file in its transformers/); InputError for a file the page may not use."""
-    fields = override_fields(*choices)
-    files = ctx.transformer_files({name: fields[name] for name in ("transformer", "transformer_2")})
-    return {**fields, "loras": ctx.lora_files(fields["loras"]), **files}
 
 
 def transformer_choice(path: str | None, models_dir) -> str:
@@ -165,12 +112,11 @@ def _where(placement: dict) -> str:
     return "; ".join(groups)
 
 
-def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, preset: str | None,
-                       model: str | None, width, height, frames, *choices) -> str:
-    """The plan for a generation tab's current values (``choices``: the plan dropdowns' values, in
-    override_fields' order), or one line saying why there is none."""
+def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, values: dict) -> str:
+    """The plan for a generation tab's current values (raw, by field name: the preset, the form's model, size
+    and frames, the plan panel's choices), or one line saying why there is none."""
     try:
-        settings = _form_settings(ctx, mode, preset, model, width, height, frames, form_overrides(ctx, *choices))
+        settings = form_settings(ctx, mode, values)
         plan = plan_settings(settings, hardware, ctx.client.catalog, ctx.client.engine_count())
     except ValueError as exc:   # InputError, ModelError and a bad override are all ValueErrors
         problems = getattr(exc, "problems", ())
@@ -206,10 +152,9 @@ def _secs(seconds: float) -> str:
     return f"{seconds:.0f} s" if seconds >= 10 else f"{seconds:.1f} s"
 
 
-def _form_settings(ctx: AppContext, mode: str, preset_name: str | None, model: str | None, width, height,
-                   frames, overrides: dict) -> Settings:
-    """The preset's settings with the form's model, size and memory choices, made and checked as Generate makes
-    them (engine/settings/draft.py: an empty box is missing there too)."""
-    preset = ctx.preset_or_default(preset_name, mode)
-    values = dict(model=model, width=width, height=height, frames=frames, **overrides)
-    return prepare(values, preset.settings, mode, ctx.model_ref, ctx.client.catalog.limits)
+def form_settings(ctx: AppContext, mode: str, values: dict) -> Settings:
+    """The settings the form's values make (raw, by field name; ``preset`` names the preset they start from),
+    made and checked as Generate makes them (engine/settings/draft.py: an empty box is missing there too)."""
+    values = dict(values)
+    preset = ctx.preset_or_default(values.pop("preset", None), mode)
+    return prepare(values, preset.settings, mode, ctx.paths, ctx.client.catalog.limits)

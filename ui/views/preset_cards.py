@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from engine.device.hardware import HardwareProfile
 from engine.models.catalog import ModelCatalog
-from engine.planning.ahead import plan_settings
-from engine.planning.planner import Plan, strategy_words
+from engine.planning.explain import strategy_words
+from engine.planning.plan import Plan
+from engine.service.ahead import plan_settings
 from engine.settings.presets import Preset
 from engine.words import plural
 from ui.context import AppContext

@@ -1,12 +1,15 @@
-"""Planning settings before anything is loaded: find the model's spec, then ask the planner."""
+"""Planning settings before anything is loaded: find the model's spec (the catalog reads its files), then ask
+the planner, which is pure (engine/planning/)."""
 from __future__ import annotations
 
 from dataclasses import replace
 
 from engine.device.hardware import HardwareProfile
 from engine.models.catalog import ModelCatalog
-from engine.models.limits import check_model_limits
-from engine.planning.planner import Plan, gpus_for, override_for, plan_memory, plan_request_for, strategy_words
+from engine.settings.model_fit import check_model_limits
+from engine.planning.explain import strategy_words
+from engine.planning.plan import Plan
+from engine.planning.planner import gpus_for, override_for, plan_memory, plan_request_for
 from engine.planning.speed import speed_line
 from engine.settings.values import Settings
 

@@ -1,0 +1,263 @@
+"""The phase table: under one rung of the ladder, where each component sits in every phase of a run and the
+device and RAM peak that phase reaches. Pure, like the planner that walks the ladder with it
+(engine/planning/planner.py); the terms themselves are in engine/planning/memory.py."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from engine.device.hardware import HardwareProfile
+from engine.models.spec import ModelSpec
+from engine.planning import memory as mem
+from engine.planning.plan import PhasePlan, PlanRequest
+
+# Room left on the disk beside a disk rung's copy of the transformer.
+DISK_MARGIN_GB = 2.0
+# The Wan VAE's encoder holds this share of its weights; an image-to-video run keeps it in float32 when the
+# decoder runs in bfloat16 (engine/run/apply_plan.py's keep_encoder_exact).
+VAE_ENCODER_SHARE = 0.42   # Wan2.1 VAE: 53.6 of 126.9 M parameters
+# Where each component is said to be, by the rung's text-encoder place and transformer kind.
+TEXT_ENCODER_PLACE = {"device": "device", "offload": "device", "streamed": "streamed", "cpu": "cpu"}
+TRANSFORMER_PLACE = {"device": "device", "group": "streamed", "leaf": "streamed", "disk": "streamed"}
+
+
+@dataclass(frozen=True)
+class Rung:
+    """One rung of the ladder with the settings tried on it: what a phase table is computed for."""
+    name: str
+    text_encoder: str
+    transformer: str
+    fp8: bool
+    vae_tile: int | None
+    load: str
+    vae_bytes: int = 4
+
+    @classmethod
+    def named(cls, name: str, text_encoder: str, vae_tile: int | None, load: str, vae_bytes: int = 4) -> "Rung":
+        """The rung called ``name``: how it holds the transformer and whether in fp8 follow from its name."""
+        transformer = {"group_offload": "group", "fp8_group_offload": "group", "leaf_offload": "leaf",
+                       "disk_offload": "disk"}.get(name, "device")
+        return cls(name, text_encoder, transformer, name.startswith("fp8"), vae_tile, load, vae_bytes)
+
+    @property
+    def swap(self) -> bool:
+        return self.name == "expert_swap"
+
+
+def round_up(x: float) -> float:
+    """Round up to 0.01 GiB: a prediction must not drop below what it stands for."""
+    return math.ceil(x * 100 - 1e-9) / 100
+
+
+def compute_dtype(hw: HardwareProfile) -> tuple[str, int]:
+    """(the dtype this machine computes in, its bytes per element)."""
+    if hw.backend in ("cuda", "rocm"):
+        return "bfloat16", 2
+    if hw.backend == "mps":
+        return "float16", 2
+    return "float32", 4
+
+
+def copy_streams(hw: HardwareProfile) -> bool:
+    """Offloaded weights are pinned in RAM and copied on a side stream: discrete CUDA and ROCm cards."""
+    return not hw.unified_memory and hw.backend in ("cuda", "rocm")
+
+
+def attention_kind(hw: HardwareProfile) -> str:
+    # CUDA SDPA picks flash / memory-efficient kernels for 16-bit inputs; ROCm does too once
+    # AOTriton is enabled (the engine process sets it). MPS falls back to math attention.
+    # On the CPU torch's flash kernel runs for float32 as well.
+    return "math" if hw.backend == "mps" else "flash"
+
+
+def disk_copy_gb(spec: ModelSpec, hw: HardwareProfile) -> float:
+    """GiB a disk rung writes: the transformer's weights (every expert's)."""
+    return mem.transformer_weights_gb(spec, compute_dtype(hw)[1])
+
+
+def disk_room(spec: ModelSpec, hw: HardwareProfile) -> bool:
+    """Whether the disk can take a disk rung's copy of the transformer (not known: assumed, the engine checks)."""
+    return hw.disk_free_gb < 0 or hw.disk_free_gb >= disk_copy_gb(spec, hw) + DISK_MARGIN_GB
+
+
+def weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung) -> dict[str, float]:
+    """GiB of each component's weights under ``rung``."""
+    _, nbytes = compute_dtype(hw)
+    return {"transformer": mem.transformer_weights_gb(spec, nbytes, rung.fp8),
+            "text_encoder": spec.text_encoder_params * nbytes / mem.GIB,
+            "image_encoder": spec.image_encoder_params * nbytes / mem.GIB if req.image_to_video else 0.0,
+            "vae": spec.vae_params * rung.vae_bytes / mem.GIB + (_encoder_in_float32_gb(spec, rung.vae_bytes)
+                                                                  if req.image_to_video else 0.0)}
+
+
+def _encoder_in_float32_gb(spec: ModelSpec, vae_bytes: int) -> float:
+    return spec.vae_params * VAE_ENCODER_SHARE * (4 - vae_bytes) / mem.GIB
+
+
+def phase_table(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung) -> tuple[PhasePlan, ...]:
+    """Every phase of one run under ``rung``, in the order the run goes through them: where each component is
+    and the device and RAM peak, rounded up to 0.01 GiB."""
+    if hw.device == "cpu":
+        return _cpu_phases(spec, req, hw, rung)
+    held = _held(spec, req, hw, rung)
+    places = _places(spec, req, rung)
+    phases = [*_load_phases(spec, hw, rung, held, places), *_encode_phases(spec, hw, rung, held, places),
+              *_run_phases(spec, req, hw, rung, held, places)]
+    return tuple(PhasePlan(p.phase, p.placement, round_up(p.peak_vram_gb), round_up(p.peak_ram_gb)) for p in phases)
+
+
+def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung) -> tuple[PhasePlan, ...]:
+    """A CPU-only machine: every weight sits in RAM from the load on and nothing moves, so each phase
+    needs the weights plus its own working memory, and there is no transfer phase."""
+    _, nbytes = compute_dtype(hw)
+    weights = mem.BASE_RAM_CPU_ONLY_GB + sum(weights_gb(spec, req, hw, rung).values())
+    tokens = spec.tokens(req.width, req.height, req.frames)
+    frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
+    names = ["text_encoder", "transformer", "vae"]
+    if req.image_to_video and spec.image_encoder_params:
+        names.insert(1, "image_encoder")
+    places = {name: "cpu" for name in names}
+    phases = [("load", mem.staging_gb(spec)), ("text_encode", mem.text_encode_gb(spec))]
+    if "image_encoder" in places:
+        phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
+    phases.append(("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) / req.ranks
+                   + mem.RUN_OVERHEAD_GB))
+    if rung.swap and spec.experts > 1:
+        phases.append(("expert_swap", mem.RUN_OVERHEAD_GB))   # from RAM to RAM: the step only runs its code
+    phases += [
+        ("vae_decode", mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
+         + mem.RUN_OVERHEAD_GB + frames_ram),
+        ("export", frames_ram)]
+    return tuple(PhasePlan(name, places, 0.0, round_up(weights + extra)) for name, extra in phases)
+
+
+@dataclass(frozen=True)
+class _Held:
+    """GiB that one rung holds where between the phases, and the weights behind them: what every phase adds
+    its own work to."""
+    text_encoder: float
+    image_encoder: float
+    vae: float
+    transformer: float          # all its weights
+    transformer_device: float   # on the device while it runs
+    transformer_idle: float     # on the device between phases (a streamed one: nothing)
+    transformer_ram: float
+    resident: float             # on the device between phases
+    idle_ram: float             # in RAM between phases
+
+
+def _held(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung) -> _Held:
+    _, nbytes = compute_dtype(hw)
+    weights = weights_gb(spec, req, hw, rung)
+    te, ie, vae, tr_full = (weights[k] for k in ("text_encoder", "image_encoder", "vae", "transformer"))
+    tr_dev, tr_ram = _transformer_gb(spec, nbytes, rung, tr_full)
+    te_dev_always = te if rung.text_encoder == "device" else 0.0
+    te_ram_idle = te if rung.text_encoder != "device" else 0.0
+    ie_dev_always = ie if rung.text_encoder == "device" else 0.0
+    ie_ram_idle = ie if rung.text_encoder != "device" else 0.0
+    # A streamed transformer is on the device only while it runs (denoise); a resident one always.
+    tr_idle = tr_dev if rung.transformer == "device" else 0.0
+    return _Held(te, ie, vae, tr_full, tr_dev, tr_idle, tr_ram,
+                 resident=tr_idle + vae + te_dev_always + ie_dev_always,
+                 idle_ram=mem.BASE_RAM_GB + tr_ram + te_ram_idle + ie_ram_idle)
+
+
+def _transformer_gb(spec: ModelSpec, nbytes: int, rung: Rung, tr_full: float) -> tuple[float, float]:
+    """(GiB of the transformer on the device while it runs, GiB of it in RAM) under ``rung``."""
+    if rung.swap and spec.experts > 1:
+        # One expert on the device (the larger bounds it); both stay in RAM, so the swap only copies one in.
+        return max(mem.expert_weights_gb(spec, nbytes, rung.fp8)), tr_full
+    if rung.transformer == "device":
+        return tr_full, 0.0
+    in_flight = mem.GROUP_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8)
+    if rung.transformer == "group":
+        # The shared layers plus the blocks in flight (current, prefetched, being released).
+        return mem.shared_gb(spec, nbytes) + in_flight, tr_full
+    if rung.transformer == "disk":
+        # As group offload on the device; in RAM only the blocks in flight, read from their files as they come.
+        return mem.shared_gb(spec, nbytes) + in_flight, in_flight
+    # leaf: one layer at a time, the next one prefetched
+    return max(mem.LEAF_RESIDENT_MIN_GB, mem.LEAF_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8)), tr_full
+
+
+def _places(spec: ModelSpec, req: PlanRequest, rung: Rung) -> dict:
+    """Where each component is between the phases: "device", "cpu" or "streamed"."""
+    te_place = TEXT_ENCODER_PLACE[rung.text_encoder]
+    places = {"text_encoder": te_place, "transformer": TRANSFORMER_PLACE[rung.transformer], "vae": "device"}
+    if rung.swap and spec.experts > 1:
+        places["transformer_2"] = "cpu"
+    if req.image_to_video and spec.image_encoder_params:
+        places["image_encoder"] = te_place
+    return places
+
+
+def _load_phases(spec: ModelSpec, hw: HardwareProfile, rung: Rung, held: _Held, places: dict) -> list[PhasePlan]:
+    """Reading the weights (load), then, when they came through RAM, placing them (transfer)."""
+    _, nbytes = compute_dtype(hw)
+    if rung.load == "device_map":
+        # Straight to the device; an fp8 transformer is briefly held in 16-bit while it is cast.
+        load_dev = (max(held.resident, held.resident - held.transformer + mem.transformer_weights_gb(spec, nbytes))
+                    if rung.fp8 else held.resident)
+        load_ram = held.idle_ram
+    elif rung.transformer == "disk":
+        # The transformer loads alone and is written to its files, then the rest loads beside its blocks in flight.
+        load_dev = 0.0
+        load_ram = mem.BASE_RAM_GB + max(held.transformer, held.text_encoder + held.image_encoder + held.vae
+                                         + held.transformer_ram) + mem.staging_gb(spec)
+    else:
+        load_dev = 0.0
+        load_ram = (mem.BASE_RAM_GB + held.text_encoder + held.image_encoder + held.vae + held.transformer
+                    + mem.staging_gb(spec))
+    phases = [PhasePlan("load", {k: ("cpu" if rung.load == "cpu" else v) for k, v in places.items()},
+                        load_dev, load_ram)]
+    if rung.load == "cpu":
+        # Pinning a streamed text encoder holds one of its tensors twice for a moment.
+        pinning = (spec.text_encoder_largest_params * nbytes / mem.GIB
+                   if rung.text_encoder == "streamed" and copy_streams(hw) else 0.0)
+        phases.append(PhasePlan("transfer", places, held.resident, held.idle_ram + pinning))
+    return phases
+
+
+def _encode_phases(spec: ModelSpec, hw: HardwareProfile, rung: Rung, held: _Held, places: dict) -> list[PhasePlan]:
+    """Encoding the prompt (text_encode) and, for image to video, the image (image_encode)."""
+    _, nbytes = compute_dtype(hw)
+    te, ie = held.text_encoder, held.image_encoder
+    # What comes to the device to encode: the whole encoder, or the layers in flight of a streamed one.
+    te_visit = {"offload": te, "streamed": mem.streamed_text_encoder_gb(spec, nbytes)}.get(rung.text_encoder, 0.0)
+    encode_dev = held.resident + te_visit
+    encode_ram = held.idle_ram - (te if rung.text_encoder == "offload" else 0.0)
+    if rung.text_encoder != "cpu":
+        encode_dev += mem.text_encode_gb(spec)
+    else:
+        encode_ram += mem.text_encode_gb(spec)
+    phases = [PhasePlan("text_encode", dict(places), encode_dev, encode_ram)]
+    if "image_encoder" in places:
+        # (a streamed image encoder is charged whole: it is small, and its layers are not known here)
+        img_dev = held.resident + (ie if rung.text_encoder in ("offload", "streamed") else 0.0) + mem.IMAGE_ENCODE_ACT_GB
+        phases.append(PhasePlan("image_encode", places, img_dev, held.idle_ram))
+    return phases
+
+
+def _run_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung, held: _Held,
+                places: dict) -> list[PhasePlan]:
+    """The denoise (and the swap of experts within it), the decode and the export, the encoders put away."""
+    _, nbytes = compute_dtype(hw)
+    tokens = spec.tokens(req.width, req.height, req.frames)
+    act = mem.denoise_activations_gb(spec, tokens, nbytes, attention_kind(hw) == "math") / req.ranks
+    decode = mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
+    frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
+    resident, idle_ram = held.resident, held.idle_ram
+    denoise_places = {**places, "text_encoder": "cpu" if rung.text_encoder != "device" else "device"}
+    if "image_encoder" in places:
+        denoise_places["image_encoder"] = denoise_places["text_encoder"]
+    phases = [PhasePlan("denoise", denoise_places,
+                        resident - held.transformer_idle + held.transformer_device + act + mem.RUN_OVERHEAD_GB,
+                        idle_ram)]
+    if "transformer_2" in places:
+        # The high-noise expert's device copy is dropped (its RAM copy stays), then the low-noise one copied in.
+        denoise_places = {**denoise_places, "transformer": "cpu", "transformer_2": "device"}
+        phases.append(PhasePlan("expert_swap", denoise_places, resident + mem.RUN_OVERHEAD_GB, idle_ram))
+    phases.append(PhasePlan("vae_decode", denoise_places, resident + decode + mem.RUN_OVERHEAD_GB,
+                            idle_ram + frames_ram))
+    phases.append(PhasePlan("export", denoise_places, resident, idle_ram + frames_ram))
+    return phases

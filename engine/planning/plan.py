@@ -1,0 +1,97 @@
+"""What the memory planner (engine/planning/planner.py) is asked and what it answers: the request, what the
+user forces, and the plan with each of its phases."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES, SpeedRequest
+from engine.planning.split import Split
+from engine.settings.choices import LADDER, TEXT_ENCODER_PLACES
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    width: int
+    height: int
+    frames: int
+    image_to_video: bool = False
+    speed: SpeedRequest = SpeedRequest()    # steps, guidance, step cache: what the speed choices read
+    # GPUs sharing the denoise (context parallel): each holds the whole model and 1/ranks of the activations.
+    ranks: int = 1
+
+
+@dataclass(frozen=True)
+class Override:
+    """What the user forces; None leaves the choice to the planner."""
+    strategy: str | None = None
+    text_encoder: str | None = None       # one of TEXT_ENCODER_PLACES
+    vae_tiling: bool | None = None
+    vae_dtype: str | None = None          # one of speed.VAE_DTYPES
+    compile: bool | None = None
+    attention: str | None = None          # one of speed.ATTENTION_BACKENDS
+
+    def __post_init__(self):
+        if self.strategy is not None and self.strategy not in LADDER:
+            raise ValueError(f"unknown strategy {self.strategy!r}; choose one of {', '.join(LADDER)}")
+        if self.text_encoder is not None and self.text_encoder not in TEXT_ENCODER_PLACES:
+            raise ValueError(f"text encoder place must be one of {', '.join(TEXT_ENCODER_PLACES)}")
+        if self.vae_dtype is not None and self.vae_dtype not in VAE_DTYPES:
+            raise ValueError(f"VAE precision must be one of {', '.join(VAE_DTYPES)}")
+        if self.attention is not None and self.attention not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}")
+
+
+@dataclass(frozen=True)
+class PhasePlan:
+    phase: str
+    placement: dict            # component -> "device", "cpu", "streamed" or "absent"
+    peak_vram_gb: float
+    peak_ram_gb: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    strategy: str
+    fits: bool
+    device: str
+    dtype: str
+    vae_dtype: str
+    attention: str             # "flash" (no tokens^2 buffer) or "math"
+    text_encoder: str          # one of TEXT_ENCODER_PLACES
+    transformer: str           # "device", "group" or "leaf"
+    fp8: bool
+    vae_tile: int | None       # tile size in pixels, None = untiled
+    load: str                  # "cpu" (through RAM) or "device_map" (straight to the device)
+    pin_memory: bool
+    use_stream: bool
+    budget_vram_gb: float
+    budget_ram_gb: float
+    predicted_peak_vram_gb: float
+    predicted_peak_ram_gb: float
+    phases: tuple[PhasePlan, ...] = ()
+    decisions: tuple[str, ...] = ()
+    suggestions: tuple[str, ...] = ()
+    vae_tiled: bool = False    # the decode really runs in tiles (a frame no larger than one tile decodes whole)
+    conv: str = "default"      # the decode's convolution set-up: one of speed.CONV_MODES
+    compile: bool = False      # the transformer's repeated blocks are compiled
+    attention_backend: str = "native"   # diffusers' attention backend for the transformer
+    # Each expert's single transformer file as (path, bytes, modification time in ns), None for the model's own;
+    # empty when every transformer is the model's own. Another file (or the same one rewritten) is another load.
+    transformer_files: tuple = ()
+    split: Split | None = None   # how the job uses several GPUs (None: one)
+
+    @property
+    def swaps_experts(self) -> bool:
+        """One expert on the device at a time, swapped at the boundary (the engine's expert_swap phase)."""
+        return self.strategy == "expert_swap"
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["phases"] = {p["phase"]: {k: v for k, v in p.items() if k != "phase"} for p in data["phases"]}
+        return data
+
+    @property
+    def reload_key(self) -> tuple:
+        """What cannot change on a loaded pipeline without loading it again."""
+        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load, self.vae_dtype,
+                self.transformer_files)

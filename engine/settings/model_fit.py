@@ -1,0 +1,42 @@
+"""Whether a model can make what a job asks: its kind (text or image to video, a last frame), its frame counts
+and sizes, its experts. One check, from the model's spec, wherever the spec is known: the app's check of a job
+before it is queued (the catalog's spec: a Hub model not downloaded yet is checked from the table of known
+models, so it is refused before the download), the plan, and the engine's run once the model's files are here.
+"""
+from __future__ import annotations
+
+from engine.models.limits import limits_of
+from engine.models.spec import ModelSpec
+from engine.settings.values import InputError, Settings, check_experts, check_frames, check_side
+
+
+def check_model_limits(spec: ModelSpec, width: int, height: int, frames: int, mode: str = "t2v") -> None:
+    """Raise InputError listing what of (width, height, frames) this model cannot make, each with what to use."""
+    problems: list[str] = []
+    limits = limits_of(spec)
+    for side, value in (("width", width), ("height", height)):
+        check_side(side, value, limits.size_multiple, problems, limits)
+    check_frames(frames, mode, problems, limits)
+    if problems:
+        raise InputError(problems)
+
+
+def check_model_kind(spec: ModelSpec, ref: str, mode: str, last_image: bool) -> None:
+    """InputError when the model is of another kind than the job: an image-to-video model for text, a text one
+    for an image, a last frame for a model that cannot take one, or none for one that needs it."""
+    if mode == "i2v" and not spec.takes_image:
+        raise InputError(f"{ref} is a text-to-video model; pick an image-to-video model for this tab")
+    if mode != "i2v" and spec.image_to_video:
+        raise InputError(f"{ref} is an image-to-video model; use the Image to Video tab with an image")
+    if mode == "i2v" and spec.first_last and not last_image:
+        raise InputError(f"{ref} is a first-and-last-frame model and needs a last frame too; add one")
+    if mode == "i2v" and last_image and not spec.first_last:
+        raise InputError(f"{ref} cannot use a last frame (only first-and-last-frame models such as "
+                         "Wan2.1-FLF2V-14B can); remove the last frame")
+
+
+def check_model_fits(spec: ModelSpec, ref: str, settings: Settings, last_image: bool) -> None:
+    """InputError when the model cannot make what the settings ask: its kind, its frames, its size, its experts."""
+    check_model_kind(spec, ref, settings.mode, last_image)
+    check_model_limits(spec, settings.width, settings.height, settings.frames, settings.mode)
+    check_experts(settings, limits_of(spec))
