@@ -313,7 +313,7 @@ def plan(args) -> int:
     import json
 
     from engine.device.hardware import HardwareError, HardwareProfile
-    from engine.models.refs import ModelError
+    from engine.errors import ModelError
     from engine.models.catalog import ModelCatalog
     from engine.service.ahead import plan_settings, plan_table
     from engine.settings.presets import PresetError

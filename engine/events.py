@@ -8,12 +8,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+class Named(str, Enum):
+    """A str-Enum whose members are their strings everywhere: equal, hashed, in str() and format() alike, so
+    events, sidecars, presets and the API read "denoise" or "group_offload" as before."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+
 # Phase names, in the order a run passes through them. "engine_start" is the time a job waited for a new
 # engine process to load its libraries; "build_model" builds a self-test model the first time it is used; "lora"
 # puts a job's LoRAs on the loaded model (reading the files it has not read yet); "expert_swap" (Wan2.2 A14B with
 # one expert on the device at a time) puts the low-noise expert on the device at the boundary: it runs inside
 # the denoise phase, whose seconds leave it out.
-class Phase(str, Enum):
+class Phase(Named):
     """A phase of a job. Each equals its string (events, sidecars and timings say "denoise" as before)."""
     ENGINE_START = "engine_start"
     CALIBRATE = "calibrate"
@@ -30,16 +38,13 @@ class Phase(str, Enum):
     VAE_DECODE = "vae_decode"
     EXPORT = "export"
 
-    __str__ = str.__str__
-    __format__ = str.__format__
-
 
 PHASES = tuple(Phase)
 # The phases that run inside another one: it goes on when they finish.
 INSIDE = {Phase.EXPERT_SWAP: Phase.DENOISE}
 
 
-class FailureKind(str, Enum):
+class FailureKind(Named):
     """Why a job failed (JobFailed.kind). Each equals its string, so sidecars, logs and the API say "input" as
     before; str() and format() give the string too."""
     INPUT = "input"          # its settings
@@ -51,9 +56,6 @@ class FailureKind(str, Enum):
     HUNG = "hung"            # the engine process stopped answering
     PEER = "peer"            # another GPU of a split job failed first
     VALUES = "values"        # a file or a phase gave NaN or infinite numbers
-
-    __str__ = str.__str__
-    __format__ = str.__format__
 
 
 # The kinds of JobFailed that mean the job never started: its settings, its model, or a full queue.

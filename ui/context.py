@@ -7,7 +7,8 @@ from pathlib import Path
 
 from engine.folders import inside
 from engine.models.loras import Lora, as_lora
-from engine.models.refs import REPO_ID, ModelError, check_ref_length
+from engine.models.refs import REPO_ID, check_ref_length
+from engine.errors import ModelError
 from engine.models.selftest import SELFTEST_REFS
 from engine.models.single_file import TRANSFORMERS_FOLDER, transformer_folder
 from engine.service.jobqueue import JobQueue

@@ -13,7 +13,7 @@ from typing import Callable, Iterator
 import gradio as gr
 
 from engine.events import Ending, Event, JobFailed, JobFinished, PreviewReady
-from engine.models.refs import ModelError
+from engine.errors import ModelError
 from engine.run.failures import failure_event
 from engine.service.jobqueue import QueueFull
 from engine.settings.draft import prepare_request

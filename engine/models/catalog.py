@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engine.models.limits import Limits, limits_of
-from engine.models.refs import ModelError, check_model_folder, classify_ref, hub_cache_dir
+from engine.models.refs import check_model_folder, classify_ref, hub_cache_dir
+from engine.errors import ModelError
 from engine.models.single_file import (TransformerFile, check_transformer_files, read_transformer_file,
                                        spec_with_files, transformer_paths)
 from engine.models.spec import ModelSpec, spec_for

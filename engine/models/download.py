@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
-from engine.models.refs import REPO_ID, ModelError, hub_cache_dir, hub_offline
+from engine.models.refs import REPO_ID, hub_cache_dir, hub_offline
+from engine.errors import ModelError
 
 # Kept free beyond the files themselves, so that a download never fills the disk to its last byte.
 SPARE_BYTES = 256 << 20

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from engine.errors import ModelError
 from engine.models.selftest import SELFTEST_REFS, ensure_selftest_model
 from engine.models.spec import ModelSpec, spec_for
 from engine.models.weights import WeightFileError, read_header
@@ -21,10 +22,6 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 # Components whose folder must hold weights, not only a config.
 WEIGHTED = {"transformer", "transformer_2", "vae", "text_encoder", "image_encoder"}
 PIPELINES = {"WanPipeline": "t2v", "WanImageToVideoPipeline": "i2v"}
-
-
-class ModelError(ValueError):
-    """The model reference cannot be used; the message says what to change."""
 
 
 @dataclass(frozen=True)

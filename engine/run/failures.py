@@ -4,7 +4,7 @@ from __future__ import annotations
 import errno
 
 from engine.events import FailureKind, JobFailed
-from engine.models.refs import ModelError
+from engine.errors import ModelError
 from engine.outputs.export import DiskFull
 from engine.run.nonfinite import NonFiniteValues
 from engine.settings.values import InputError

@@ -16,7 +16,8 @@ from typing import Iterable
 from engine.folders import inside
 from engine.models.download import size_words
 from engine.models.fast_decoder_file import FAST_DECODER_FOLDER, FAST_DECODER_SUFFIXES
-from engine.models.refs import WEIGHT_SUFFIXES, ModelError, hub_cache_dir
+from engine.models.refs import WEIGHT_SUFFIXES, hub_cache_dir
+from engine.errors import ModelError
 from engine.models.selftest import SELFTEST_REFS
 from engine.models.single_file import TRANSFORMERS_FOLDER
 from engine.settings.loras import LORAS_FOLDER

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from engine.events import Event, Info, JobFailed, is_terminal
-from engine.models.refs import ModelError
+from engine.errors import ModelError
 from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.service.worker import WorkerClient, checked
 from engine.settings.request import GenerationRequest

@@ -23,7 +23,7 @@ from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
 from engine.events import Event, Info, JobFailed, LatentsSaved, Phase, PhaseFinished, PhaseStarted, is_terminal
 from engine.models.catalog import ModelCatalog
 from engine.service.model_files import LoadedFiles
-from engine.models.refs import ModelError
+from engine.errors import ModelError
 from engine.atomic import discard_temporary
 from engine.outputs.bundle import Bundle
 from engine.outputs.latents import DECODE_AGAIN_HINT

@@ -4,13 +4,33 @@ the attention backends, the step caches and the decoders. Settings are checked a
 """
 from __future__ import annotations
 
+from engine.events import Named
+
 # The memory plan's rungs, fastest (and highest quality) first: the planner's ladder (engine/planning/planner.py
 # says what each does).
-LADDER = ("all_on_device", "text_encoder_offload", "expert_swap", "group_offload", "fp8_storage",
-          "fp8_group_offload", "leaf_offload", "disk_offload")
+class Strategy(Named):
+    """A rung of the ladder. Each equals its string (plans, sidecars and presets say "group_offload" as before)."""
+    ALL_ON_DEVICE = "all_on_device"
+    TEXT_ENCODER_OFFLOAD = "text_encoder_offload"
+    EXPERT_SWAP = "expert_swap"
+    GROUP_OFFLOAD = "group_offload"
+    FP8_STORAGE = "fp8_storage"
+    FP8_GROUP_OFFLOAD = "fp8_group_offload"
+    LEAF_OFFLOAD = "leaf_offload"
+    DISK_OFFLOAD = "disk_offload"
+
+
+LADDER = tuple(Strategy)
 # Where the text (and image) encoder lives: always on the device; moved there whole to encode; streamed
 # through it layer by layer to encode; or run on the CPU.
-TEXT_ENCODER_PLACES = ("device", "offload", "streamed", "cpu")
+class TextEncoderPlace(Named):
+    DEVICE = "device"
+    OFFLOAD = "offload"
+    STREAMED = "streamed"
+    CPU = "cpu"
+
+
+TEXT_ENCODER_PLACES = tuple(TextEncoderPlace)
 VAE_DTYPES = ("float32", "bfloat16")
 # diffusers' attention backends the app offers ("native" is torch's SDPA, which picks flash or
 # memory-efficient kernels by itself); the *_hub ones download kernels and are never offered.

@@ -9,7 +9,7 @@ import pytest
 import engine.models.refs as refs
 import engine.models.weights as weights
 from engine.models.catalog import ModelCatalog, files_stamp
-from engine.models.refs import ModelError
+from engine.errors import ModelError
 
 
 @pytest.fixture

@@ -18,7 +18,8 @@ import pytest
 from PIL import Image
 
 from engine.models.catalog import ModelCatalog
-from engine.models.refs import ModelError, check_model_folder
+from engine.models.refs import check_model_folder
+from engine.errors import ModelError
 from engine.models.weights import WeightFileError, read_header
 from engine.settings.images import MAX_IMAGE_PIXELS, ImageError, check_image, describe_image, fit_image
 from engine.settings.presets import PresetError, load_preset_file

@@ -7,7 +7,8 @@ import shutil
 import pytest
 
 from engine.models.catalog import ModelCatalog
-from engine.models.refs import ModelError, check_model_folder, classify_ref, resolve_model
+from engine.models.refs import check_model_folder, classify_ref, resolve_model
+from engine.errors import ModelError
 from engine.models.spec import spec_from_folder
 
 REVISION = "0123456789abcdef0123456789abcdef01234567"

@@ -89,7 +89,7 @@ def models_here(tmp_path, monkeypatch) -> Path:
 
 
 def test_which_model_references_the_page_accepts(models_here):
-    from engine.models.refs import ModelError
+    from engine.errors import ModelError
     from ui.context import checked_model_ref
 
     inside = str((models_here / "my-wan").absolute())
@@ -116,7 +116,7 @@ def test_which_model_references_the_page_accepts(models_here):
 
 
 def test_the_context_checks_against_its_models_folder(models_here, presets):
-    from engine.models.refs import ModelError
+    from engine.errors import ModelError
     from engine.service.worker import WorkerClient
     from ui.context import AppContext
 
@@ -180,7 +180,7 @@ RELATIVE = ["app.py", "nothere.py", "engine/models", "engine/nothere", "../x", "
 def test_a_relative_path_gets_one_sentence_whether_it_exists_or_not(monkeypatch, models_here):
     """In the app's folder, app.py and engine/models exist and nothere.py and engine/nothere do not: the answers
     once differed ("a path outside", "neither a repo id", a Hub lookup) and so told what is on the disk."""
-    from engine.models.refs import ModelError
+    from engine.errors import ModelError
     from ui.context import checked_model_ref
 
     monkeypatch.chdir(ROOT)

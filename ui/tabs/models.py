@@ -20,7 +20,8 @@ from engine.device.usage import EngineSilent
 from engine.models.download import DownloadError, download_file, download_snapshot, free_space, size_words
 from engine.service.model_files import (DeleteRefused, LoadedFiles, ModelEntry, delete_entry, find_entry, list_models,
                                    names_in)
-from engine.models.refs import REPO_ID, ModelError, hub_cache_dir
+from engine.models.refs import REPO_ID, hub_cache_dir
+from engine.errors import ModelError
 from engine.models.single_file import TRANSFORMERS_FOLDER
 from engine.models.fast_decoder_file import FAST_DECODER_FOLDER
 from engine.settings.loras import LORAS_FOLDER
