@@ -11,19 +11,23 @@ import os
 import sys
 from pathlib import Path
 
+from ui.terminal import EXIT_BAD_INPUT, EXIT_FAILED, EXIT_OK   # the standard library alone
+
 ROOT = Path(__file__).resolve().parent
-DEFAULT_OUTPUTS = ROOT / "outputs"
+DEFAULT_OUTPUTS = Path(os.environ.get("WAN_OUTPUTS_DIR", ROOT / "outputs"))
 DEFAULT_MODELS = Path(os.environ.get("WAN_MODELS_DIR", ROOT / "models"))
 DEFAULT_USER_PRESETS = ROOT / "user_presets"
 COMMANDS = ("serve", "generate", "plan", "decode", "doctor")
 
-# Exit codes of `generate`.
-EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_CANCELLED = 0, 1, 2, 130
+# While the engine process loads its libraries, `generate` says so this often (seconds).
+STARTING_NOTE_S = 5.0
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--outputs", default=str(DEFAULT_OUTPUTS), help="folder for videos, images and sidecars")
-    parser.add_argument("--models-dir", default=str(DEFAULT_MODELS), help="folder for built-in self-test models")
+    parser.add_argument("--models-dir", default=str(DEFAULT_MODELS),
+                        help="the models folder: local models, loras/, transformers/, the self-test models "
+                             "(default: models/ here, or WAN_MODELS_DIR)")
     parser.add_argument("--latents-hours", type=float, default=24.0,
                         help="keep the denoised latents of finished runs this long (0: remove at once)")
 
@@ -196,10 +200,10 @@ def _cli_paths(args):
     from engine.settings.loras import find_lora
 
     def transformers(files: dict) -> dict:
-        return {name: find_file(file, transformer_folder(args.models_dir)) if file else None
+        return {name: find_file(file, transformer_folder(args.models_dir), must_exist=True) if file else None
                 for name, file in files.items()}
 
-    return Paths(loras=lambda loras: tuple(replace(lora, file=find_lora(lora.file, args.models_dir))
+    return Paths(loras=lambda loras: tuple(replace(lora, file=find_lora(lora.file, args.models_dir, not lora.repo))
                                            for lora in loras), transformers=transformers)
 
 
@@ -211,101 +215,42 @@ def _build_request(args):
                            args.outputs, drop_unused_guidance_2=False, keep_latents=getattr(args, "keep_latents", False))
 
 
-def _print_timings(view, out) -> None:
-    rows = view.timing_rows()
-    if not rows:   # refused before anything ran
-        return
-    width = max(len(r[0]) for r in rows) if rows else 10
-    print("Phase timings:", file=out)
-    for label, seconds, detail in rows:
-        shown = f"{seconds:9.3f} s" if seconds is not None else "        - "
-        print(f"  {label:<{width}} {shown}  {detail}", file=out)
-
-
 def generate(args) -> int:
+    from engine.errors import InputError, ModelError
     from engine.service.pool import EnginePool
     from engine.settings.presets import PresetError
+    from ui.terminal import follow, started_then_run
 
     try:
         request = _build_request(args)
-    except PresetError as exc:
+    except (PresetError, InputError, ModelError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     # No page to show previews on: the engine makes none. Only the engines the job runs on are started.
     pool = EnginePool(args.models_dir, args.gpus, latents_hours=args.latents_hours, preview_seconds=-1,
                       outputs_dir=args.outputs)
-    pool.start(every=False)
-    engines = pool.wait_started()
-    if pool.problem:
+    try:
+        pool.check(request)   # bad input is refused in this process, before an engine starts
+    except (InputError, ModelError) as exc:
         pool.close()
-        print(f"error: {pool.problem}", file=sys.stderr)
+        print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    more = request.settings.gpus > engines
-    notes = [f"--split {request.settings.gpus} asks for more GPUs than --gpus gives ({engines}), so it runs on "
-             f"{engines}."] if more else []
-    return _follow(pool, pool.submit(request, notes=notes))
+    return follow(pool, started_then_run(pool, request, STARTING_NOTE_S))
 
 
 def decode(args) -> int:
+    from engine.errors import InputError
+    from engine.outputs.latents import check_latents_file
     from engine.service.worker import WorkerClient
+    from ui.terminal import follow
 
-    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, outputs_dir=args.outputs)
-    return _follow(client, client.decode(args.latents, tiled=args.tiled, on_cpu=args.cpu))
-
-
-def _follow(client, events) -> int:
-    """Print a job's progress and timings; the exit code says how it ended."""
-    from engine.events import Info, JobCancelled, JobFailed, JobFinished, PhaseStarted, StepFinished
-    from ui.views.job_view import JobView
-
-    view = JobView()
-    tty = sys.stderr.isatty()
     try:
-        while True:
-            try:
-                event = next(events)
-            except StopIteration:
-                break
-            except KeyboardInterrupt:
-                print("\nCancelling at the next step...", file=sys.stderr)
-                client.cancel()
-                continue
-            view.apply(event)
-            if isinstance(event, PhaseStarted):
-                print(f"[{view.label(event.phase)}]", file=sys.stderr)
-            elif isinstance(event, Info):
-                print(f"  {event.message}", file=sys.stderr)
-            elif isinstance(event, StepFinished):
-                filled = int(30 * event.step / event.total)
-                bar = "#" * filled + "." * (30 - filled)
-                line = (f"  [{bar}] step {event.step}/{event.total}  {event.seconds:.2f} s/step  "
-                        f"ETA {event.eta_seconds:.0f} s")
-                print(("\r" + line) if tty else line, end="" if tty and event.step < event.total else "\n",
-                      file=sys.stderr, flush=True)
-    finally:
-        client.close()
-    _print_timings(view, sys.stdout)
-    if isinstance(view.result, JobFinished):
-        for path in view.result.paths:
-            print(f"Wrote {path}")
-        print(f"Sidecar {view.result.sidecar}")
-        print(f"Seed {view.result.seed}")
-        if view.result.note:
-            print(view.result.note)
-        return EXIT_OK
-    if isinstance(view.cancelled, JobCancelled):
-        print(view.status, file=sys.stderr)
-        return EXIT_CANCELLED
-    failure = view.failure
-    assert isinstance(failure, JobFailed)
-    if len(failure.problems) > 1:
-        print(f"error: {view.status}", *(f"  - {problem}" for problem in failure.problems), sep="\n", file=sys.stderr)
-    else:
-        print(f"error: {failure.text}", file=sys.stderr)
-    if failure.latents:
-        print(f"Latents saved: {failure.latents}\nDecode them again with: python app.py decode {failure.latents} "
-              "--tiled (or --cpu)", file=sys.stderr)
-    return EXIT_BAD_INPUT if failure.kind in ("input", "model") else EXIT_FAILED
+        check_latents_file(args.latents)   # before an engine starts
+    except InputError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, outputs_dir=args.outputs)
+    return follow(client, client.decode(args.latents, tiled=args.tiled, on_cpu=args.cpu))
 
 
 # ----- plan ---------------------------------------------------------------
@@ -432,7 +377,8 @@ def serve(args) -> int:
     served = prepare_served_dir()   # before gradio is imported
     from starlette.middleware import Middleware
 
-    from ui.app_ui import MAX_QUEUE, PAGE_CSS, STATE_SESSIONS, build_app, server_threads
+    from ui.api_defaults import TrailingDefaults
+    from ui.app_ui import MAX_QUEUE, PAGE_CSS, PAGE_JS, STATE_SESSIONS, build_app, server_threads
     from ui.context import AppContext
     from ui.guard import Guard, HostAllowList, LoginThrottle
 
@@ -451,12 +397,13 @@ def serve(args) -> int:
             demo.launch(server_name=host, server_port=args.port,
                         share=args.share, auth=auth, inbrowser=not args.no_browser,
                         allowed_paths=[str(Path(args.outputs).resolve())], max_file_size="50mb",
-                        footer_links=["api"], css=PAGE_CSS, max_threads=server_threads(max_queue), quiet=True,
+                        footer_links=["api"], css=PAGE_CSS, js=PAGE_JS, max_threads=server_threads(max_queue),
+                        quiet=True,
                         prevent_thread_lock=True, state_session_capacity=STATE_SESSIONS,
                         app_kwargs={"middleware": [Middleware(
                             Guard, hosts=HostAllowList.for_server(args.host, args.listen, args.share,
                                                                   args.allowed_host),
-                            throttle=LoginThrottle(), uploads_folder=served)]})
+                            throttle=LoginThrottle(), uploads_folder=served), Middleware(TrailingDefaults)]})
         except OSError as exc:
             if "empty port" not in str(exc):
                 raise
@@ -478,4 +425,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from engine.own_python import run_in_own_python
+
+    own = run_in_own_python(ROOT, Path(__file__).resolve(), sys.argv[1:])   # the .venv's Python, when not this one
+    sys.exit(main() if own is None else own)

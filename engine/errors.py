@@ -6,7 +6,7 @@ the one JobFailed event a job ends with (its ``kind``: engine/events.py FailureK
     ├── InputError        a setting, prompt or image (this module)            → "input": not started
     │   └── ImageError    (engine/settings/images.py)
     └── ModelError        a model reference, folder or download (this module) → "model": not started
-        ├── DownloadError (engine/models/download.py)
+        ├── DownloadError a download that cannot start or did not finish (this module): its own sentence
         └── DeleteRefused (engine/service/model_files.py)
     QueueFull             the queue is full (engine/service/jobqueue.py)       → "queue": not started
     OSError
@@ -39,3 +39,8 @@ class InputError(ValueError):
 
 class ModelError(ValueError):
     """The model reference cannot be used; the message says what to change."""
+
+
+class DownloadError(ModelError):
+    """A download that cannot start or did not finish (no network, no room, an unknown repo); the message says
+    what to do, in one sentence."""

@@ -3,11 +3,15 @@ from __future__ import annotations
 
 
 def sentence(text: str) -> str:
-    """``text`` as a sentence: a capital first letter and a full stop (or its own ? or !) at the end."""
+    """``text`` as a sentence: a capital first letter and a full stop (or its own ? or !) at the end. A first word
+    that is a name as written (a file, a folder, a model: ``notes.png``, ``selftest-t2v``, ``org/name``: a dot, a
+    slash, an underscore or a digit in it) keeps its letters."""
     text = text.strip()
     if not text:
         return text
-    text = text[0].upper() + text[1:]
+    first = text.split(maxsplit=1)[0].rstrip(",:;")
+    if not (any(mark in first for mark in "./\\_") or any(c.isdigit() for c in first)):
+        text = text[0].upper() + text[1:]
     return text if text.endswith((".", "?", "!")) else text + "."
 
 

@@ -22,6 +22,7 @@ os.environ.setdefault("WAN_STUDIO_CALIBRATE", "0")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from engine.words import sentence
 from engine.device.hardware import HardwareProfile  # noqa: E402
 from engine.models.selftest import (  # noqa: E402
     _TEXT_DIM,
@@ -148,8 +149,9 @@ def shown(markdown: str) -> str:
 
 
 def said(clause: str) -> str:
-    """How a problem's clause reads in a message: as a sentence, with a capital first letter."""
-    return clause[:1].upper() + clause[1:]
+    """How a problem's clause reads in a message: as a sentence, with a capital first letter (a name as its first
+    word keeps its letters: engine/words.py)."""
+    return sentence(clause).removesuffix(".") if not clause.endswith(".") else sentence(clause)
 
 
 def tiny_request(presets, model: str, outputs: Path, mode: str = "t2v", **overrides) -> GenerationRequest:

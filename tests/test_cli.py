@@ -2,8 +2,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -225,3 +232,107 @@ def test_generate_with_a_lora_of_nan_weights_exits_non_zero_naming_it(selftest_m
             f"{len(diffusers_lora())} tensors") in done.stderr
     assert "it is damaged; remove it or download it again." in done.stderr
     assert not list(outputs.rglob("*.mp4")) and "Wrote" not in done.stdout
+
+
+# ----- a new user's terminal --------------------------------------------------------------------------------
+def test_the_first_line_says_the_engine_is_starting_and_the_table_times_it_and_nothing_leaks(selftest_models_dir,
+                                                                                            outputs):
+    done = generate("--model", "selftest-t2v", "--prompt", "a cat", "--steps", "2",
+                    models_dir=selftest_models_dir, outputs=outputs)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == "[Engine start (libraries)]"
+    assert re.search(r"^  Engine start \(libraries\) +\d+\.\d{3} s", done.stdout, re.M), done.stdout
+    assert "leaked semaphore" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_bad_input_is_refused_before_any_engine_starts(selftest_models_dir, outputs):
+    for args in (("--width", "70"), ("--prompt", " "), ("--model", "selftest-i2v")):
+        done = generate("--model", "selftest-t2v", "--prompt", "a cat", *args, models_dir=selftest_models_dir,
+                        outputs=outputs, timeout=60)
+        assert done.returncode == 2 and done.stderr.startswith("error: "), (args, done.stderr)
+        assert "Engine start" not in done.stderr + done.stdout and len(done.stderr.splitlines()) == 1, done.stderr
+
+
+def test_ctrl_c_cancels_at_the_next_step_and_exits_130_without_a_traceback(selftest_models_dir, outputs):
+    """As a terminal sends it: SIGINT to the whole process group, the engine process included."""
+    command = app_command("generate", "--models-dir", str(selftest_models_dir), "--outputs", str(outputs),
+                          "--model", "selftest-t2v", "--prompt", "a cat", "--steps", "200", "--width", "256",
+                          "--height", "256", "--frames", "33")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=app_env(),
+                               cwd=ROOT, start_new_session=True,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stderr.readline, "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 150
+    while not any("] step 2/200" in line for line in lines) and time.monotonic() < deadline:
+        assert process.poll() is None, "".join(lines)
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGINT)
+    out = process.stdout.read()
+    assert process.wait(timeout=120) == 130
+    reader.join(10)
+    err = "".join(lines)
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err and "leaked" not in err, err
+    assert "Cancelling at the next step" in err and "Cancelled during the denoising, after step" in err, err
+    assert "cancelled after step" in out and not list(outputs.rglob("*.mp4"))
+    gone = time.monotonic() + 20   # the engine process ends with the app
+    while time.monotonic() < gone:
+        try:
+            os.killpg(process.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        pytest.fail("the engine process outlived the app")
+
+
+def test_decode_of_a_file_that_is_not_saved_latents_exits_2_with_one_sentence(tmp_path, selftest_models_dir):
+    notes = tmp_path / "notes.png"
+    notes.write_bytes(b"not an image at all")
+    fake = tmp_path / "fake.latents.safetensors"
+    fake.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
+    for path, words in ((notes, "notes.png is not saved latents"), (fake, "fake.latents.safetensors is not latents"),
+                        (tmp_path / "gone.latents.safetensors", "does not exist")):
+        done = subprocess.run(app_command("decode", str(path), "--models-dir", str(selftest_models_dir)),
+                              capture_output=True, text=True, timeout=60, env=app_env(), cwd=ROOT)
+        assert done.returncode == 2 and words in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1 and "Latents saved" not in done.stderr and not done.stdout
+
+
+def _outside_python() -> str:
+    """The interpreter the test's own .venv was made from: one without the app's packages, as a new user's
+    ``python`` is."""
+    base = Path(sys.base_prefix)
+    return str(base / "python.exe" if os.name == "nt" else base / "bin" / "python3")
+
+
+def _readme_commands() -> list[str]:
+    """Every whole ``python app.py ...`` command the README shows (in a code block or inline), without those with
+    placeholders (TEXT, [--option], ...) or that start a server."""
+    text = (ROOT / "README.md").read_text()
+    found = [m.group(1) for m in re.finditer(r"`(python app\.py[^`\n]*)`", text)]
+    for block in re.findall(r"```[a-z]*\n(.*?)```", text, re.S):
+        found += [line.split("  #")[0].strip() for line in block.splitlines() if line.startswith("python app.py")]
+    whole = [c.strip() for c in found if not re.search(r"\[|\b[A-Z]{3,}\b|\.\.\.\"?$| serve|hardware my-", c)]
+    return sorted(set(whole))
+
+
+def test_the_readme_s_commands_work_as_written_from_a_python_without_the_app_s_packages(tmp_path):
+    """`python app.py ...` started by another Python runs in the project's .venv (the launchers made it)."""
+    python = _outside_python()
+    missing = subprocess.run([python, "-c", "import torch"], capture_output=True)
+    assert missing.returncode != 0, "the base interpreter has torch: this test needs one without"
+    commands = _readme_commands()
+    assert "python app.py doctor" in commands and 'python app.py generate --model selftest-t2v --prompt "a cat"' in commands
+    env = app_env(WAN_MODELS_DIR=str(tmp_path / "models"), WAN_OUTPUTS_DIR=str(tmp_path / "outputs"))
+    for command in commands:
+        words = shlex.split(command)
+        done = subprocess.run([python, *words[1:]], capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
+        assert "Traceback" not in done.stderr and "ModuleNotFoundError" not in done.stderr, (command, done.stderr)
+        if " plan " in command or "--split" in command:   # this machine may be too small: said in a sentence
+            assert done.returncode in (0, 1, 2) and (done.returncode == 0 or "error:" in done.stderr
+                                                     or "fits: NO" in done.stdout), (command, done.stderr)
+        else:
+            assert done.returncode == 0, (command, done.stderr)
+    assert list((tmp_path / "outputs").rglob("*.mp4"))   # the generate command wrote its video there

@@ -4,6 +4,7 @@ from __future__ import annotations
 import gradio as gr
 
 from engine import APP_NAME, __version__
+from engine.service.model_files import LoadedFiles
 from ui import simple_api
 from ui.context import AppContext
 from ui.generate import owner_of
@@ -27,6 +28,20 @@ STATE_SESSIONS = 300
 SERVER_THREADS = 40
 # The page's own styles: results at their own size (a 64x64 video is not blown up to the column's width),
 # the status as a box of its own, the preset cards' buttons as buttons.
+# The page's own script: Enter in a LoRA slider's number box commits it as Tab does (gradio's slider takes a
+# typed value when its box loses focus).
+PAGE_JS = """
+() => {
+  document.addEventListener("keydown", (event) => {
+    const box = event.target;
+    if (event.key === "Enter" && box instanceof HTMLInputElement && box.type === "number"
+        && box.closest("[id*='-lora-slider-']")) {
+      event.preventDefault();
+      box.blur();
+    }
+  });
+}
+"""
 PAGE_CSS = """
 #t2v-video video, #i2v-video video, #decode-video video, #history-video video,
 #t2i-image img { width: auto !important; height: auto !important; max-width: 100%; max-height: 100%;
@@ -69,11 +84,18 @@ def build_app(ctx: AppContext) -> gr.Blocks:
         def unload_model(session: gr.Request = None):
             # In the queue like a job: it waits for the running one to end instead of cutting in.
             # Every engine's model goes: the turn waits until all of them are free.
+            def held():
+                return any(not isinstance(files, LoadedFiles) or files.model for files in ctx.client.all_loaded_files())
+
+            if not held() and not ctx.jobs.running_jobs:   # nothing to wait for, nothing to give back
+                return "No model was loaded: nothing to unload."
             with ctx.jobs.turn(owner_of(session), "unload", engines=ctx.jobs.engines):
+                had = held()
                 ctx.client.unload()
                 for slot in range(ctx.jobs.engines):
                     ctx.jobs.forget(slot)
-            return "The model was unloaded; the next run loads it again."
+            return ("The model was unloaded; the next run loads it again." if had else
+                    "No model was loaded: nothing to unload.")
 
         unload_btn.click(unload_model, None, unload_status, api_name="unload", concurrency_id="unload")
         simple_api.build(ctx)

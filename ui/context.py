@@ -5,6 +5,7 @@ import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from engine.device.hardware import HardwareProfile
 from engine.folders import inside
 from engine.models.loras import Lora, as_lora
 from engine.models.refs import REPO_ID, check_ref_length
@@ -172,6 +173,23 @@ class AppContext:
                 if self.presets[name].settings.model == self.default_model:
                     return name
         return names[0]
+
+    def fitting_preset(self, mode: str, hardware: HardwareProfile) -> str:
+        """The first of the mode's built-in presets whose plan fits ``hardware`` (the presets list the app's
+        choices best first), else its self-test preset: what a tab starts on when no --model was given."""
+        from engine.service.ahead import plan_settings
+
+        names = self.presets_for(mode)
+        for name in names:
+            preset = self.presets[name]
+            if preset.selftest or (self.user_presets is not None and self.user_presets.is_user(name)):
+                continue
+            try:
+                if plan_settings(preset.settings, hardware, self.client.catalog).fits:
+                    return name
+            except (InputError, ModelError, OSError):   # a model not known before its download
+                continue
+        return next((name for name in names if self.presets[name].selftest), names[0])
 
     def model_for(self, mode: str) -> str:
         """The model a tab starts with: --model, unless presets show it is made for the other kind of tab."""

@@ -27,6 +27,8 @@ from ui.views.job_view import JobView
 
 # Every event that runs the engine is in this concurrency group; the JobQueue orders them.
 GPU_QUEUE = "gpu"
+# A Generate click this long after this page's job joined the queue is a second one, told it waits its turn.
+AGAIN_AFTER_S = 1.5
 # Seconds between a waiting job's updates of its place and estimate.
 WAIT_UPDATE_S = 1.0
 # The least time between a running job's page updates for steps and previews (others are shown at once).
@@ -233,9 +235,26 @@ def start_job(button: gr.Button, cancel_button: gr.Button, fn, inputs: dict, out
     page's Cancel turns red from the click until that job has ended. Returns the job's event, for what follows."""
     armed = button.click(lambda: gr.Button(variant="stop"), None, cancel_button, queue=False,
                          api_visibility="private", show_progress="hidden")
+    # The page sends no second click of a button whose job has not ended: this listener, taking every click,
+    # says why nothing starts.
+    def again(session: gr.Request = None):
+        still_yours(ctx, session)
+
+    button.click(again, None, None, trigger_mode="multiple", concurrency_limit=None, api_visibility="private",
+                 show_progress="hidden")
     run = armed.then(fn, inputs_kwargs=inputs, outputs=outputs, api_name=api_name, **gpu_event(ctx))
     when_ended(run, lambda: gr.Button(variant="secondary"), None, cancel_button)
     return run
+
+
+def still_yours(ctx: AppContext, session: gr.Request | None) -> None:
+    """A click of Generate while this page's own job waits or runs (joined a moment ago or more: not the click
+    that started it) is told so."""
+    ticket = ctx.jobs.held_for(owner_of(session), joined_before=AGAIN_AFTER_S)
+    if ticket is not None:
+        state = "is still running" if ticket.started is not None else "is still waiting for its turn"
+        gr.Warning(f"Your {ticket.what} job {state}: wait for it to end, or Cancel it, then Generate again.",
+                   duration=6, title="Not started")
 
 
 def gpu_event(ctx: AppContext) -> dict:

@@ -1,9 +1,13 @@
 """What the app knows of each model it was asked about, read once per version of the model's files.
 
-The plan panel asks on every change of the form, and every job's check asks again: without this each
-question re-read the model's configs and every safetensors header. A model is read again only when its
-files change (a file added, removed, resized or rewritten: its stat changes), which costs a directory walk
-and no read. One catalog belongs to one app (the worker client owns it): nothing here is module-level.
+The plan panel asks on every change of the form, every job's check asks again, and the engine asks once the
+model's files are here: without this each question re-read the model's configs and every safetensors header.
+A model is read again only when its files change (a file added, removed, resized or rewritten: its stat
+changes), which costs a directory walk and no read. The answer is a ``ModelInfo``: the spec (its kind, shapes
+and sizes), its limits, and the single transformer files a job puts in place of its own.
+
+One catalog belongs to one process (the worker client owns the app's, the Engine the engine process's):
+nothing here is module-level.
 """
 from __future__ import annotations
 
@@ -12,9 +16,10 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from engine.models.limits import Limits, limits_of
-from engine.models.refs import check_model_folder, classify_ref, hub_cache_dir
+from engine.models.refs import ResolvedModel, check_model_folder, classify_ref, hub_cache_dir, locate_model
 from engine.errors import ModelError
 from engine.models.single_file import (TransformerFile, check_transformer_files, read_transformer_file,
                                        spec_with_files, transformer_paths)
@@ -56,13 +61,26 @@ def files_stamp(folder: Path) -> tuple:
     return tuple(stamp)
 
 
-def find_spec(ref: str) -> ModelSpec:
-    """The model's spec: from its files when they are here, else from the table of known models."""
-    spec = spec_for(ref, model_folder(ref))
+def find_spec(ref: str, folder: Path | None) -> ModelSpec:
+    """The model's spec: from its files in ``folder`` when they are there, else from the table of known models."""
+    spec = spec_for(ref, folder)
     if spec is None:
         raise ModelError(f"{ref} is not downloaded and not one of the known Wan models, so its size is unknown; "
                          "download it first or give a local folder")
     return spec
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One model as a job uses it: its spec with the job's single transformer files counted in it (its kind,
+    ``spec.image_to_video``, ``takes_image``, ``first_last``; its shapes and sizes), and so its limits."""
+    ref: str
+    spec: ModelSpec
+    files: tuple[TransformerFile | None, ...] = ()   # one per expert, None: its own; () when all are its own
+
+    @property
+    def limits(self) -> Limits:
+        return limits_of(self.spec)
 
 
 @dataclass
@@ -74,23 +92,32 @@ class ModelCatalog:
     _files: OrderedDict = field(default_factory=OrderedDict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def spec(self, ref: str) -> ModelSpec:
-        """The spec of ``ref`` (ModelError when it cannot be known here)."""
-        folder = model_folder(ref)
-        key = (ref, str(folder), files_stamp(folder) if folder else None)
+    def spec(self, ref: str, folder: Path | None = None) -> ModelSpec:
+        """The spec of ``ref``, read from ``folder`` (default: where the model is on this machine, if anywhere);
+        ModelError when it cannot be known here."""
+        folder = model_folder(ref) if folder is None else folder
+        return self._spec(ref, folder, files_stamp(folder) if folder else None)
+
+    def _spec(self, ref: str, folder: Path | None, stamp: tuple | None) -> ModelSpec:
+        key = (ref, str(folder), stamp)
         found = self._recall(self._specs, key)
         if found is None:
-            found = find_spec(ref)
+            found = find_spec(ref, folder)
             self._keep(self._specs, key, found)
         return found
 
-    def settings_spec(self, settings) -> ModelSpec:
-        """The spec of the settings' model with their single transformer files in place of its own, each checked
-        against the model's transformer (InputError saying what to change)."""
-        spec = self.spec(settings.model)
-        files = tuple(self.transformer_file(path) if path else None for path in transformer_paths(settings))
+    def info(self, settings, folder: Path | None = None) -> ModelInfo:
+        """The settings' model with their single transformer files in place of its own, each checked against the
+        model's transformer (InputError saying what to change; ModelError when the model cannot be known)."""
+        spec = self.spec(settings.model, folder)
+        files = self.transformer_files(settings)
         check_transformer_files(spec, files, spec.name)
-        return spec_with_files(spec, files)
+        return ModelInfo(settings.model, spec_with_files(spec, files), files)
+
+    def transformer_files(self, settings) -> tuple[TransformerFile | None, ...]:
+        """The settings' single transformer files, one per expert (None: its own); () when there are none."""
+        files = tuple(self.transformer_file(path) if path else None for path in transformer_paths(settings))
+        return files if any(files) else ()
 
     def transformer_file(self, path: str) -> TransformerFile:
         """A transformer file's header, read again only when the file changes (InputError when it cannot be used)."""
@@ -126,10 +153,32 @@ class ModelCatalog:
         if classify_ref(ref) != "local":
             return
         folder = Path(ref.strip()).expanduser()
-        key = (str(folder), files_stamp(folder))
-        if self._recall(self._checked, key) is None:
-            check_model_folder(folder, ref.strip())
-            self._keep(self._checked, key, True)
+        self._folder_facts(ref.strip(), folder, files_stamp(folder))
+
+    def resolve(self, ref: str, models_dir: Path,
+                on_progress: Callable[[float, float | None, str], None] | None = None) -> ResolvedModel:
+        """``ref`` as a checked local folder (a self-test model built, a Hub model downloaded if needed), its folder
+        checked and its spec read once per version of its files (the Engine's way to a model)."""
+        ref = (ref or "").strip()
+        folder, source, revision = locate_model(ref, models_dir, on_progress)
+        stamp = files_stamp(folder)
+        return ResolvedModel(ref, folder, source, revision, *self._folder_facts(ref, folder, stamp),
+                             self._known(ref, folder, stamp))
+
+    def _folder_facts(self, ref: str, folder: Path, stamp: tuple) -> tuple:
+        """(pipeline class, components, expand_timesteps) of a checked folder (ModelError when it is broken)."""
+        key = (str(folder), stamp)
+        facts = self._recall(self._checked, key)
+        if facts is None:
+            facts = check_model_folder(folder, ref)
+            self._keep(self._checked, key, facts)
+        return facts
+
+    def _known(self, ref: str, folder: Path, stamp: tuple) -> ModelSpec | None:
+        try:
+            return self._spec(ref, folder, stamp)
+        except ModelError:
+            return None
 
     def _recall(self, memory: OrderedDict, key):
         with self._lock:

@@ -17,7 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Callable
 
 from engine.models.refs import REPO_ID, hub_cache_dir, hub_offline
-from engine.errors import ModelError
+from engine.errors import DownloadError, ModelError
 
 # Kept free beyond the files themselves, so that a download never fills the disk to its last byte.
 SPARE_BYTES = 256 << 20
@@ -35,10 +35,6 @@ def size_words(size: int) -> str:
         if size >= scale:
             return f"{size / scale:.1f} {unit}"
     return f"{size} B"
-
-
-class DownloadError(ModelError):
-    """A download that cannot start or did not finish; the message says what to do."""
 
 
 @dataclass(frozen=True)

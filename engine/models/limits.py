@@ -14,6 +14,9 @@ from engine.models.spec import ModelSpec
 # The most frames and pixels across the app asks of any model (the settings' bounds: engine/settings/values.py).
 MIN_SIDE, MAX_SIDE = 32, 2048
 MAX_FRAMES = 257
+# Width and height are multiples of this for every Wan model (its VAE's 8x times its patch's 2); a model's own
+# (32 for Wan2.2 TI2V-5B: 16x times 2) is its spec's ``size_multiple``, checked once the model is known.
+SIDE_MULTIPLE = 16
 
 
 @dataclass(frozen=True)

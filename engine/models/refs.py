@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from engine.errors import ModelError
+from engine.errors import DownloadError, ModelError
 from engine.models.selftest import SELFTEST_REFS, ensure_selftest_model
 from engine.models.spec import ModelSpec, spec_for
 from engine.models.weights import WeightFileError, read_header
@@ -200,13 +200,22 @@ def _download(repo_id: str, on_progress) -> Path:
             tqdm_class=_progress_class(on_progress) if on_progress else None)
     except LocalEntryNotFoundError as exc:
         if offline:
-            raise ModelError(
+            raise DownloadError(
                 f"{repo_id} is not in the Hugging Face cache and offline mode is on (HF_HUB_OFFLINE=1); go "
                 "online once to download it, or give a local folder") from exc
-        raise ModelError(f"could not download {repo_id}: {exc}; check the network and the repo id") from exc
+        # The hub client's own words ("An error happened while trying to locate the files...") name no cause.
+        raise DownloadError(f"{repo_id} is not downloaded and the Hugging Face Hub cannot be reached from this "
+                            "machine (no network, or a proxy in the way); connect and try again, or pick a model "
+                            "that is downloaded") from exc
     except Exception as exc:  # network, auth or unknown-repo errors from the hub client
-        raise ModelError(f"could not download {repo_id} ({exc.__class__.__name__}: {exc}); check the repo id and the network") from exc
+        raise DownloadError(f"could not download {repo_id} ({exc.__class__.__name__}: {first_line(exc)}); check "
+                            "the repo id and the network") from exc
     return Path(path)
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line (the hub client's errors run to paragraphs)."""
+    return (str(exc).strip().splitlines() or [exc.__class__.__name__])[0]
 
 
 def is_hub_ref(ref: str) -> bool:
@@ -251,18 +260,24 @@ def classify_ref(ref: str) -> str:
         f"({', '.join(SELFTEST_REFS)})")
 
 
-def resolve_model(ref: str, models_dir: Path,
-                  on_progress: Callable[[float, float | None, str], None] | None = None) -> ResolvedModel:
-    """Turn a model reference into a checked local folder (downloading a hub model if needed)."""
+def locate_model(ref: str, models_dir: Path,
+                 on_progress: Callable[[float, float | None, str], None] | None = None) -> tuple[Path, str, str]:
+    """(its local folder, its source, its revision) for a model reference: a self-test model built, a Hub model
+    downloaded if needed."""
     ref = (ref or "").strip()
     source = classify_ref(ref)
     if source == "selftest":
-        folder, revision = ensure_selftest_model(ref, models_dir), "builtin"
-    elif source == "local":
-        folder, revision = Path(ref).expanduser().resolve(), "local"
-    else:
-        folder = _download(ref, on_progress)
-        revision = folder.name
-    pipeline_class, components, expand_timesteps = check_model_folder(folder, ref)
-    return ResolvedModel(ref, folder, source, revision, pipeline_class, components, expand_timesteps,
-                         spec_for(ref, folder))
+        return ensure_selftest_model(ref, models_dir), source, "builtin"
+    if source == "local":
+        return Path(ref).expanduser().resolve(), source, "local"
+    folder = _download(ref, on_progress)
+    return folder, source, folder.name
+
+
+def resolve_model(ref: str, models_dir: Path,
+                  on_progress: Callable[[float, float | None, str], None] | None = None) -> ResolvedModel:
+    """Turn a model reference into a checked local folder (downloading a hub model if needed), its files read
+    (the Engine's ModelCatalog.resolve does the same, reading them once per version)."""
+    ref = (ref or "").strip()
+    folder, source, revision = locate_model(ref, models_dir, on_progress)
+    return ResolvedModel(ref, folder, source, revision, *check_model_folder(folder, ref), spec_for(ref, folder))

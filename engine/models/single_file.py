@@ -323,12 +323,10 @@ def spec_with_files(spec: ModelSpec, files: tuple[TransformerFile | None, ...]) 
     return replace(spec, transformer_files=weights if any(weights) else ())
 
 
-def use_transformer_files(resolved: ResolvedModel, settings) -> ResolvedModel:
-    """``resolved`` with the settings' transformer files read, checked against its transformer and counted in its
-    spec; InputError before anything loads when one does not fit."""
-    files = tuple(read_transformer_file(path) if path else None for path in transformer_paths(settings))
-    if not any(files):
-        files = ()
+def use_transformer_files(resolved: ResolvedModel, files: tuple[TransformerFile | None, ...]) -> ResolvedModel:
+    """``resolved`` with these single transformer files (read by the catalog: ModelCatalog.transformer_files)
+    checked against its transformer and counted in its spec; InputError before anything loads when one does not
+    fit."""
     name = resolved.spec.name if resolved.spec else resolved.ref
     if resolved.spec is not None:
         check_transformer_files(resolved.spec, files, name)

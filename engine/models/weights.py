@@ -7,7 +7,11 @@ import os
 import struct
 from pathlib import Path
 
-WEIGHTED_COMPONENTS = ("transformer", "transformer_2", "text_encoder", "image_encoder", "vae")
+from engine.errors import InputError
+from engine.models.components import Component
+
+# The components whose weights a model folder holds: every one there is (tokenizer and scheduler have none).
+WEIGHTED_COMPONENTS = tuple(Component)
 
 
 # Header limits, about twice what the largest published Wan files need (docs/data/header-sizes.json, measured
@@ -164,12 +168,18 @@ def files_under(folder: Path, suffixes: tuple[str, ...]) -> list[str]:
                    if path.suffix.lower() in suffixes and path.is_file()), key=str.lower)
 
 
-def find_file(file: str, folder: Path) -> str:
+def find_file(file: str, folder: Path, must_exist: bool = False) -> str:
     """A file the command line names, as an absolute path: as given (from the working folder), else by that name in
-    ``folder`` (the models folder's loras/ or transformers/); a file in neither is returned as given, for the
-    settings' check to say it is not there."""
+    ``folder`` (the models folder's loras/ or transformers/). A weights file in neither is refused naming both
+    (InputError), unless it need not exist yet (``must_exist`` False: a preset's LoRA the engine fetches), when it
+    is returned as given."""
     path = Path(file).expanduser()
     if path.is_absolute() or path.exists():
         return os.path.abspath(path)
     in_folder = Path(folder) / path
-    return str(in_folder.resolve()) if in_folder.is_file() else os.path.abspath(path)
+    if in_folder.is_file():
+        return str(in_folder.resolve())
+    if must_exist and path.suffix.lower() in (".safetensors", ".gguf"):   # the check would name only one place
+        raise InputError(f"{file} is neither in this folder ({os.getcwd()}) nor in {Path(folder).resolve()}: "
+                         f"check its name, or put it in {Path(folder).resolve()}")
+    return os.path.abspath(path)

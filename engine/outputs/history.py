@@ -49,6 +49,8 @@ class HistoryEntry:
     seed: int
     fps: int | None = None                    # of the file written (None for a still)
     strategy: str | None = None               # the memory plan's strategy, as it ran
+    device: str | None = None                 # the plan's device ("cpu" on a machine without a GPU)
+    speed: dict = field(default_factory=dict)  # the run's speed record (decoder, step cache, attention, ...)
     timings: dict[str, float] = field(default_factory=dict)   # phase -> seconds, in run order
     peak_vram_gb: float | None = None
     peak_ram_gb: float | None = None
@@ -161,8 +163,10 @@ def _entry(sidecar: Path, bundle: Bundle, media: Path, record: Sidecar) -> Histo
     return HistoryEntry(
         key=f"{sidecar.parent.name}/{media.name}", kind=media_kind(media), media=str(media), sidecar=str(sidecar),
         created=created, settings=record.settings(), prompt=record.prompt, negative_prompt=record.negative_prompt,
-        preset=record.preset or None, seed=record.seed, fps=record.fps, strategy=record.strategy, timings=dict(record.timings), peak_vram_gb=record.peak_vram_gb,
-        peak_ram_gb=record.peak_ram_gb, first_image=_kept_input(bundle, "image", record.inputs),
+        preset=record.preset or None, seed=record.seed, fps=record.fps, strategy=record.strategy,
+        device=record.device, speed=dict(record.speed or {}), timings=dict(record.timings),
+        peak_vram_gb=record.peak_vram_gb, peak_ram_gb=record.peak_ram_gb,
+        first_image=_kept_input(bundle, "image", record.inputs),
         last_image=_kept_input(bundle, "last_image", record.inputs), note=note)
 
 

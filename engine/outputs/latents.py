@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 
 from engine.atomic import write_atomically
+from engine.errors import InputError
+from engine.models.weights import read_header
 from engine.outputs.bundle import LATENTS_SUFFIX, Bundle, listed
 
 DEFAULT_KEEP_HOURS = 24.0
@@ -35,17 +37,32 @@ def saved_latents(outputs_dir: Path | str) -> list[Bundle]:
 
 def read_metadata(path: Path) -> dict:
     """The metadata of a latents file, from its header only."""
-    from engine.models.weights import _header
+    return json.loads(read_header(Path(path)).get("__metadata__", {}).get("wan_studio", "{}"))
 
-    return json.loads(_header(Path(path)).get("__metadata__", {}).get("wan_studio", "{}"))
+
+def check_latents_file(path: Path | str) -> Path:
+    """``path`` when it is a latents file the app saved (its header read, no tensor); InputError saying what to
+    pick otherwise."""
+    path = Path(path).expanduser()
+    pick = (f"pick a *{LATENTS_SUFFIX} file from the outputs folder (a run saves one beside its video, and History "
+            "lists them)")
+    if not path.is_file():
+        raise InputError(f"{path} does not exist; {pick}")
+    if not path.name.endswith(LATENTS_SUFFIX):
+        raise InputError(f"{path.name} is not saved latents; {pick}")
+    try:
+        holds = "latents" in read_header(path)
+    except (OSError, ValueError):
+        holds = False
+    if not holds:
+        raise InputError(f"{path.name} is not latents this app saved (its header is not one), or it is damaged; {pick}")
+    return path
 
 
 def load_latents(path: Path):
     from safetensors.torch import load_file
 
-    path = Path(path)
-    if not path.is_file() or not path.name.endswith(LATENTS_SUFFIX):
-        raise FileNotFoundError(f"{path} is not a saved latents file (*{LATENTS_SUFFIX})")
+    path = check_latents_file(path)
     return load_file(str(path))["latents"], read_metadata(path)
 
 

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from engine import __version__
+from engine.models.limits import SIDE_MULTIPLE
 from engine.device.runtime import peak_vram_gb
 from engine.outputs.bundle import Bundle
 from engine.outputs.export import Mp4Stream, ensure_room, expected_bytes, write_mp4, write_png
@@ -75,6 +76,8 @@ def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: 
     count, height, width = (int(n) for n in getattr(frames, "shape", frames)[:3])
     fps = request.settings.fps if request.settings.mode != "t2i" else None
     parameters = {k: v for k, v in request.to_dict().items() if k not in ("prompt", "negative_prompt", "outputs_dir")}
+    # The model's own (its spec's; sidecars always held it, when it was a setting too).
+    parameters["size_multiple"] = model.spec.size_multiple if model.spec is not None else SIDE_MULTIPLE
     details = {"ref": model.ref, "source": model.source, "revision": model.revision, "pipeline": model.pipeline_class}
     return Sidecar(
         **_made_with(request, parameters, details, timings, peak_ram_gb, hardware),

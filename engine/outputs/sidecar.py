@@ -150,6 +150,11 @@ class Sidecar:
         """The memory plan's strategy, as recorded (None without a plan)."""
         return _text_or_none(self.plan.get("strategy")) if self.plan else None
 
+    @property
+    def device(self):
+        """Where the plan ran the model ("cuda", "cpu", ...), as recorded (None without a plan)."""
+        return _text_or_none(self.plan.get("device")) if self.plan else None
+
     def settings(self) -> Settings:
         """The settings the output was made with: the numbers as read above, the rest from ``parameters``
         (what an older sidecar lacks takes Settings' defaults)."""

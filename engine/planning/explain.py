@@ -5,10 +5,13 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from engine.device.hardware import HardwareProfile
+from engine.models.components import Component
 from engine.models.spec import ModelSpec
 from engine.planning import memory as mem
 from engine.planning.phases import DISK_MARGIN_GB, Rung, compute_dtype, disk_copy_gb, disk_room, weights_gb
+from engine.planning.places import TransformerPlace
 from engine.planning.plan import Override, Plan, PlanRequest
+from engine.settings.choices import TextEncoderPlace
 
 RUNG_TEXT = {
     "all_on_device": "everything on the device",
@@ -70,14 +73,14 @@ def explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan, 
 
 
 def _explain_text_encoder(plan: Plan, te_gb: float, tr_gb: float) -> list[str]:
-    if plan.text_encoder == "offload":
+    if plan.text_encoder == TextEncoderPlace.OFFLOAD:
         return [f"The text encoder ({te_gb:.1f} GB) moves to the device only to encode the prompt, then back to RAM, "
                 f"so it never sits beside the {tr_gb:.1f} GB transformer while it denoises."]
-    if plan.text_encoder == "streamed":
+    if plan.text_encoder == TextEncoderPlace.STREAMED:
         return [f"The text encoder ({te_gb:.1f} GB) does not fit on the device whole beside the rest: it stays in "
                 f"RAM (pinned once when the model loads) and streams through the device layer by layer to encode "
                 f"each new prompt, many times faster than encoding on the CPU."]
-    if plan.text_encoder == "cpu":
+    if plan.text_encoder == TextEncoderPlace.CPU:
         return [f"The text encoder ({te_gb:.1f} GB) runs on the CPU: it would not fit on the device beside the rest."]
     return []
 
@@ -85,7 +88,7 @@ def _explain_text_encoder(plan: Plan, te_gb: float, tr_gb: float) -> list[str]:
 def _explain_transformer(spec: ModelSpec, hw: HardwareProfile, plan: Plan, tr_gb: float) -> list[str]:
     """Where the transformer's weights live when they do not simply sit on the device, and in what precision."""
     said = []
-    if plan.transformer == "disk":
+    if plan.transformer == TransformerPlace.DISK:
         if plan.fits:
             said.append(f"Slow: the {tr_gb:.1f} GB transformer is written to files on disk as it loads and read back "
                         f"block by block at every step, so each step waits on the disk; it is the last rung, taken "
@@ -93,9 +96,9 @@ def _explain_transformer(spec: ModelSpec, hw: HardwareProfile, plan: Plan, tr_gb
         if not disk_room(spec, hw):
             said.append(f"The disk has {hw.disk_free_gb:.1f} GB free, and this needs {disk_copy_gb(spec, hw):.1f} GB "
                         f"plus {DISK_MARGIN_GB:.0f} GB to spare: free some space.")
-    if plan.transformer in ("group", "leaf"):
+    if plan.transformer in (TransformerPlace.GROUP, TransformerPlace.LEAF):
         said.append(f"The {tr_gb:.1f} GB transformer stays in RAM and streams to the device "
-                    f"{'block by block' if plan.transformer == 'group' else 'layer by layer'}"
+                    f"{'block by block' if plan.transformer == TransformerPlace.GROUP else 'layer by layer'}"
                     + (" with pinned memory and a copy stream, overlapping copies with compute." if plan.use_stream
                        else " (no pinned memory or copy stream: memory is unified)."))
     if plan.fp8:
@@ -161,8 +164,8 @@ def _explain_cpu(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: P
     else:
         said = [f"No GPU found: on the CPU everything is held in RAM in float32, which needs "
                 f"{plan.predicted_peak_ram_gb:.1f} GB, but only {plan.budget_ram_gb:.1f} GB may be used; the "
-                f"weights alone take {sum(weights.values()):.1f} GB (text encoder {weights['text_encoder']:.1f} GB, "
-                f"transformer {weights['transformer']:.1f} GB)."]
+                f"weights alone take {sum(weights.values()):.1f} GB (text encoder "
+                f"{weights[Component.TEXT_ENCODER]:.1f} GB, transformer {weights[Component.TRANSFORMER]:.1f} GB)."]
     if override.strategy and override.strategy != "all_on_device":
         said.append(f"Strategy forced to '{plan.strategy}': on a CPU-only machine it changes no memory figure "
                     "(everything is in RAM either way); it only runs that strategy's offload hooks.")

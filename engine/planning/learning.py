@@ -3,7 +3,7 @@ the same model and plan: each phase takes the nearest run's measured seconds, sc
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Sequence
 
 from engine.planning.timing import PhaseTimes
@@ -12,6 +12,12 @@ from engine.planning.timing import PhaseTimes
 # (attention). Measured on an H200 from 8k to 33k tokens: 1.28 (14B, 5B) to 1.38 (1.3B), and 1.65 for 1.3B
 # from 33k to 76k tokens (docs/data/timing-h200.json).
 STEP_TOKEN_EXPONENT = 1.4
+# From one run, a step is taken to be at most this many times the time model's work (the rest a fixed cost a
+# pass): the model counts this machine's calibrated rates, which real kernels reach within a few times.
+MOST_SLOWER = 3.0
+# A decode measured in the other state (right after a load, or not) stands in for the model's figure only when
+# they differ by more than this factor: within it, the difference is the first decode's one-off costs.
+OTHER_STATE_OFF = 2.0
 
 
 @dataclass(frozen=True)
@@ -24,6 +30,14 @@ class MeasuredRun:
     pixels: int                        # width x height x frames
     step_seconds: float | None = None  # the mean step; None: the denoise phase over the steps
     loaded: bool = False               # the pipeline was already loaded (no load, no first-use costs)
+    model_step: float | None = None    # the time model's step for this run (all its passes), before any learning
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MeasuredRun":
+        return cls(**{k: v for k, v in data.items() if k in _RUN_FIELDS})
 
     @property
     def step(self) -> float | None:
@@ -67,16 +81,31 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
     said = f"learned from a run of {run.tokens} tokens, {run.steps} steps"
     step = prediction.step_seconds
     if run.step and "denoise" in seconds:
-        step = run.step / run.passes * (prediction.tokens / run.tokens) ** a * prediction.passes
+        fitted = _affine_step(runs, run, prediction)
+        if fitted is not None:
+            step, words = fitted
+        else:   # runs from before the model's own step was kept: scaled by tokens alone
+            step = run.step / run.passes * (prediction.tokens / run.tokens) ** a * prediction.passes
+            words = f"{run.step:.3f} s a step x (tokens ratio)^{a:.2f} x passes ratio"
         rest = max(run.seconds.get("denoise", 0.0) - run.step * run.steps, 0.0) * prediction.pixels / run.pixels
         seconds["denoise"] = step * prediction.steps + rest
-        how["denoise"] = f"{said}: {run.step:.3f} s a step x (tokens ratio)^{a:.2f} x passes ratio"
+        how["denoise"] = f"{said}: {words}"
     for phase in ("vae_decode", "export"):
         # The first decode after a load pays one-off costs (1.80 s later, 3.01 s first on an H200): a decode is
-        # learned only from a run in the same state.
-        if phase in run.seconds and phase in seconds and (phase != "vae_decode" or run.loaded == prediction.loaded):
-            seconds[phase] = run.seconds[phase] * prediction.pixels / run.pixels
-            how[phase] = f"{said}: {run.seconds[phase]:.2f} s x pixels ratio"
+        # learned from the nearest run in the same state; from one in the other state only when the model's
+        # figure is off from it by more than OTHER_STATE_OFF times (a model it has no measured rates of: the
+        # self-test VAE's decode was predicted at 0.04 s and took 0.8).
+        usable = [r for r in runs if phase in r.seconds and r.tokens and r.pixels]
+        same = [r for r in usable if phase != "vae_decode" or r.loaded == prediction.loaded]
+        source = min(reversed(same or usable), key=lambda r: round(distance(r), 6), default=None)
+        if source is not None and phase in seconds and not same:
+            scaled = source.seconds[phase] * prediction.pixels / source.pixels
+            if max(scaled, seconds[phase]) <= OTHER_STATE_OFF * max(min(scaled, seconds[phase]), 1e-6):
+                source = None
+        if source is not None and phase in seconds:
+            seconds[phase] = source.seconds[phase] * prediction.pixels / source.pixels
+            how[phase] = (f"learned from a run of {source.tokens} tokens, {source.steps} steps: "
+                          f"{source.seconds[phase]:.2f} s x pixels ratio")
     if "text_encode" in run.seconds and run.loaded == prediction.loaded:
         seconds["text_encode"] = run.seconds["text_encode"] * prediction.passes / run.passes
         how["text_encode"] = f"{said}: {run.seconds['text_encode']:.2f} s x prompts ratio"
@@ -87,3 +116,42 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     return replace(prediction, seconds=seconds, how=how, step_seconds=round(step, 4),
                    total=round(sum(seconds.values()), 2))
+
+
+def _affine_step(runs: Sequence[MeasuredRun], nearest: MeasuredRun, prediction: PhaseTimes):
+    """(the step's seconds, how) as measured = k x the model's + c, a pass each: a cost that grows with the work as
+    the model's does (k: how this machine's kernels compare with its calibrated rates) and one that does not (c:
+    launching the layers' kernels, the Python around them). Fitted to the runs at two or more model steps; from
+    one run, k is at most MOST_SLOWER and c takes the rest, so a small run's overhead is not scaled up as work
+    (a tiny model's 256x256 run was once predicted at 100 times what it took). None without the model's steps."""
+    model_now = prediction.model_step_seconds
+    points = [(r.model_step / r.passes, r.step / r.passes) for r in runs if r.model_step and r.step and r.passes]
+    if not model_now or not points or not nearest.model_step:
+        return None
+    if len({round(m, 9) for m, _ in points}) >= 2:
+        k, c = _fit(points)
+        how = f"fitted to {len(points)} runs: {k:.2f} x the model's step + {c:.3f} s a pass"
+    else:
+        m, measured = nearest.model_step / nearest.passes, nearest.step / nearest.passes
+        k = min(measured / m, MOST_SLOWER)
+        c = measured - k * m
+        how = f"{k:.2f} x the model's step + {c:.3f} s a pass, from one run of {measured:.3f} s a pass"
+    return (k * model_now / prediction.passes + c) * prediction.passes, how
+
+
+def _fit(points: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """Least squares of measured = k x model + c with k, c >= 0."""
+    n = len(points)
+    mx = sum(m for m, _ in points) / n
+    my = sum(y for _, y in points) / n
+    spread = sum((m - mx) ** 2 for m, _ in points)
+    k = sum((m - mx) * (y - my) for m, y in points) / spread if spread else 0.0
+    c = my - k * mx
+    if k < 0:
+        return 0.0, my
+    if c < 0:
+        return sum(m * y for m, y in points) / sum(m * m for m, _ in points), 0.0
+    return k, c
+
+
+_RUN_FIELDS = {f.name for f in fields(MeasuredRun)}

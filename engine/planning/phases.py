@@ -7,26 +7,34 @@ import math
 from dataclasses import dataclass
 
 from engine.device.hardware import HardwareProfile
+from engine.models.components import Component
 from engine.models.spec import ModelSpec
 from engine.planning import memory as mem
+from engine.planning.places import ComponentPlace, TransformerPlace
 from engine.planning.plan import PhasePlan, PlanRequest
+from engine.settings.choices import Strategy, TextEncoderPlace
 
 # Room left on the disk beside a disk rung's copy of the transformer.
 DISK_MARGIN_GB = 2.0
 # The Wan VAE's encoder holds this share of its weights; an image-to-video run keeps it in float32 when the
 # decoder runs in bfloat16 (engine/run/apply_plan.py's keep_encoder_exact).
 VAE_ENCODER_SHARE = 0.42   # Wan2.1 VAE: 53.6 of 126.9 M parameters
-# Where each component is said to be, by the rung's text-encoder place and transformer kind.
-TEXT_ENCODER_PLACE = {"device": "device", "offload": "device", "streamed": "streamed", "cpu": "cpu"}
-TRANSFORMER_PLACE = {"device": "device", "group": "streamed", "leaf": "streamed", "disk": "streamed"}
+# Where each component is said to be, by the rung's text-encoder place and transformer place.
+TEXT_ENCODER_PLACE = {TextEncoderPlace.DEVICE: ComponentPlace.DEVICE, TextEncoderPlace.OFFLOAD: ComponentPlace.DEVICE,
+                      TextEncoderPlace.STREAMED: ComponentPlace.STREAMED, TextEncoderPlace.CPU: ComponentPlace.CPU}
+TRANSFORMER_PLACE = {TransformerPlace.DEVICE: ComponentPlace.DEVICE, TransformerPlace.GROUP: ComponentPlace.STREAMED,
+                     TransformerPlace.LEAF: ComponentPlace.STREAMED, TransformerPlace.DISK: ComponentPlace.STREAMED}
+# How the rungs that do not keep the transformer whole on the device hold it.
+RUNG_TRANSFORMER = {Strategy.GROUP_OFFLOAD: TransformerPlace.GROUP, Strategy.FP8_GROUP_OFFLOAD: TransformerPlace.GROUP,
+                    Strategy.LEAF_OFFLOAD: TransformerPlace.LEAF, Strategy.DISK_OFFLOAD: TransformerPlace.DISK}
 
 
 @dataclass(frozen=True)
 class Rung:
     """One rung of the ladder with the settings tried on it: what a phase table is computed for."""
     name: str
-    text_encoder: str
-    transformer: str
+    text_encoder: str           # one of TEXT_ENCODER_PLACES
+    transformer: TransformerPlace
     fp8: bool
     vae_tile: int | None
     load: str
@@ -35,8 +43,7 @@ class Rung:
     @classmethod
     def named(cls, name: str, text_encoder: str, vae_tile: int | None, load: str, vae_bytes: int = 4) -> "Rung":
         """The rung called ``name``: how it holds the transformer and whether in fp8 follow from its name."""
-        transformer = {"group_offload": "group", "fp8_group_offload": "group", "leaf_offload": "leaf",
-                       "disk_offload": "disk"}.get(name, "device")
+        transformer = RUNG_TRANSFORMER.get(name, TransformerPlace.DEVICE)
         return cls(name, text_encoder, transformer, name.startswith("fp8"), vae_tile, load, vae_bytes)
 
     @property
@@ -80,14 +87,15 @@ def disk_room(spec: ModelSpec, hw: HardwareProfile) -> bool:
     return hw.disk_free_gb < 0 or hw.disk_free_gb >= disk_copy_gb(spec, hw) + DISK_MARGIN_GB
 
 
-def weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung) -> dict[str, float]:
-    """GiB of each component's weights under ``rung``."""
+def weights_gb(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung) -> dict[Component, float]:
+    """GiB of each component's weights under ``rung`` (every expert's under Component.TRANSFORMER)."""
     _, nbytes = compute_dtype(hw)
-    return {"transformer": mem.transformer_weights_gb(spec, nbytes, rung.fp8),
-            "text_encoder": spec.text_encoder_params * nbytes / mem.GIB,
-            "image_encoder": spec.image_encoder_params * nbytes / mem.GIB if req.image_to_video else 0.0,
-            "vae": spec.vae_params * rung.vae_bytes / mem.GIB + (_encoder_in_float32_gb(spec, rung.vae_bytes)
-                                                                  if req.image_to_video else 0.0)}
+    image_encoder = spec.image_encoder_params * nbytes / mem.GIB if req.image_to_video else 0.0
+    vae = spec.vae_params * rung.vae_bytes / mem.GIB + (_encoder_in_float32_gb(spec, rung.vae_bytes)
+                                                       if req.image_to_video else 0.0)
+    return {Component.TRANSFORMER: mem.transformer_weights_gb(spec, nbytes, rung.fp8),
+            Component.TEXT_ENCODER: spec.text_encoder_params * nbytes / mem.GIB,
+            Component.IMAGE_ENCODER: image_encoder, Component.VAE: vae}
 
 
 def _encoder_in_float32_gb(spec: ModelSpec, vae_bytes: int) -> float:
@@ -113,12 +121,12 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
     weights = mem.BASE_RAM_CPU_ONLY_GB + sum(weights_gb(spec, req, hw, rung).values())
     tokens = spec.tokens(req.width, req.height, req.frames)
     frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
-    names = ["text_encoder", "transformer", "vae"]
+    names = [Component.TEXT_ENCODER, Component.TRANSFORMER, Component.VAE]
     if req.image_to_video and spec.image_encoder_params:
-        names.insert(1, "image_encoder")
-    places = {name: "cpu" for name in names}
+        names.insert(1, Component.IMAGE_ENCODER)
+    places = {name: ComponentPlace.CPU for name in names}
     phases = [("load", mem.staging_gb(spec)), ("text_encode", mem.text_encode_gb(spec))]
-    if "image_encoder" in places:
+    if Component.IMAGE_ENCODER in places:
         phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
     phases.append(("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) / req.ranks
                    + mem.RUN_OVERHEAD_GB))
@@ -149,14 +157,16 @@ class _Held:
 def _held(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung) -> _Held:
     _, nbytes = compute_dtype(hw)
     weights = weights_gb(spec, req, hw, rung)
-    te, ie, vae, tr_full = (weights[k] for k in ("text_encoder", "image_encoder", "vae", "transformer"))
+    te, ie, vae, tr_full = (weights[k] for k in (Component.TEXT_ENCODER, Component.IMAGE_ENCODER, Component.VAE,
+                                                 Component.TRANSFORMER))
     tr_dev, tr_ram = _transformer_gb(spec, nbytes, rung, tr_full)
-    te_dev_always = te if rung.text_encoder == "device" else 0.0
-    te_ram_idle = te if rung.text_encoder != "device" else 0.0
-    ie_dev_always = ie if rung.text_encoder == "device" else 0.0
-    ie_ram_idle = ie if rung.text_encoder != "device" else 0.0
+    encoders_on_device = rung.text_encoder == TextEncoderPlace.DEVICE
+    te_dev_always = te if encoders_on_device else 0.0
+    te_ram_idle = te if not encoders_on_device else 0.0
+    ie_dev_always = ie if encoders_on_device else 0.0
+    ie_ram_idle = ie if not encoders_on_device else 0.0
     # A streamed transformer is on the device only while it runs (denoise); a resident one always.
-    tr_idle = tr_dev if rung.transformer == "device" else 0.0
+    tr_idle = tr_dev if rung.transformer == TransformerPlace.DEVICE else 0.0
     return _Held(te, ie, vae, tr_full, tr_dev, tr_idle, tr_ram,
                  resident=tr_idle + vae + te_dev_always + ie_dev_always,
                  idle_ram=mem.BASE_RAM_GB + tr_ram + te_ram_idle + ie_ram_idle)
@@ -167,27 +177,28 @@ def _transformer_gb(spec: ModelSpec, nbytes: int, rung: Rung, tr_full: float) ->
     if rung.swap and spec.experts > 1:
         # One expert on the device (the larger bounds it); both stay in RAM, so the swap only copies one in.
         return max(mem.expert_weights_gb(spec, nbytes, rung.fp8)), tr_full
-    if rung.transformer == "device":
+    if rung.transformer == TransformerPlace.DEVICE:
         return tr_full, 0.0
     in_flight = mem.GROUP_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8)
-    if rung.transformer == "group":
+    if rung.transformer == TransformerPlace.GROUP:
         # The shared layers plus the blocks in flight (current, prefetched, being released).
         return mem.shared_gb(spec, nbytes) + in_flight, tr_full
-    if rung.transformer == "disk":
+    if rung.transformer == TransformerPlace.DISK:
         # As group offload on the device; in RAM only the blocks in flight, read from their files as they come.
         return mem.shared_gb(spec, nbytes) + in_flight, in_flight
     # leaf: one layer at a time, the next one prefetched
     return max(mem.LEAF_RESIDENT_MIN_GB, mem.LEAF_RESIDENT_BLOCKS * mem.block_gb(spec, nbytes, rung.fp8)), tr_full
 
 
-def _places(spec: ModelSpec, req: PlanRequest, rung: Rung) -> dict:
-    """Where each component is between the phases: "device", "cpu" or "streamed"."""
+def _places(spec: ModelSpec, req: PlanRequest, rung: Rung) -> dict[Component, ComponentPlace]:
+    """Where each component is between the phases: on the device, in RAM or streamed."""
     te_place = TEXT_ENCODER_PLACE[rung.text_encoder]
-    places = {"text_encoder": te_place, "transformer": TRANSFORMER_PLACE[rung.transformer], "vae": "device"}
+    places = {Component.TEXT_ENCODER: te_place, Component.TRANSFORMER: TRANSFORMER_PLACE[rung.transformer],
+              Component.VAE: ComponentPlace.DEVICE}
     if rung.swap and spec.experts > 1:
-        places["transformer_2"] = "cpu"
+        places[Component.TRANSFORMER_2] = ComponentPlace.CPU
     if req.image_to_video and spec.image_encoder_params:
-        places["image_encoder"] = te_place
+        places[Component.IMAGE_ENCODER] = te_place
     return places
 
 
@@ -199,7 +210,7 @@ def _load_phases(spec: ModelSpec, hw: HardwareProfile, rung: Rung, held: _Held, 
         load_dev = (max(held.resident, held.resident - held.transformer + mem.transformer_weights_gb(spec, nbytes))
                     if rung.fp8 else held.resident)
         load_ram = held.idle_ram
-    elif rung.transformer == "disk":
+    elif rung.transformer == TransformerPlace.DISK:
         # The transformer loads alone and is written to its files, then the rest loads beside its blocks in flight.
         load_dev = 0.0
         load_ram = mem.BASE_RAM_GB + max(held.transformer, held.text_encoder + held.image_encoder + held.vae
@@ -208,12 +219,12 @@ def _load_phases(spec: ModelSpec, hw: HardwareProfile, rung: Rung, held: _Held, 
         load_dev = 0.0
         load_ram = (mem.BASE_RAM_GB + held.text_encoder + held.image_encoder + held.vae + held.transformer
                     + mem.staging_gb(spec))
-    phases = [PhasePlan("load", {k: ("cpu" if rung.load == "cpu" else v) for k, v in places.items()},
+    phases = [PhasePlan("load", {k: (ComponentPlace.CPU if rung.load == "cpu" else v) for k, v in places.items()},
                         load_dev, load_ram)]
     if rung.load == "cpu":
         # Pinning a streamed text encoder holds one of its tensors twice for a moment.
         pinning = (spec.text_encoder_largest_params * nbytes / mem.GIB
-                   if rung.text_encoder == "streamed" and copy_streams(hw) else 0.0)
+                   if rung.text_encoder == TextEncoderPlace.STREAMED and copy_streams(hw) else 0.0)
         phases.append(PhasePlan("transfer", places, held.resident, held.idle_ram + pinning))
     return phases
 
@@ -223,17 +234,19 @@ def _encode_phases(spec: ModelSpec, hw: HardwareProfile, rung: Rung, held: _Held
     _, nbytes = compute_dtype(hw)
     te, ie = held.text_encoder, held.image_encoder
     # What comes to the device to encode: the whole encoder, or the layers in flight of a streamed one.
-    te_visit = {"offload": te, "streamed": mem.streamed_text_encoder_gb(spec, nbytes)}.get(rung.text_encoder, 0.0)
+    te_visit = {TextEncoderPlace.OFFLOAD: te,
+                TextEncoderPlace.STREAMED: mem.streamed_text_encoder_gb(spec, nbytes)}.get(rung.text_encoder, 0.0)
     encode_dev = held.resident + te_visit
-    encode_ram = held.idle_ram - (te if rung.text_encoder == "offload" else 0.0)
-    if rung.text_encoder != "cpu":
+    encode_ram = held.idle_ram - (te if rung.text_encoder == TextEncoderPlace.OFFLOAD else 0.0)
+    if rung.text_encoder != TextEncoderPlace.CPU:
         encode_dev += mem.text_encode_gb(spec)
     else:
         encode_ram += mem.text_encode_gb(spec)
     phases = [PhasePlan("text_encode", dict(places), encode_dev, encode_ram)]
-    if "image_encoder" in places:
+    if Component.IMAGE_ENCODER in places:
         # (a streamed image encoder is charged whole: it is small, and its layers are not known here)
-        img_dev = held.resident + (ie if rung.text_encoder in ("offload", "streamed") else 0.0) + mem.IMAGE_ENCODE_ACT_GB
+        visits = rung.text_encoder in (TextEncoderPlace.OFFLOAD, TextEncoderPlace.STREAMED)
+        img_dev = held.resident + (ie if visits else 0.0) + mem.IMAGE_ENCODE_ACT_GB
         phases.append(PhasePlan("image_encode", places, img_dev, held.idle_ram))
     return phases
 
@@ -247,15 +260,17 @@ def _run_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
     decode = mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
     frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
     resident, idle_ram = held.resident, held.idle_ram
-    denoise_places = {**places, "text_encoder": "cpu" if rung.text_encoder != "device" else "device"}
-    if "image_encoder" in places:
-        denoise_places["image_encoder"] = denoise_places["text_encoder"]
+    encoders_at = ComponentPlace.DEVICE if rung.text_encoder == TextEncoderPlace.DEVICE else ComponentPlace.CPU
+    denoise_places = {**places, Component.TEXT_ENCODER: encoders_at}
+    if Component.IMAGE_ENCODER in places:
+        denoise_places[Component.IMAGE_ENCODER] = encoders_at
     phases = [PhasePlan("denoise", denoise_places,
                         resident - held.transformer_idle + held.transformer_device + act + mem.RUN_OVERHEAD_GB,
                         idle_ram)]
-    if "transformer_2" in places:
+    if Component.TRANSFORMER_2 in places:
         # The high-noise expert's device copy is dropped (its RAM copy stays), then the low-noise one copied in.
-        denoise_places = {**denoise_places, "transformer": "cpu", "transformer_2": "device"}
+        denoise_places = {**denoise_places, Component.TRANSFORMER: ComponentPlace.CPU,
+                          Component.TRANSFORMER_2: ComponentPlace.DEVICE}
         phases.append(PhasePlan("expert_swap", denoise_places, resident + mem.RUN_OVERHEAD_GB, idle_ram))
     phases.append(PhasePlan("vae_decode", denoise_places, resident + decode + mem.RUN_OVERHEAD_GB,
                             idle_ram + frames_ram))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from engine.planning.places import TransformerPlace
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES, SpeedRequest
 from engine.planning.split import Split
 from engine.settings.choices import LADDER, TEXT_ENCODER_PLACES
@@ -44,7 +45,7 @@ class Override:
 @dataclass(frozen=True)
 class PhasePlan:
     phase: str
-    placement: dict            # component -> "device", "cpu", "streamed" or "absent"
+    placement: dict            # Component -> ComponentPlace (engine/planning/places.py)
     peak_vram_gb: float
     peak_ram_gb: float
 
@@ -58,7 +59,7 @@ class Plan:
     vae_dtype: str
     attention: str             # "flash" (no tokens^2 buffer) or "math"
     text_encoder: str          # one of TEXT_ENCODER_PLACES
-    transformer: str           # "device", "group" or "leaf"
+    transformer: TransformerPlace
     fp8: bool
     vae_tile: int | None       # tile size in pixels, None = untiled
     load: str                  # "cpu" (through RAM) or "device_map" (straight to the device)
@@ -84,6 +85,16 @@ class Plan:
     def swaps_experts(self) -> bool:
         """One expert on the device at a time, swapped at the boundary (the engine's expert_swap phase)."""
         return self.strategy == "expert_swap"
+
+    @property
+    def refusal(self) -> str:
+        """Why a job with this plan is not started when it does not fit, with what would make it fit."""
+        memory = (f"about {self.predicted_peak_ram_gb:.1f} GB of RAM where {self.budget_ram_gb:.1f} GB may be used"
+                  if self.device == "cpu" else
+                  f"about {self.predicted_peak_vram_gb:.1f} GB of device memory where {self.budget_vram_gb:.1f} GB "
+                  f"may be used")
+        fixes = self.suggestions or ("Pick a smaller model or preset: the Presets tab says which fit this machine.",)
+        return " ".join((f"this request does not fit this machine's memory: it needs {memory}.", *fixes))
 
     def to_dict(self) -> dict:
         data = asdict(self)

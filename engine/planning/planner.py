@@ -17,7 +17,7 @@ from engine.planning.phases import Rung, attention_kind, compute_dtype, copy_str
 from engine.planning.plan import Override, Plan, PlanRequest
 from engine.planning.speed import SpeedRequest, choose_speed, vae_dtype_for
 from engine.planning.split import CONTEXT_PARALLEL_BACKENDS, NO_COLLECTIVES, Split, choose_split
-from engine.settings.choices import LADDER, TEXT_ENCODER_PLACES
+from engine.settings.choices import LADDER, TEXT_ENCODER_PLACES, TextEncoderPlace
 from engine.words import plural
 
 # Rungs of the ladder, fastest (and highest quality) first: LADDER (engine/settings/choices.py, where settings
@@ -99,14 +99,16 @@ def _candidates(name: str, override: Override, hw: HardwareProfile, spec: ModelS
     """Text-encoder places, tiles and load methods to try for one rung, best first."""
     if name == "all_on_device":
         # On a CPU-only machine the "device" is the CPU: say so.
-        te_places = ["cpu" if hw.device == "cpu" else "device"]
+        te_places = [TextEncoderPlace.CPU if hw.device == "cpu" else TextEncoderPlace.DEVICE]
     elif name == "leaf_offload":
-        te_places = ["streamed", "cpu"]
+        te_places = [TextEncoderPlace.STREAMED, TextEncoderPlace.CPU]
+    elif name == "text_encoder_offload":
+        te_places = [TextEncoderPlace.OFFLOAD, TextEncoderPlace.STREAMED, TextEncoderPlace.CPU]
     else:
-        te_places = ["offload", "streamed", "cpu"] if name == "text_encoder_offload" else list(TEXT_ENCODER_PLACES)
+        te_places = list(TEXT_ENCODER_PLACES)
     if not copy_streams(hw):
         # Without a copy stream diffusers copies every streamed layer back to RAM: slower than the CPU.
-        te_places = [place for place in te_places if place != "streamed"]
+        te_places = [place for place in te_places if place != TextEncoderPlace.STREAMED]
     if override.text_encoder:
         te_places = [override.text_encoder]
     if override.vae_tiling is True:

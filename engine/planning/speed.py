@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.planning.places import TransformerPlace
 from engine.settings.choices import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES  # noqa: F401
 
 # How the decode's convolutions are set up, per backend:
@@ -83,9 +84,10 @@ def compile_possible(backend: str, os_name: str, triton: bool) -> tuple[bool, st
     return True, ""
 
 
-def choose_speed(hw, speed: SpeedRequest, transformer: str, fp8: bool, forced_vae_dtype: str | None = None,
-                 forced_compile: bool | None = None, forced_attention: str | None = None) -> SpeedChoices:
-    """The speed choices for a plan whose transformer sits at ``transformer`` ("device", "group", "leaf")."""
+def choose_speed(hw, speed: SpeedRequest, transformer: TransformerPlace, fp8: bool,
+                 forced_vae_dtype: str | None = None, forced_compile: bool | None = None,
+                 forced_attention: str | None = None) -> SpeedChoices:
+    """The speed choices for a plan that holds its transformer as ``transformer`` says."""
     said = []
     vae_dtype = vae_dtype_for(hw.backend, hw.arch, forced_vae_dtype)
     if forced_vae_dtype:
@@ -110,10 +112,12 @@ def choose_speed(hw, speed: SpeedRequest, transformer: str, fp8: bool, forced_va
     return SpeedChoices(vae_dtype, conv, compile_, attention, tuple(said))
 
 
-def _compile(hw, speed: SpeedRequest, transformer: str, fp8: bool, forced: bool | None, said: list) -> bool:
+def _compile(hw, speed: SpeedRequest, transformer: TransformerPlace, fp8: bool, forced: bool | None,
+             said: list) -> bool:
     possible, why_not = compile_possible(hw.backend, hw.os, hw.triton)
+    streams = transformer != TransformerPlace.DEVICE
     blocker = (why_not if not possible else
-               "the transformer streams from RAM (offload hooks and compiling don't mix)" if transformer != "device"
+               "the transformer streams from RAM (offload hooks and compiling don't mix)" if streams
                else "its weights are stored in fp8 (layerwise casting hooks)" if fp8
                else "a step cache is on (its hooks and compiling don't mix)" if speed.step_cache else "")
     if forced is False:

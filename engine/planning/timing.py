@@ -30,10 +30,12 @@ from engine.device.calibrate import Calibration
 from engine.device.hardware import DECIMAL_GB
 from engine.models.spec import TEXT_TOKENS, UMT5_XXL_PARAMS, ModelSpec
 from engine.planning.memory import FP8_KEPT_FRACTION
+from engine.planning.places import TransformerPlace
 from engine.planning.plan import Plan
 from engine.planning.rates import Rates, bytes_per, copy_gbps, device_rates
 from engine.planning.speed import DECODERS
 from engine.planning.vae_time import fast_decode_seconds, vae_decode_seconds, vae_encode_seconds
+from engine.settings.choices import TextEncoderPlace
 
 
 # The phases predicted, in the order a run passes through them (engine/events.py PHASES, less those that are
@@ -123,6 +125,9 @@ class PhaseTimes:
     pixels: int              # output pixels: width x height x frames
     total: float
     loaded: bool = False     # predicted for a pipeline already loaded (no load, transfer, first-use costs)
+    # The time model's own step, before runs corrected it (engine/planning/learning.py): what a finished run's
+    # measured step is compared with.
+    model_step_seconds: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -170,11 +175,12 @@ def transformer_pass(spec: ModelSpec, tokens: int, image_tokens: int, rates: Rat
     return PassTime(linear / rates.matmul_at(dim), attention, elementwise)
 
 
-def _offloaded(pass_: PassTime, copy: float, how: str) -> PassTime:
-    """A pass whose weights stream in (``copy`` seconds of copies) under the plan's offload ``how``."""
-    if how == "group":
+def _offloaded(pass_: PassTime, copy: float, how: TransformerPlace | None) -> PassTime:
+    """A pass whose weights stream in (``copy`` seconds of copies) as group or leaf offload's do (``how``), or
+    with no copy stream (None)."""
+    if how == TransformerPlace.GROUP:
         visible = max(pass_.compute, copy) + GROUP_EXPOSED * min(pass_.compute, copy) - pass_.compute
-    elif how == "leaf":
+    elif how == TransformerPlace.LEAF:
         visible = LEAF_EXPOSED * copy
     else:
         visible = copy    # no copy stream: nothing overlaps
@@ -206,18 +212,19 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], image_to_video: bool, 
         one = replace(one, elementwise=one.elementwise + extra)
         cast = ", fp8 weights cast each pass"
     offload = ""
-    if plan.transformer in ("group", "leaf", "disk") and plan.device != "cpu":
+    if plan.transformer != TransformerPlace.DEVICE and plan.device != "cpu":
         blocks = spec.transformer.layers * spec.transformer.block_params
         block_bytes = blocks * (1 if plan.fp8 else nbytes)
         gbps, kind = copy_gbps(cal, plan.pin_memory)
-        if plan.transformer == "disk":   # every block read from its file at every pass: the disk sets the pace
+        if plan.transformer == TransformerPlace.DISK:   # every block read from its file at every pass: the disk's pace
             disk = cal.disk_gbps or DEFAULT_DISK_GBPS
             if disk < gbps:
                 gbps, kind = disk, ("from disk, measured by the last load" if cal.disk_gbps else
                                     "from disk, a conservative default: no load measured yet")
         copy = block_bytes / (gbps * DECIMAL_GB)
-        one = _offloaded(one, copy, {"disk": "group"}.get(plan.transformer, plan.transformer)
-                         if plan.use_stream else "none")
+        # A disk rung's blocks overlap as group offload's do.
+        overlap = TransformerPlace.GROUP if plan.transformer == TransformerPlace.DISK else plan.transformer
+        one = _offloaded(one, copy, overlap if plan.use_stream else None)
         offload = (f", +{one.copies:.2f} s of {block_bytes / DECIMAL_GB:.1f} GB streamed ({kind}, {gbps:.0f} GB/s, "
                    f"{plan.transformer} offload)")
     step = one.total * passes
@@ -242,7 +249,7 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], image_to_video: bool, 
 def _encode(flops: float, launch_s: float, weights: float, place: str, plan: Plan, cal: Calibration,
             prompts: int) -> tuple[float, str]:
     """Seconds and how of running an encoder ``prompts`` times where the plan keeps it."""
-    if place == "cpu" or plan.device == "cpu":
+    if place == TextEncoderPlace.CPU or plan.device == "cpu":
         rate = cal.cpu_matmul_tflops if cal.backend != "cpu" else max(v for _, v in cal.matmul_tflops)
         seconds = prompts * flops / (rate * 1e12)
         return seconds, f"{prompts} x {flops / 1e12:.2f} TFLOP on the CPU at {rate:.2f} TFLOP/s"
@@ -250,11 +257,11 @@ def _encode(flops: float, launch_s: float, weights: float, place: str, plan: Pla
     compute = flops / (rate * 1e12) + launch_s
     seconds = prompts * compute
     how = f"{prompts} x ({flops / 1e12:.2f} TFLOP at {rate:.0f} TFLOP/s + {launch_s:.3f} s of launches)"
-    if place == "offload":
+    if place == TextEncoderPlace.OFFLOAD:
         gbps, kind = copy_gbps(cal, False)
         seconds += weights / (gbps * DECIMAL_GB)
         how += f", +{weights / DECIMAL_GB:.1f} GB moved to the device ({kind}, {gbps:.1f} GB/s)"
-    elif place == "streamed":
+    elif place == TextEncoderPlace.STREAMED:
         gbps, kind = copy_gbps(cal, plan.pin_memory)
         copy = weights / (gbps * DECIMAL_GB)
         seconds += prompts * (LEAF_EXPOSED if plan.use_stream else 1.0) * copy
@@ -267,7 +274,7 @@ def _text_encode(spec: ModelSpec, plan: Plan, cal: Calibration, prompts: int, lo
     flops = 2.0 * dense * TEXT_TOKENS + UMT5_ATTENTION_FLOPS * spec.text_encoder_params / UMT5_XXL_PARAMS
     weights = spec.text_encoder_params * bytes_per(plan.dtype)
     seconds, how = _encode(flops, ENCODE_LAUNCH_S, weights, plan.text_encoder, plan, cal, prompts)
-    if not loaded and plan.device != "cpu" and plan.text_encoder != "cpu":
+    if not loaded and plan.device != "cpu" and plan.text_encoder != TextEncoderPlace.CPU:
         seconds += prompts * FIRST_ENCODE_S
         how += f", +{FIRST_ENCODE_S} s a prompt on first use after a load"
     return seconds, how
@@ -307,8 +314,8 @@ def _on_device_bytes(spec: ModelSpec, weights: dict[str, float], plan: Plan) -> 
     if plan.device == "cpu":
         return 0.0
     on_device = weights["transformer"] / (spec.experts if _swaps_experts(spec, plan) else 1)   # one expert at a time
-    return (weights["vae"] + (on_device if plan.transformer == "device" else 0.0)
-            + (weights["encoders"] if plan.text_encoder == "device" else 0.0))
+    return (weights["vae"] + (on_device if plan.transformer == TransformerPlace.DEVICE else 0.0)
+            + (weights["encoders"] if plan.text_encoder == TextEncoderPlace.DEVICE else 0.0))
 
 
 def _load(spec: ModelSpec, plan: Plan, cal: Calibration, weight_bytes: int | None) -> tuple[float, str]:
@@ -332,8 +339,9 @@ def _transfer(spec: ModelSpec, plan: Plan, cal: Calibration) -> tuple[float, str
     moved = _on_device_bytes(spec, weights, plan) if plan.load != "device_map" else 0.0
     pinned = 0.0
     if plan.pin_memory and plan.device != "cpu":
-        pinned = ((weights["transformer"] if plan.transformer != "device" or _swaps_experts(spec, plan) else 0.0)
-                  + (weights["encoders"] if plan.text_encoder == "streamed" else 0.0))
+        moves = plan.transformer != TransformerPlace.DEVICE or _swaps_experts(spec, plan)   # streams or swaps
+        pinned = ((weights["transformer"] if moves else 0.0)
+                  + (weights["encoders"] if plan.text_encoder == TextEncoderPlace.STREAMED else 0.0))
     gbps, kind = copy_gbps(cal, False)
     seconds = moved / (gbps * DECIMAL_GB)
     how = f"{moved / DECIMAL_GB:.1f} GB to the device ({kind}, {gbps:.1f} GB/s)" if moved else "nothing to copy"
@@ -411,5 +419,5 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
         how["export"] += f"; streamed beside the decode, x{STREAMED_EXPORT_SHARE} left after the last frame"
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     return PhaseTimes(seconds, how, round(step, 4), steps, passes, tokens, pixels, round(sum(seconds.values()), 2),
-                      loaded)
+                      loaded, model_step_seconds=step)
 

@@ -10,10 +10,13 @@ import json
 from contextlib import contextmanager
 from pathlib import Path
 
+from engine.models.components import Component
 from engine.models.spec import TRANSFORMERS
+from engine.planning.places import TransformerPlace
 from engine.planning.planner import Plan
+from engine.settings.choices import TextEncoderPlace
 
-ENCODERS = ("text_encoder", "image_encoder")
+ENCODERS = (Component.TEXT_ENCODER, Component.IMAGE_ENCODER)
 
 
 def torch_dtype(name: str):
@@ -24,7 +27,7 @@ def torch_dtype(name: str):
 
 def from_pretrained_kwargs(plan: Plan) -> dict:
     """Keyword arguments for loading the pipeline under ``plan``."""
-    kwargs = {"dtype": {"default": torch_dtype(plan.dtype), "vae": torch_dtype(plan.vae_dtype)}}
+    kwargs = {"dtype": {"default": torch_dtype(plan.dtype), Component.VAE: torch_dtype(plan.vae_dtype)}}
     if plan.load == "device_map":
         kwargs["device_map"] = plan.device
     return kwargs
@@ -36,7 +39,7 @@ def loaded_into_ram(plan: Plan) -> tuple[str, ...]:
     diffusers maps a whole pipeline to one device; an encoder the plan keeps off the device would
     otherwise land there during the load, beside everything else, before it could be moved out.
     """
-    return ENCODERS if plan.load == "device_map" and plan.text_encoder != "device" else ()
+    return ENCODERS if plan.load == "device_map" and plan.text_encoder != TextEncoderPlace.DEVICE else ()
 
 
 def load_into_ram(folder: Path, names: tuple[str, ...], plan: Plan) -> dict:
@@ -136,9 +139,9 @@ def place_components(pipe, plan: Plan) -> None:
             model.enable_layerwise_casting(storage_dtype=torch.float8_e4m3fn, compute_dtype=compute)
         if plan.swaps_experts:
             continue   # one expert on the device at a time: engine/run/experts.py places them
-        if plan.transformer == "device":
+        if plan.transformer == TransformerPlace.DEVICE:
             model.to(plan.device)
-        elif plan.transformer == "disk":
+        elif plan.transformer == TransformerPlace.DISK:
             if not is_streaming(model):
                 raise RuntimeError("a disk plan's transformer is offloaded to its files as it loads (offload_to_disk)")
         else:
@@ -146,8 +149,8 @@ def place_components(pipe, plan: Plan) -> None:
                 pin_in_place(model)    # else a 30 GB model would sit in RAM twice until its first step
             model.enable_group_offload(
                 onload_device=plan.device, offload_device="cpu",
-                offload_type="block_level" if plan.transformer == "group" else "leaf_level",
-                num_blocks_per_group=1 if plan.transformer == "group" else None,
+                offload_type="block_level" if plan.transformer == TransformerPlace.GROUP else "leaf_level",
+                num_blocks_per_group=1 if plan.transformer == TransformerPlace.GROUP else None,
                 use_stream=plan.use_stream, low_cpu_mem_usage=not plan.pin_memory)
     place_encoders(pipe, plan)
     pipe.vae.to(plan.device)
@@ -185,7 +188,7 @@ def keep_encoder_exact(pipe, folder: Path | None) -> None:
     if next(vae.encoder.parameters()).dtype == torch.float32:
         return
     device = next(vae.decoder.parameters()).device
-    source = Path(folder) / "vae" if folder is not None else None
+    source = Path(folder) / Component.VAE if folder is not None else None
     if source is not None and source.is_dir():
         exact = type(vae).from_pretrained(source, torch_dtype=torch.float32)
         vae.encoder, vae.quant_conv = exact.encoder.to(device), exact.quant_conv.to(device)
@@ -204,7 +207,7 @@ def place_encoders(pipe, plan: Plan) -> None:
         if model is None:
             continue
         stop_streaming(model)
-        if plan.text_encoder == "streamed":
+        if plan.text_encoder == TextEncoderPlace.STREAMED:
             # Layer by layer, each copied ahead of its use on a copy stream. The copy in RAM is kept
             # (pinned once when the plan pins), so no weight is ever copied back from the device.
             model.to("cpu")
@@ -214,7 +217,7 @@ def place_encoders(pipe, plan: Plan) -> None:
                                    offload_type="leaf_level", use_stream=plan.use_stream,
                                    low_cpu_mem_usage=not plan.pin_memory)
         else:
-            model.to(plan.device if plan.text_encoder == "device" else "cpu")
+            model.to(plan.device if plan.text_encoder == TextEncoderPlace.DEVICE else "cpu")
 
 
 def pin_in_place(model) -> None:
@@ -284,7 +287,7 @@ def conv_settings(conv: str):
 
 def encoder_device(plan: Plan) -> str:
     """Where the text and image encoders compute."""
-    return "cpu" if plan.text_encoder == "cpu" else plan.device
+    return "cpu" if plan.text_encoder == TextEncoderPlace.CPU else plan.device
 
 
 @contextmanager
@@ -295,7 +298,7 @@ def encoder_visiting(pipe, name: str, plan: Plan):
     would copy 11 GB into freshly allocated host memory, which takes longer than encoding on the CPU.
     """
     model = getattr(pipe, name, None)
-    if model is None or plan.text_encoder != "offload":
+    if model is None or plan.text_encoder != TextEncoderPlace.OFFLOAD:
         yield
         return
     # .to() either swaps a parameter's data or replaces the parameter: keep both, and every buffer.

@@ -240,7 +240,7 @@ class Decoder:
             bundle = Bundle(output_stem(saved.path.parent.parent, request.settings.mode, request.prompt, request.seed))
         with job.in_phase(Phase.EXPORT):
             media = write_media(request, frames, bundle)
-        how = "on the CPU" if on_cpu else ("tiled" if tile else "untiled")
+        how = ", ".join(("tiled" if tile else "untiled", *(["on the CPU"] if on_cpu else [])))
         meta = saved.meta
         inputs = carry_inputs(meta["inputs"], saved.path.parent, bundle.stem) if meta.get("inputs") else None
         record = redecode_record(request, media, saved.path, how, meta.get("model"), dict(meta["request"]),

@@ -16,8 +16,9 @@ from typing import Callable
 from engine.device.hardware import GIB, HardwareProfile, detect_hardware
 from engine.device.runtime import release_memory, reset_peak_vram
 from engine.events import DownloadProgress, Event, Phase
+from engine.models.catalog import ModelCatalog
 from engine.models.finite import check_transformer_values
-from engine.models.refs import ResolvedModel, classify_ref, resolve_model
+from engine.models.refs import ResolvedModel, classify_ref
 from engine.models.selftest import selftest_built
 from engine.models.single_file import read_bytes
 from engine.models.spec import TRANSFORMERS, ModelSpec
@@ -58,9 +59,10 @@ def read_rate(nbytes: int) -> Callable[[float], str]:
     def words(seconds: float) -> str:
         if not nbytes or seconds <= 0:
             return ""
-        gb = nbytes / GIB
-        size = f"{gb:.1f} GB" if gb >= 0.1 else f"{nbytes / 2 ** 20:.1f} MB"
-        return f"{size} read at {gb / seconds:.2f} GB/s"
+        gb, mb = nbytes / GIB, nbytes / 2 ** 20
+        size = f"{gb:.1f} GB" if gb >= 0.1 else f"{mb:.1f} MB"
+        rate = f"{gb / seconds:.2f} GB/s" if gb / seconds >= 0.1 else f"{mb / seconds:.1f} MB/s"
+        return f"{size} read at {rate}"
     return words
 
 
@@ -85,6 +87,9 @@ class Engine:
         self.faults = faults
         # Recent prompt encodings, kept on the CPU: a new seed with the same prompt skips the text encoder.
         self.prompts = PromptCache()
+        # The models' specs and single transformer files, read once per version of their files (the app's own
+        # catalog answers the same questions before a job is queued: engine/models/catalog.py).
+        self.catalog = ModelCatalog()
         # The time plan: this machine's rates (measured once, kept beside the outputs) and the runs it has
         # seen, by model and plan, which correct the next predictions. None: measure when a job first needs it
         # (False: never; WAN_STUDIO_CALIBRATE=0 turns it off, as the test suite does).
@@ -138,11 +143,11 @@ class Engine:
             def progress(done, total, unit):
                 job.emit(DownloadProgress(job.id, done, total, unit))
             with job.in_phase(Phase.DOWNLOAD):
-                return resolve_model(ref, self.models_dir, progress)
+                return self.catalog.resolve(ref, self.models_dir, progress)
         if kind == "selftest" and not selftest_built(ref, self.models_dir):
             with job.in_phase(Phase.BUILD_MODEL):   # the first use on this machine builds and saves it
-                return resolve_model(ref, self.models_dir)
-        return resolve_model(ref, self.models_dir)
+                return self.catalog.resolve(ref, self.models_dir)
+        return self.catalog.resolve(ref, self.models_dir)
 
     def load(self, resolved: ResolvedModel, plan: Plan, job: Job) -> LoadedModel:
         """``resolved`` loaded with ``plan``: the model loaded now when it is the same with the same plan, else

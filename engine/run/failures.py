@@ -4,7 +4,7 @@ from __future__ import annotations
 import errno
 
 from engine.events import FailureKind, JobFailed
-from engine.errors import ModelError
+from engine.errors import DownloadError, ModelError
 from engine.outputs.export import DiskFull
 from engine.run.nonfinite import NonFiniteValues
 from engine.settings.values import InputError
@@ -40,6 +40,8 @@ def describe_failure(exc: BaseException, phase: str | None) -> tuple[str, str]:
     where = f" during {phase.replace('_', ' ')}" if phase else ""
     if isinstance(exc, InputError):
         return str(exc), ""   # each problem says what to change
+    if isinstance(exc, DownloadError):
+        return sentence(str(exc)), ""   # it says what to do
     if isinstance(exc, ModelError):
         return sentence(f"the model cannot be used: {exc}"), "Pick another model or preset, or fix the model folder."
     if isinstance(exc, NonFiniteValues):

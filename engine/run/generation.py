@@ -16,7 +16,7 @@ from typing import Protocol
 from engine.device.hardware import HardwareProfile
 from engine.device.runtime import peak_vram_gb, reset_peak_vram
 from engine.events import Event, JobFinished, Phase
-from engine.models.limits import limits_of
+from engine.models.catalog import ModelCatalog, ModelInfo
 from engine.settings.model_fit import check_model_fits
 from engine.models.refs import ResolvedModel
 from engine.models.single_file import use_transformer_files
@@ -53,6 +53,7 @@ class ModelHost(Protocol):
     loaded: LoadedModel | None
     prompts: PromptCache
     timing: TimePlanner
+    catalog: ModelCatalog
 
     @property
     def hardware(self) -> HardwareProfile: ...
@@ -81,13 +82,14 @@ class Generation:
         host, job = self.host, self.job
         reset_peak_vram()
         # The settings' transformer files, read and checked against the model before anything loads.
-        resolved = use_transformer_files(host.resolve(request.settings.model, job), request.settings)
+        resolved = use_transformer_files(host.resolve(request.settings.model, job),
+                                         host.catalog.transformer_files(request.settings))
         check_model_fits_request(resolved, request)
         host.measure_machine(Path(request.outputs_dir), job)
         plan = host.plan_for(request, resolved.spec, ranks=self.scope.ranks)
         self.scope.join(plan, request.settings.gpus, job)
         if not plan.fits and not request.settings.strategy:
-            raise InputError("this request does not fit this machine's memory. " + " ".join(plan.suggestions))
+            raise InputError(plan.refusal)
         request = replace(request, seed=request.seed if request.seed >= 0 else self.scope.seed())
         request = self._find_files(resolved, request)
         loaded, latents = self._denoise_stepping_down(resolved, plan, request)
@@ -170,7 +172,7 @@ class Generation:
             job.removed_latents()
         sidecar = self._write_sidecar(loaded, request, bundle, media, shape)
         self.host.timing.finished(loaded, request, job.timings, job.step_seconds, "load" not in job.timings,
-                                  job.decoder)
+                                  job.decoder, job.predicted.model_step_seconds if job.predicted else None)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            job.ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
 
@@ -217,4 +219,5 @@ def speed_record(plan: Plan, request: GenerationRequest, job: Job) -> dict:
 def check_model_fits_request(model: ResolvedModel, request: GenerationRequest) -> None:
     """InputError when the model cannot make what the request asks: its kind, its frames, its size, its experts
     (engine/settings/model_fit.py, the check the app made before queueing, now from the model's own files)."""
-    check_model_fits(model.spec, model.ref, request.settings, bool(request.last_image))
+    info = ModelInfo(model.ref, model.spec, model.transformer_files)
+    check_model_fits(info, request.settings, bool(request.last_image))

@@ -140,6 +140,26 @@ class SplitSession:
         Raises GateCancelled when a rank, this one or another, was cancelled first; PeerStopped, saying which
         and why, when another failed first. Once this rank is at the gate its own cancel counts only while no
         verdict is given; after "go" it takes effect at the first step boundary."""
+        import torch.distributed as dist
+
+        try:
+            verdict = self._wait_at_gate(should_cancel)
+        except dist.DistError as exc:   # the store's server went away
+            if self.group.lead:
+                raise
+            # Rank 0 serves the store and leaves with it: it stopped before the gate, its verdict gone with it.
+            raise PeerStopped("GPU rank 0 of this split job stopped before the denoising (it closed the job's "
+                              "meeting point), so this one stopped too") from exc
+        if verdict == GO:
+            return
+        kind, rank, *why = verdict.split(":", 2)
+        if kind == "cancel":
+            raise GateCancelled(int(rank))
+        raise PeerStopped(f"GPU rank {rank} of this split job stopped before the denoising"
+                          + (f" ({why[0]})" if why else "") + ", so this one stopped too")
+
+    def _wait_at_gate(self, should_cancel: Callable[[], bool]) -> str:
+        """The gate's verdict, once one is given (by this rank or another)."""
         self.store.add(self._key("ready"), 1)
         deadline = time.monotonic() + GATE_TIMEOUT_S
         verdict = ""
@@ -155,13 +175,7 @@ class SplitSession:
                                        f"within {GATE_TIMEOUT_S:.0f} s")
             else:
                 time.sleep(GATE_POLL_S)
-        if verdict == GO:
-            return
-        kind, rank, *why = verdict.split(":", 2)
-        if kind == "cancel":
-            raise GateCancelled(int(rank))
-        raise PeerStopped(f"GPU rank {rank} of this split job stopped before the denoising"
-                          + (f" ({why[0]})" if why else "") + ", so this one stopped too")
+        return verdict
 
     def _decide(self, verdict: str) -> str:
         """The verdict: ``verdict`` when no rank gave one first, else the one given."""

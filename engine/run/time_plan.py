@@ -7,6 +7,7 @@ correct the next prediction (``learn``).
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -80,7 +81,7 @@ class TimePlanner:
     enabled: bool = True
     _calibration: object = None          # engine.device.calibrate.Calibration
     _folder: Path | None = None          # where it is kept
-    _runs: dict = field(default_factory=dict)       # plan family -> [MeasuredRun], newest last
+    _runs: dict | None = None                       # plan family (family_key) -> [MeasuredRun], newest last
     _compiled: set = field(default_factory=set)     # (model, width, height, frames) already run compiled
 
     def calibration(self, folder: Path, hardware, measure: Callable[[Callable], object]):
@@ -135,19 +136,25 @@ class TimePlanner:
             self._keep(self._calibration, self._folder)
 
     def predict(self, resolved, plan, request, calibration, loaded: bool) -> PhaseTimes | None:
-        """The seconds of each phase of ``request`` under ``plan``, corrected by this model's recent runs."""
+        """The seconds of each phase of ``request`` under ``plan``, corrected by this model's recent runs (the same
+        prediction the page's plan makes: ``predict_job``)."""
         if calibration is None:
             return None
         s = request.settings
         compiled = plan.compile and self._shape(resolved.ref, s) in self._compiled
-        times = predict_times(resolved.spec, s.width, s.height, s.frames, s.steps, s.guidance, plan, calibration,
-                              s.decoder, image_to_video=s.mode == "i2v", loaded=loaded, compiled=compiled,
-                              weight_bytes=None if loaded else read_bytes(resolved) or None)
-        return learn(times, self._runs.get(self._family(resolved.ref, plan, s), []))
+        return predict_job(resolved.spec, resolved.ref, s, plan, calibration, self._known_runs(calibration), loaded,
+                           compiled, None if loaded else read_bytes(resolved) or None)
+
+    def _known_runs(self, calibration) -> dict:
+        """The runs seen on this machine: this process's, else those kept beside the outputs by earlier ones."""
+        if self._runs is None:
+            self._runs = kept_runs(self._folder, calibration) if self._folder else {}
+        return self._runs
 
     def finished(self, loaded_model, request, timings: dict, step_seconds: list, was_loaded: bool,
-                 decoder: str) -> None:
-        """Keep a finished run, to correct the next predictions for the same model and plan."""
+                 decoder: str, model_step: float | None = None) -> None:
+        """Keep a finished run, to correct the next predictions for the same model and plan (``model_step``: the
+        time model's own step for it), in this process and beside the outputs."""
         s, plan, ref = request.settings, loaded_model.plan, loaded_model.model.ref
         spec = loaded_model.model.spec
         seconds, step = dict(timings), None
@@ -156,20 +163,68 @@ class TimePlanner:
             if "denoise" in seconds and step_seconds[0] > ONE_OFF_FACTOR * step:
                 # A first step that compiled (or warmed up) is not what the next run's first step costs.
                 seconds["denoise"] -= step_seconds[0] - step
-        run = MeasuredRun(seconds, spec.tokens(s.width, s.height, s.frames), s.steps, 2 if s.guidance > 1.0 else 1,
-                          s.width * s.height * s.frames, step, loaded=was_loaded)
-        runs = self._runs.setdefault(self._family(ref, plan, s), [])
+        run = MeasuredRun({str(k): v for k, v in seconds.items()}, spec.tokens(s.width, s.height, s.frames), s.steps,
+                          2 if s.guidance > 1.0 else 1, s.width * s.height * s.frames, step, loaded=was_loaded,
+                          model_step=model_step)
+        runs = self._known_runs(self._calibration).setdefault(family_key(ref, plan, s), [])
         runs.append(run)
         del runs[:-KEPT_RUNS]
         if plan.compile:
             self._compiled.add(self._shape(ref, s))
-
-    @staticmethod
-    def _family(ref: str, plan, settings) -> tuple:
-        """What makes two runs comparable: the model and every choice that changes a phase's speed."""
-        return (ref, plan.strategy, plan.text_encoder, plan.vae_dtype, plan.vae_tile, plan.compile,
-                plan.attention_backend, settings.decoder, settings.step_cache, plan.transformer_files)
+        if self._folder is not None and self._calibration is not None:
+            keep_runs(self._folder, self._calibration, self._runs)
 
     @staticmethod
     def _shape(ref: str, settings) -> tuple:
         return ref, settings.width, settings.height, settings.frames
+
+
+# The runs this machine made, kept beside the calibration: the page's plan (in the app's process) and a later
+# engine process correct their predictions with them as this one does.
+RUNS_FILE = ".time-runs.json"
+
+
+def family_key(ref: str, plan, settings) -> str:
+    """What makes two runs comparable, as text: the model and every choice that changes a phase's speed."""
+    return json.dumps([ref, plan.strategy, plan.text_encoder, plan.vae_dtype, plan.vae_tile, plan.compile,
+                       plan.attention_backend, settings.decoder, settings.step_cache, plan.transformer_files],
+                      default=str)
+
+
+def predict_job(spec, ref: str, settings, plan, calibration, runs: dict, loaded: bool, compiled: bool = False,
+                weight_bytes: int | None = None) -> PhaseTimes:
+    """The one prediction of a job's phases: the time model's (engine/planning/timing.py) corrected by this
+    machine's runs of the same model and plan (engine/planning/learning.py). The engine's status, its chart
+    and the page's plan all say this."""
+    s = settings
+    times = predict_times(spec, s.width, s.height, s.frames, s.steps, s.guidance, plan, calibration, s.decoder,
+                          image_to_video=s.mode == "i2v", loaded=loaded, compiled=compiled, weight_bytes=weight_bytes)
+    return learn(times, runs.get(family_key(ref, plan, s), []))
+
+
+def _machine(calibration) -> list:
+    return [calibration.device_name, calibration.backend, calibration.torch_version]
+
+
+def kept_runs(folder: Path | str, calibration) -> dict:
+    """The runs kept in ``folder`` for the machine ``calibration`` measured ({} when none, or another's)."""
+    try:
+        data = json.loads((Path(folder) / RUNS_FILE).read_text(encoding="utf-8"))
+        if data.get("machine") != _machine(calibration):
+            return {}
+        return {key: [MeasuredRun.from_dict(run) for run in runs][-KEPT_RUNS:]
+                for key, runs in data.get("runs", {}).items() if isinstance(key, str) and isinstance(runs, list)}
+    except (OSError, ValueError, TypeError, AttributeError):
+        return {}
+
+
+def keep_runs(folder: Path | str, calibration, runs: dict) -> None:
+    """Write ``runs`` beside the outputs, whole or not at all (a read-only folder keeps them in memory only)."""
+    from engine.atomic import write_atomically
+
+    text = json.dumps({"schema": 1, "machine": _machine(calibration),
+                       "runs": {key: [run.to_dict() for run in kept] for key, kept in runs.items()}}, default=str)
+    try:
+        write_atomically(Path(folder) / RUNS_FILE, lambda temporary: temporary.write_text(text, encoding="utf-8"))
+    except OSError:
+        pass

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 from engine.device.hardware import HardwareProfile
 from engine.models.catalog import ModelCatalog
-from engine.settings.model_fit import check_model_limits
+from engine.settings.model_fit import check_model_fits
 from engine.planning.explain import strategy_words
 from engine.planning.plan import Plan
 from engine.planning.planner import gpus_for, override_for, plan_memory, plan_request_for
@@ -18,10 +18,11 @@ def plan_settings(settings: Settings, hardware: HardwareProfile, catalog: ModelC
                   engines: int | None = None) -> Plan:
     """The plan for ``settings`` on as many GPUs as the job would use (``gpus_for``, with the app's ``engines``
     when known; the sentence why comes first among the plan's reasons on a machine with several, or when the
-    settings ask); InputError first when the model cannot make their size or frame count, or a single
-    transformer file does not fit the model."""
-    spec = catalog.settings_spec(settings)
-    check_model_limits(spec, settings.width, settings.height, settings.frames, settings.mode)
+    settings ask); InputError first when the model cannot make what they ask (its kind, size, frame count or
+    experts), or a single transformer file does not fit the model."""
+    info = catalog.info(settings)
+    check_model_fits(info, settings, last_image=None)
+    spec = info.spec
     ranks, why = gpus_for(settings, spec, hardware, engines)
     plan = plan_memory(spec, replace(plan_request_for(settings), ranks=ranks), hardware, override_for(settings))
     if (hardware.gpu_count if engines is None else engines) > 1 or settings.gpus:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import faulthandler
 import os
+import signal
 import sys
 import threading
 import time
@@ -93,6 +94,17 @@ def _loaded_files(engine) -> LoadedFiles | str:
         return f"{type(exc).__name__}: {exc}"
 
 
+def _plain_progress_lock() -> None:
+    """tqdm (diffusers' progress bars, off here) makes a multiprocessing lock on first use: a named semaphore that
+    this process's quick exit (Stop) never unlinks, which the app's resource tracker then reports as leaked. A
+    thread lock does as well in one process."""
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return
+    tqdm.set_lock(threading.RLock())
+
+
 def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardware: HardwareProfile | None,
                  options: dict, env: dict | None = None) -> None:
     """Entry point of the worker process: load the libraries, say so, then serve requests until told to stop.
@@ -100,6 +112,9 @@ def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardwar
     # A crash in native code (a driver, a collective) prints each thread's Python stack to the console, so the
     # report the page asks for says where it happened.
     faulthandler.enable()
+    # A terminal's Ctrl-C reaches every process of its group: the app cancels the job through the pipe (the job
+    # stops at its next step and says so), so the engine must not die of it halfway through a step.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Platform settings must be in place before torch initialises the device.
     os.environ.update(env or {})
     for name, value in PLATFORM_ENV.items():
@@ -109,6 +124,7 @@ def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardwar
     from engine.device.runtime import load_libraries
 
     load_libraries()   # torch, diffusers and transformers: seconds that belong to no job's load
+    _plain_progress_lock()
     from engine.run.engine import Engine
 
     engine = Engine(models_dir, hardware, **options)

@@ -18,6 +18,10 @@ from typing import Callable, Iterator
 
 from engine.events import Ending, JobEnding
 
+# A running job past its own estimate is taken to need this share of the time it has run so far again (at
+# least SOON_S): a queue never says "0 s" while a job runs ahead.
+OVERRUN_SHARE = 0.25
+SOON_S = 1.0
 # How many finished jobs' durations the estimate averages.
 RECENT_JOBS = 5
 # A cancel this soon after the owner's job ended is answered "it had already finished".
@@ -202,11 +206,13 @@ class JobQueue:
             for running in self._running:
                 if running.left is not None:
                     left, said = running.left
-                    ends = max(0.0, left - (now - said))
+                    ends = left - (now - said)
                 elif typical is not None and running.started is not None:
-                    ends = max(0.0, typical - (now - running.started))
+                    ends = typical - (now - running.started)
                 else:
                     return None
+                if running.started is not None:   # past its estimate and still running: it is not done yet
+                    ends = max(ends, OVERRUN_SHARE * (now - running.started), SOON_S)
                 for slot in running.slots:
                     free_at[slot] = ends
             for ahead in self._waiting[:self._waiting.index(ticket)]:
@@ -243,6 +249,13 @@ class JobQueue:
         """``owner``'s running jobs."""
         with self._changed:
             return [] if owner is None else [ticket for ticket in self._running if ticket.owner == owner]
+
+    def held_for(self, owner: str | None, joined_before: float = 0.0) -> Ticket | None:
+        """``owner``'s job that waits or runs and joined at least ``joined_before`` seconds ago (None: none)."""
+        with self._changed:
+            now = self._clock()
+            return next((ticket for ticket in [*self._running, *self._waiting] if owner is not None and
+                         ticket.owner == owner and now - ticket.joined >= joined_before), None)
 
     def ended_recently_for(self, owner: str | None, within: float = RECENTLY_ENDED_S) -> bool:
         """The last job that ran was ``owner``'s and ended less than ``within`` seconds ago."""

@@ -185,6 +185,11 @@ class EnginePool:
             self._on_resize(len(self.engines))
         self._grown.set()
 
+    @property
+    def started(self) -> bool:
+        """The first engine has said what GPUs there are, and the engines are made (``start`` was called)."""
+        return self._grown.is_set()
+
     def engine_count(self, timeout: float = 10.0) -> int:
         """How many engines there are, once the first has said what GPUs there are (within ``timeout``)."""
         if self._growing is not None:
@@ -233,7 +238,7 @@ class EnginePool:
         if asked >= 2:
             return min(asked, have)
         try:
-            wanted, _ = gpus_for(request.settings, self.catalog.settings_spec(request.settings),
+            wanted, _ = gpus_for(request.settings, self.catalog.info(request.settings).spec,
                                  self.hardware_profile(), have)
         except (InputError, ModelError, OSError):
             return 1

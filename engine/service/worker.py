@@ -22,6 +22,7 @@ from engine.device.hardware import HardwareProfile
 from engine.device.usage import EngineMemory, EngineSilent, EngineStarting
 from engine.events import Event, Info, JobFailed, LatentsSaved, Phase, PhaseFinished, PhaseStarted, is_terminal
 from engine.models.catalog import ModelCatalog
+from engine.service.ahead import plan_settings
 from engine.service.model_files import LoadedFiles
 from engine.errors import ModelError
 from engine.atomic import discard_temporary
@@ -32,7 +33,7 @@ from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.service.commands import PONG, Ask, DecodeSaved, Ready, RunJob, Stop, Unload, Unloaded
 from engine.service.engine_process import run_engine_process
 from engine.service.watchdog import Watchdog
-from engine.settings.model_fit import check_model_kind
+from engine.settings.model_fit import check_model_fits
 from engine.settings.request import GenerationRequest, check_request_with_notes
 from engine.settings.values import InputError
 
@@ -295,10 +296,22 @@ class WorkerClient:
         ref = request.settings.model
         request, notes = check_request_with_notes(request, self.catalog.limits(ref))
         self.catalog.check_folder(ref)
-        spec = self.catalog.known_spec(ref)
-        if spec is not None:   # known before any download (a known Hub model): a model of another kind is refused now
-            check_model_kind(spec, ref, request.settings.mode, bool(request.last_image))
+        if self.catalog.known_spec(ref) is not None:
+            # Known before any download (a known Hub model): a model of another kind, or a transformer file
+            # that does not fit it, is refused now.
+            check_model_fits(self.catalog.info(request.settings), request.settings, bool(request.last_image))
+            self._check_it_fits(request)
         return request, notes
+
+    def _check_it_fits(self, request: GenerationRequest) -> None:
+        """InputError, with what would fit, when the job's plan does not fit this machine and no strategy is forced:
+        before a download or a load. Only once the engine has said what hardware it runs on (never waits)."""
+        hardware = self._hardware_profile
+        if hardware is None or request.settings.strategy:
+            return
+        plan = plan_settings(request.settings, hardware, self.catalog)
+        if not plan.fits:
+            raise InputError(plan.refusal)
 
     def run(self, request: GenerationRequest, notes: list[str] | tuple = (),
             job_id: str | None = None, group=None, slots=()) -> Iterator[Event]:

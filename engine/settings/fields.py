@@ -168,7 +168,6 @@ FIELDS: tuple[Field, ...] = (
                              "--guidance; 0: the same as --guidance)")),
     Field("mode", "Mode", Group.REQUIRED, (str,)),
     Field("fps", "FPS", Group.REQUIRED, (int,), option=Option("--fps", int, commands=("generate",))),
-    Field("size_multiple", "Size multiple", Group.RUN, (int,)),
     Field("scheduler", "Scheduler", Group.RUN, (str,)),
     Field("sigmas", "Sigmas", Group.RUN, (list, _NONE)),
 )

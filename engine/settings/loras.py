@@ -88,10 +88,10 @@ def lora_folder(models_dir: str | Path) -> Path:
     return Path(models_dir) / LORAS_FOLDER
 
 
-def find_lora(file: str, models_dir: str | Path) -> str:
+def find_lora(file: str, models_dir: str | Path, must_exist: bool = False) -> str:
     """The command line's LoRA file as an absolute path: as given, else by that name in the models folder's loras/
-    (engine/models/weights.find_file)."""
-    return find_file(file, lora_folder(models_dir))
+    (engine/models/weights.find_file; ``must_exist``: refused naming both places when in neither)."""
+    return find_file(file, lora_folder(models_dir), must_exist)
 
 
 def listed_lora_files(models_dir: str | Path) -> list[str]:

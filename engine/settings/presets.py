@@ -223,12 +223,28 @@ class UserPresets:
 
     def load(self) -> list[str]:
         """Add every valid ``*.json`` of the folder to ``presets``; return why each other one was skipped."""
+        return self._read(forget_missing=False)
+
+    def reload(self) -> list[str]:
+        """The folder read again (a preset file dropped in, changed or removed by hand while the app runs): the
+        same as ``load``, and a user preset whose file is gone is gone from ``presets`` too."""
+        return self._read(forget_missing=True)
+
+    def _read(self, forget_missing: bool) -> list[str]:
         problems = []
         if not self.folder.exists():
+            if forget_missing:
+                with self._lock:
+                    for name in self.names():
+                        del self.presets[name]
             return problems
         if not self.folder.is_dir():
             return [f"user presets folder {self.folder} is not a folder; no user presets loaded"]
         with self._lock:
+            if forget_missing:
+                for name in self.names():
+                    if not (self.folder / f"{name}.json").is_file():
+                        del self.presets[name]
             for path in sorted(self.folder.glob("*.json")):
                 if path.name.startswith("."):   # a write cut short by a crash
                     continue

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import InputError
-from engine.models.limits import MAX_FRAMES, MAX_SIDE, MIN_SIDE
+from engine.models.limits import MAX_FRAMES, MAX_SIDE, MIN_SIDE, SIDE_MULTIPLE
 from engine.models.loras import LORA_EXPERTS, Lora, as_lora, lora_file_problem
 from engine.models.single_file import TRANSFORMER_FILE_NAMES, TRANSFORMER_FILE_SUFFIXES
 from engine.settings.fields import SETTING_TYPES, Group, names_in
@@ -52,7 +52,6 @@ class Settings:
     guidance: float
     shift: float
     fps: int = 16
-    size_multiple: int = 16
     scheduler: str = "unipc"           # one of SCHEDULERS
     sigmas: tuple[float, ...] | None = None   # a fixed schedule (distilled models): as many as steps
     # Memory-plan overrides; None leaves each choice to the planner.
@@ -180,7 +179,8 @@ def check_side(name: str, value: int, multiple: int, problems: list[str], limits
     """Width or height: in range, within what the model can take (``limits``, when known), a multiple."""
     which = f", which {limits.name} needs" if limits else ""
     if value < MIN_SIDE or value > MAX_SIDE:
-        problems.append(f"{name} {show(value)} is out of range: use {MIN_SIDE} to {MAX_SIDE} pixels")
+        most = f"{limits.max_side} pixels for {limits.name}" if limits else f"{MAX_SIDE} pixels"
+        problems.append(f"{name} {show(value)} is out of range: use {MIN_SIDE} to {most}")
     elif limits and value > limits.max_side:
         problems.append(f"{name} {value} is more than {limits.name} can take (its position table has "
                         f"{limits.position_rows} rows across): use at most {limits.max_side}")
@@ -209,8 +209,8 @@ def check_frames(frames: int, mode: str, problems: list[str], limits: Limits | N
 
 def _shape(settings: Settings, problems: list[str], limits: Limits | None) -> dict:
     """Width, height and frames as whole numbers, each checked (against the model's ``limits`` when known)."""
-    multiple = limits.size_multiple if limits else (as_int("size_multiple", settings.size_multiple, problems) or 16)
-    shape = {"size_multiple": multiple}
+    multiple = limits.size_multiple if limits else SIDE_MULTIPLE   # the model's own, once it is known
+    shape = {}
     for name in ("width", "height"):
         shape[name] = as_int(name, getattr(settings, name), problems)
         if shape[name] is not None:

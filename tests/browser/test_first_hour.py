@@ -152,3 +152,47 @@ def test_after_a_fault_nothing_on_the_page_says_the_job_still_runs(page, app_ser
     page.locator("#t2v-generate").click()   # a fresh engine takes the next job
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Done in')",
                            timeout=120_000)
+
+
+def _shown(selector: str) -> str:
+    return f"(() => {{ const e = document.querySelector('{selector}'); return !!e && e.offsetParent !== null }})()"
+
+
+def test_the_low_noise_fields_show_only_for_a_model_with_a_low_noise_expert(page, shot: Screenshots):
+    """Guidance 2 and the low-noise transformer file mean something for Wan2.2 A14B only (the table of known
+    models says so before any download); for a one-transformer model they are hidden."""
+    fields = ("#t2v-guidance-2", "#t2v-transformer-2-file")
+    _open_tab(page, "Text to Video")
+    _set_text(page, "t2v-model", "selftest-t2v")
+    for selector in fields:
+        page.wait_for_function(f"() => !{_shown(selector)}")
+    _set_text(page, "t2v-model", "Wan-AI/Wan2.2-T2V-A14B-Diffusers")
+    for selector in fields:
+        page.wait_for_function(f"() => {_shown(selector)}")
+    shot(page, "t2v-a14b-low-noise-fields")
+    _set_text(page, "t2v-model", "selftest-t2v")
+    for selector in fields:
+        page.wait_for_function(f"() => !{_shown(selector)}")
+    assert page.locator("#t2v-guidance").is_visible() and page.locator("#t2v-transformer-file").is_visible()
+
+
+def test_without_a_model_flag_the_tabs_open_on_a_preset_that_fits_this_machine(browser, tmp_path_factory,
+                                                                               selftest_models_dir, shot: Screenshots):
+    """On this CPU machine no real model fits its RAM: the tabs start on the self-test presets, whose plan fits,
+    instead of a preset whose Generate would download gigabytes and then refuse."""
+    from tests.conftest import open_page, running_app
+
+    folder = tmp_path_factory.mktemp("no-model")
+    with running_app(folder / "app.log", "--outputs", str(folder / "outputs"), "--models-dir",
+                     str(selftest_models_dir)) as (url, _), open_page(browser, url) as page:
+        for tab, prefix, preset in (("Text to Video", "t2v", "Self-test"), ("Image to Video", "i2v", "Self-test")):
+            _open_tab(page, tab)
+            page.wait_for_function(f"() => document.querySelector('#{prefix}-preset input').value.includes('{preset}')",
+                                   timeout=90_000)
+            page.wait_for_function(f"() => document.querySelector('#{prefix}-model textarea, #{prefix}-model input')"
+                                   f".value.startsWith('selftest-')")
+            page.wait_for_function(f"() => /fits/i.test(document.querySelector('#{prefix}-plan').innerText) && "
+                                   f"!/does NOT fit/.test(document.querySelector('#{prefix}-plan').innerText)",
+                                   timeout=60_000)
+        _open_tab(page, "Text to Video")
+        shot(page, "t2v-opens-on-a-preset-that-fits")

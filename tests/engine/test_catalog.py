@@ -72,8 +72,8 @@ def test_a_catalog_keeps_only_its_last_models(tmp_path, model_dirs):
 
 
 @pytest.mark.parametrize("model, mode, last, said", [
-    ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v", False, "is a text-to-video model; pick an image-to-video model"),
-    ("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "t2v", False, "is an image-to-video model; use the Image to Video tab"),
+    ("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", "i2v", False, "is a text-to-video model and cannot start from an image; pick an image-to-video model"),
+    ("Wan-AI/Wan2.1-I2V-14B-480P-Diffusers", "t2v", False, "is an image-to-video model and needs a first frame: use the Image to Video tab"),
     ("Wan-AI/Wan2.1-FLF2V-14B-720P-diffusers", "i2v", False, "is a first-and-last-frame model and needs a last frame"),
     ("Wan-AI/Wan2.2-I2V-A14B-Diffusers", "i2v", True, "cannot use a last frame"),
 ])
@@ -97,3 +97,52 @@ def test_a_known_hub_model_of_another_kind_is_refused_before_it_is_queued_or_dow
     if not last:
         client.check(GenerationRequest(Settings(right, mode, 832, 480, 81, 40, 5.0, 5.0), "a fox",
                                        outputs_dir=str(tmp_path / "out"), **images))
+
+
+def test_the_engine_reads_a_model_and_its_transformer_file_once_until_they_change(folder, header_reads, tmp_path):
+    """Every job resolves its model again: the engine's catalog reads the configs and headers only when the files
+    changed, as the app's does."""
+    from engine.run.engine import Engine
+    from engine.run.job import Job
+    from engine.settings.values import Settings
+
+    engine = Engine(tmp_path / "models")
+    job = Job("job-1", lambda event: None)
+    first = engine.resolve(str(folder), job)
+    reads = len(header_reads)
+    assert reads > 0 and first.spec.name and first.pipeline_class == "WanPipeline"
+    for _ in range(3):
+        again = engine.resolve(str(folder), job)
+        assert again == first and again.spec is first.spec
+    assert len(header_reads) == reads
+    config = folder / "transformer" / "config.json"
+    config.write_text(config.read_text().replace('"num_layers": 2', '"num_layers": 2 '))
+    assert engine.resolve(str(folder), job).spec is not first.spec and len(header_reads) > reads
+    weights_file = next((folder / "transformer").glob("*.safetensors"))
+    settings = Settings(str(folder), "t2v", 64, 64, 5, 2, 1.0, 5.0, transformer=str(weights_file))
+    one = engine.catalog.transformer_files(settings)
+    assert one[0].path == str(weights_file.resolve()) and engine.catalog.transformer_files(settings)[0] is one[0]
+    os.utime(weights_file, ns=(1, 1))
+    assert engine.catalog.transformer_files(settings)[0] is not one[0]
+
+
+def test_a_job_on_a_known_model_is_planned_once_and_reads_no_header(folder, header_reads, presets, tmp_path,
+                                                                    monkeypatch):
+    """The planner runs once per job (no step down), and a second job on the same files reads nothing again."""
+    import engine.run.engine as engine_module
+    from engine.events import JobFinished
+    from engine.run.engine import Engine
+    from tests.conftest import CPU, run_engine, tiny_request
+
+    plans = []
+    real = engine_module.plan_memory
+    monkeypatch.setattr(engine_module, "plan_memory", lambda *a, **k: plans.append(a[1]) or real(*a, **k))
+    engine = Engine(tmp_path / "models", CPU)
+    request = tiny_request(presets, str(folder), tmp_path / "out", mode="t2i", frames=1, steps=2)
+    first, _ = run_engine(engine, request)
+    assert isinstance(first, JobFinished) and len(plans) == 1
+    engine.unload()   # the next job loads again: only the files' headers are not read again
+    reads = len(header_reads)
+    second, _ = run_engine(engine, request)
+    assert isinstance(second, JobFinished) and len(plans) == 2
+    assert len(header_reads) == reads

@@ -555,3 +555,13 @@ def test_an_operator_missing_on_this_device_reads_as_one_short_sentence():
     assert event.kind == "runtime" and "during denoise" in event.message
     assert "_scaled_dot_product_flash_attention" in event.message and "'CPU' backend" in event.message
     assert len(event.message) < MAX_ERROR_CHARS + 80 and "registered at" not in event.message
+
+
+def test_a_sentence_keeps_a_name_it_starts_with_as_written():
+    from engine.words import sentence
+
+    assert sentence("notes.png is not saved latents") == "notes.png is not saved latents."
+    assert sentence("selftest-t2v is a text-to-video model") == "selftest-t2v is a text-to-video model."
+    assert sentence("Wan-AI/Wan2.1 x") == "Wan-AI/Wan2.1 x."
+    assert sentence("image-to-video needs an image") == "Image-to-video needs an image."
+    assert sentence("width 70 is not a multiple of 16") == "Width 70 is not a multiple of 16."

@@ -166,3 +166,34 @@ def test_with_two_engines_the_estimate_counts_the_engine_that_frees_up_first():
     assert queue.estimate(fourth) == pytest.approx(12.0)          # third's engine frees up before first's 30 s
     # The split job needs both engines: the fourth job's (free at 12 + 12 s) and the first job's (30 s).
     assert queue.estimate(split) == pytest.approx(30.0)
+
+
+def test_a_job_past_its_own_estimate_never_leaves_the_next_one_waiting_for_0_s():
+    clock = Clock()
+    queue = JobQueue(clock=clock)
+    first = queue.join("a", "text to video")
+    assert queue.wait_turn(first, 0)
+    second = queue.join("b", "text to video")
+    queue.report(first, "Denoising: step 1/10", seconds_left=9.0)
+    clock.now += 2
+    assert queue.estimate(second) == pytest.approx(7.0)
+    clock.now += 10      # 3 s past what it said: still running, so still some time to wait
+    assert queue.estimate(second) == pytest.approx(0.25 * 12)
+    clock.now += 100
+    assert queue.estimate(second) == pytest.approx(0.25 * 112)
+    queue.report(first, "Decoding", seconds_left=0.0)
+    assert queue.estimate(second) >= 1.0
+
+
+def test_a_job_an_owner_holds_is_found_once_it_joined_a_moment_ago():
+    clock = Clock()
+    queue = JobQueue(clock=clock)
+    running = queue.join("a", "text to video")
+    assert queue.wait_turn(running, 0)
+    waiting = queue.join("b", "image to video")
+    assert queue.held_for("a", joined_before=1.5) is None      # the click that started it
+    clock.now += 2
+    assert queue.held_for("a", joined_before=1.5) is running and queue.held_for("b", 1.5) is waiting
+    assert queue.held_for("c") is None and queue.held_for(None) is None
+    queue.leave(running, JobEnding(Ending.DONE, seconds=2.0))
+    assert queue.held_for("a") is None

@@ -274,7 +274,11 @@ def test_lora_text_reads_as_file_and_strength(tmp_path):
     (models / "loras").mkdir(parents=True)
     (models / "loras" / "mine.safetensors").write_bytes(b"")
     assert find_lora("mine.safetensors", models) == str((models / "loras" / "mine.safetensors").resolve())
-    assert find_lora("other.safetensors", models) == os.path.abspath("other.safetensors")
+    with pytest.raises(InputError) as missing:   # both places it looked are named
+        find_lora("other.safetensors", models, must_exist=True)
+    assert f"other.safetensors is neither in this folder ({os.getcwd()}) nor in {(models / 'loras').resolve()}" \
+        in str(missing.value)
+    assert find_lora("other.safetensors", models) == os.path.abspath("other.safetensors")   # may be fetched first
 
 
 def test_a_merged_lora_computes_what_the_adapters_compute_and_comes_out_exactly(model_dirs, loras):

@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from engine.models.spec import spec_for
 from engine.settings.presets import (BUILTIN_PRESETS_DIR, PresetError, UserPresets, check_user_preset_name, get_preset,
                                      load_preset_file, load_presets, preset_json)
 
@@ -22,7 +23,7 @@ def test_builtin_presets_hold_the_articles_settings(presets):
     # shift 3: the official generate.py's for image to video at 480-class sizes
     assert tuple(getattr(i2v.settings, f) for f in ("mode", "width", "height", "frames", "steps", "guidance", "shift")) == ("i2v", 480, 480, 33, 20, 5.0, 3.0)
     assert (presets["wan21-flf2v-14b"].settings.guidance, presets["wan21-flf2v-14b"].settings.shift) == (5.0, 16.0)
-    assert presets["wan22-ti2v-5b"].settings.fps == 24 and presets["wan22-ti2v-5b"].settings.size_multiple == 32
+    assert presets["wan22-ti2v-5b"].settings.fps == 24 and spec_for(presets["wan22-ti2v-5b"].settings.model).size_multiple == 32
     assert presets["selftest-t2v"].selftest and presets["selftest-i2v"].settings.mode == "i2v"
 
 
@@ -49,7 +50,8 @@ def test_every_guided_preset_suggests_the_official_negative_prompt(presets):
 
 def test_every_builtin_preset_is_a_valid_request_shape(presets):
     for preset in presets.values():
-        assert preset.settings.width % preset.settings.size_multiple == 0 and preset.settings.height % preset.settings.size_multiple == 0
+        multiple = spec_for(preset.settings.model).size_multiple   # the model's own (32 for Wan2.2 TI2V-5B)
+        assert preset.settings.width % multiple == 0 and preset.settings.height % multiple == 0, preset.name
         assert (preset.settings.frames - 1) % 4 == 0
 
 
@@ -252,3 +254,18 @@ def test_a_preset_may_force_a_memory_choice_and_a_bad_one_is_refused(tmp_path):
     _write(tmp_path, "turbo", strategy="turbo")
     with pytest.raises(PresetError, match="turbo.json: Strategy 'turbo' is unknown"):
         load_presets(tmp_path)
+
+
+def test_the_readme_s_preset_table_lists_every_built_in_preset_with_its_numbers(presets):
+    from tests.conftest import ROOT
+
+    rows = {}
+    for line in (ROOT / "README.md").read_text().splitlines():
+        found = re.match(r"^\| `([^`]+)`(?:, `([^`]+)`)? \|(.*)$", line)
+        if found:
+            for name in filter(None, found.groups()[:2]):
+                rows[name] = found[3]
+    assert set(presets) <= set(rows), sorted(set(presets) - set(rows))
+    for name, preset in presets.items():
+        s = preset.settings
+        assert f"{s.width}x{s.height}, {s.frames} frames" in rows[name] and f"| {s.steps}" in rows[name], name

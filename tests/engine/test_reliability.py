@@ -89,9 +89,13 @@ def test_cli_decode_again(model_dirs, presets, outputs, tmp_path, selftest_model
                           capture_output=True, text=True, timeout=180, env=app_env(), cwd=ROOT)
     assert done.returncode == 0, done.stderr
     assert "Wrote" in done.stdout and "Decoded again (tiled)" in done.stdout
+    both = subprocess.run(app_command("decode", failed.latents, "--tiled", "--cpu", "--models-dir",
+                                      str(selftest_models_dir)), capture_output=True, text=True, timeout=180,
+                          env=app_env(), cwd=ROOT)
+    assert both.returncode == 0 and "Decoded again (tiled, on the CPU)" in both.stdout, both.stderr
     bad = subprocess.run(app_command("decode", str(tmp_path / "nope.latents.safetensors")), capture_output=True,
                          text=True, timeout=180, env=app_env(), cwd=ROOT)
-    assert bad.returncode != 0 and "not a saved latents file" in bad.stderr
+    assert bad.returncode == 2 and "nope.latents.safetensors does not exist; pick a" in bad.stderr
 
 
 def test_latents_of_finished_runs_expire_and_failed_ones_stay(model_dirs, presets, outputs, tmp_path):

@@ -5,6 +5,8 @@ import os
 
 import pytest
 
+from engine.models.limits import limits_of
+from engine.models.spec import KNOWN_MODELS
 from engine.settings.request import GenerationRequest, check_request
 from engine.settings.values import InputError
 from tests.conftest import said, tiny_request
@@ -23,7 +25,6 @@ def test_good_request_passes_and_is_normalised(good):
 @pytest.mark.parametrize("change, expected", [
     (dict(width=70), "width 70 is not a multiple of 16: try 64 or 80"),
     (dict(height=100), "height 100 is not a multiple of 16: try 96 or 112"),
-    (dict(width=80, size_multiple=32), "width 80 is not a multiple of 32: try 64 or 96"),
     (dict(frames=10), "frames must be 4k+1"),
     (dict(frames=0), "frames 0 is out of range"),
     (dict(width=0), "width 0 is out of range"),
@@ -46,6 +47,17 @@ def test_bad_values_are_refused_with_what_to_change(good, change, expected):
     with pytest.raises(InputError) as info:
         check_request(good.with_values(**change))
     assert said(expected) in str(info.value)
+
+
+def test_a_known_model_s_own_size_multiple_is_checked(good):
+    """Wan2.2 TI2V-5B's VAE scales by 16, so its sides are multiples of 32: the model's spec says so, and the
+    check uses it once the model is known (the 16 every Wan model needs before then)."""
+    ti2v = limits_of(KNOWN_MODELS["Wan-AI/Wan2.2-TI2V-5B-Diffusers"])
+    assert check_request(good.with_values(width=80)).settings.width == 80
+    with pytest.raises(InputError) as info:
+        check_request(good.with_values(width=80), ti2v)
+    assert said("width 80 is not a multiple of 32, which Wan2.2 TI2V 5B needs: try 64 or 96") in str(info.value)
+    assert check_request(good.with_values(width=96), ti2v).settings.width == 96
 
 
 def test_every_problem_is_listed_at_once(good):
@@ -112,3 +124,11 @@ def test_from_preset_drops_a_fixed_schedule_when_steps_change(presets):
     changed = GenerationRequest.from_preset(fast, "a cat", steps=8)
     assert kept.settings.sigmas == (1.0, 0.757, 0.522) and kept.settings.scheduler == "flow_dmd"
     assert changed.settings.sigmas is None and changed.settings.scheduler == "flow_dmd"   # its own even schedule
+
+
+def test_a_side_out_of_every_range_is_told_the_model_s_own_range(good):
+    from engine.models.spec import SELFTEST_SPECS
+
+    with pytest.raises(InputError) as info:
+        check_request(good.with_values(width=16384), limits_of(SELFTEST_SPECS["selftest-t2v"]))
+    assert "Width 16384 is out of range: use 32 to 512 pixels for selftest-t2v." in str(info.value)

@@ -21,7 +21,8 @@ REQUEST = GenerationRequest.from_dict(dict(
     mode="i2v", prompt="a fox", model="org/fox", width=64, height=48, frames=5, steps=2, guidance=5, shift=3.0,
     seed=7, negative_prompt="blurry", preset="fox-preset", sigmas=(0.5, 0.25), image="/uploads/fox.png",
     outputs_dir="/outputs"))
-MODEL = SimpleNamespace(ref="org/fox", source="hub", revision="abc123", pipeline_class="WanImageToVideoPipeline")
+MODEL = SimpleNamespace(ref="org/fox", source="hub", revision="abc123", pipeline_class="WanImageToVideoPipeline",
+                        spec=None)
 INPUTS = {"image": f"{STEM}.first.png", "last_image": None}
 
 # What record.py wrote before the schema number, key for key (a run, then a decode again).

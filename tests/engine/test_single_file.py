@@ -19,6 +19,7 @@ import torch
 
 from engine.events import Info, JobFailed, JobFinished, LatentsSaved, PhaseStarted
 from engine.models.refs import resolve_model
+from engine.models.catalog import ModelCatalog
 from engine.models.single_file import PREFIX, read_transformer_file, use_transformer_files
 from engine.models.spec import KNOWN_MODELS, TransformerWeights
 from engine.outputs.latents import load_latents
@@ -320,7 +321,8 @@ def test_fp8_scaled_weights_are_multiplied_by_their_scales_as_they_load(model_di
     from engine.run.apply_plan import load_transformer_files
 
     settings = replace(presets["selftest-t2v"].settings, transformer=str(files["scaled"]))
-    resolved = use_transformer_files(resolve_model(str(model_dirs["tiny-t2v"]), tmp_path), settings)
+    resolved = use_transformer_files(resolve_model(str(model_dirs["tiny-t2v"]), tmp_path),
+                                     ModelCatalog().transformer_files(settings))
     plan = plan_memory(resolved.spec, plan_request_for(settings), CPU)
     loaded = load_transformer_files(resolved, plan)["transformer"].state_dict()
     own = load_file(str(model_dirs["tiny-t2v"] / "transformer" / "diffusion_pytorch_model.safetensors"))
@@ -342,7 +344,8 @@ def test_the_newer_comfyui_fp8_layout_loads_with_its_scales(model_dirs, files, p
     described = read_transformer_file(path)
     assert described.quantization == "fp8_e4m3fn scaled" and described.scaled_fp8
     settings = replace(presets["selftest-t2v"].settings, transformer=str(path))
-    resolved = use_transformer_files(resolve_model(str(model_dirs["tiny-t2v"]), tmp_path), settings)
+    resolved = use_transformer_files(resolve_model(str(model_dirs["tiny-t2v"]), tmp_path),
+                                     ModelCatalog().transformer_files(settings))
     loaded = load_transformer_files(resolved, plan_memory(resolved.spec, plan_request_for(settings), CPU))
     own = load_file(str(model_dirs["tiny-t2v"] / "transformer" / "diffusion_pytorch_model.safetensors"))
     state = loaded["transformer"].state_dict()
@@ -467,16 +470,31 @@ def test_app_plan_takes_a_transformer_file_and_refuses_one_that_does_not_fit(mod
     assert plan["transformer_files"][0][0] == str(files["gguf"].resolve())
     assert app.main([*common, "--transformer", str(files["1.3b"])]) == app.EXIT_BAD_INPUT
     assert "is shaped like Wan2.1 T2V 1.3B" in capsys.readouterr().err
-    # A name is looked for in the models folder's transformers/ (as the page lists them); one not there stays as
-    # given, from the working folder, for the check to say it is missing.
+    # A name is looked for in the models folder's transformers/ (as the page lists them); one in neither place is
+    # refused naming both.
     models = tmp_path / "models"
     (models / "transformers" / "wan").mkdir(parents=True)
     shutil.copy(files["gguf"], models / "transformers" / "wan" / "high.gguf")
-    args = app.parse_args(["generate", "--prompt", "a fox", "--model", "selftest-t2v", "--transformer",
-                           "wan/high.gguf", "--transformer-2", "low.gguf", "--models-dir", str(models),
-                           "--user-presets", str(tmp_path / "user_presets")])
-    settings = app._settings(args)[1]
+    given = ["generate", "--prompt", "a fox", "--model", "selftest-t2v", "--transformer", "wan/high.gguf",
+             "--models-dir", str(models), "--user-presets", str(tmp_path / "user_presets")]
+    settings = app._settings(app.parse_args(given))[1]
     assert settings.transformer == str((models / "transformers" / "wan" / "high.gguf").resolve())
-    assert settings.transformer_2 == os.path.abspath("low.gguf")
+    with pytest.raises(InputError, match=f"low.gguf is neither in this folder .* nor in {models / 'transformers'}"):
+        app._settings(app.parse_args([*given, "--transformer-2", "low.gguf"]))
     assert app.main([*common, "--models-dir", str(models), "--transformer", "wan/high.gguf"]) == app.EXIT_OK
     assert json.loads(capsys.readouterr().out)["transformer_files"][0][0] == settings.transformer
+
+
+def test_the_app_s_check_refuses_a_file_of_another_shape_before_the_job_is_queued(model_dirs, files, presets,
+                                                                                   outputs, tmp_path):
+    """The catalog reads the model and the file as the engine would, so the sentence comes before any engine
+    process starts."""
+    from engine.service.worker import WorkerClient
+
+    client = WorkerClient(tmp_path / "models")
+    base = model_dirs["tiny-t2v"]
+    with pytest.raises(InputError, match="is shaped like Wan2.1 T2V 1.3B"):
+        client.check(tiny_request(presets, base, outputs, transformer=str(files["1.3b"]), **RUN))
+    assert client.pid is None
+    checked, _ = client.check(tiny_request(presets, base, outputs, transformer=str(files["safetensors"]), **RUN))
+    assert checked.settings.transformer == str(files["safetensors"])

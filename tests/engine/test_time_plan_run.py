@@ -71,3 +71,30 @@ def test_the_fastest_attention_measured_here_is_the_one_the_plan_picks(model_dir
     assert isinstance(result, JobFinished), result
     assert _predicted(events).plan.attention_backend == "_native_math" and engine.hardware.attention == "_native_math"
     assert json.loads(Path(result.sidecar).read_text())["speed"]["attention"] == "_native_math"
+
+
+def test_the_page_s_plan_the_status_and_the_chart_predict_the_same_within_2x_of_what_the_job_takes(
+        model_dirs, presets, tmp_path):
+    """One prediction everywhere: the engine's (its PlanReady, which the status and the chart show) and the plan
+    panel's (from the runs the engine kept beside the outputs) agree, and after one run of the self-test model
+    on this CPU the next run of it takes between half and twice what they say."""
+    from engine.device.calibrate import Calibration
+    from engine.models.catalog import ModelCatalog
+    from engine.run.time_plan import RUNS_FILE, kept_runs, predict_job
+    from engine.service.ahead import plan_settings
+
+    outputs = tmp_path / "out"
+    engine = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1, calibrate=True)
+    first, _ = run_engine(engine, tiny_request(presets, "selftest-t2v", outputs))
+    assert isinstance(first, JobFinished) and (outputs / RUNS_FILE).is_file()
+    request = tiny_request(presets, "selftest-t2v", outputs, seed=7)
+    calibration = Calibration.load(outputs, CPU)
+    catalog = ModelCatalog()
+    page = predict_job(catalog.spec("selftest-t2v"), "selftest-t2v", request.settings,
+                       plan_settings(request.settings, CPU, catalog), calibration, kept_runs(outputs, calibration),
+                       loaded=True)
+    second, events = run_engine(engine, request)
+    said = _predicted(events)
+    assert said.predicted_total == page.total and said.predicted_seconds == page.seconds
+    took = sum(second.timings[phase] for phase in said.predicted_seconds)
+    assert 0.5 <= said.predicted_total / took <= 2.0, (said.predicted_seconds, second.timings)

@@ -387,3 +387,23 @@ def test_a_calibration_reads_back_what_it_wrote():
     with pytest.raises(ValueError):
         Calibration.from_dict([])
     assert math.isclose(H200_CALIBRATION.with_disk_rate(2).disk_gbps, 2.0)
+
+
+def test_a_small_run_s_fixed_costs_are_not_scaled_up_as_work():
+    """The self-test model at 64x64x9 took 0.03 s a step, nearly all of it fixed costs; at 256x256x33 (59 times
+    the tokens) the tokens rule said 9 s a step, and the run took 0.24. Measured = k x model + c keeps the
+    fixed part fixed."""
+    from engine.planning.timing import PhaseTimes
+
+    def prediction(tokens, model_step):
+        return PhaseTimes({"denoise": model_step * 20}, {"denoise": ""}, model_step, 20, 2, tokens, tokens * 16, 1.0,
+                          model_step_seconds=model_step)
+
+    small = MeasuredRun({"denoise": 0.6}, 144, 20, 2, 144 * 16, step_seconds=0.03, model_step=0.0004)
+    big = learn(prediction(8448, 0.03), [small])
+    assert 0.03 < big.step_seconds < 0.2, big.how["denoise"]      # 3 x the model's work + the fixed 0.029 s
+    assert big.step_seconds == pytest.approx(3 * 0.03 + (0.03 - 3 * 0.0004))
+    # Two runs at different sizes: the fit finds both parts.
+    runs = [MeasuredRun({"denoise": 1.0}, t, 20, 2, t * 16, step_seconds=2 * (1.5 * m / 2 + 0.01), model_step=m)
+            for t, m in ((144, 0.001), (8448, 0.05))]
+    assert learn(prediction(4000, 0.02), runs).step_seconds == pytest.approx(2 * (1.5 * 0.01 + 0.01))

@@ -17,7 +17,7 @@ from tests.ui.test_security import OVERRIDES
 USERS = 8
 # The estimate is in seconds up to 90 s, then in minutes (a loaded machine makes the long job slower).
 WAITING = re.compile(r"Waiting in the queue: (\d+) jobs? ahead of yours, "
-                     r"(about (\d+) (s|min) until it starts|no estimate)")
+                     r"(about (\d+(?:\.\d)?) (s|min) until it starts|no estimate)")
 
 
 def t2v(seed: int, prompt: str = "a red fox", size=(64, 64, 9), steps: int = 4) -> list:
@@ -46,7 +46,7 @@ def _said(job) -> list[str]:
 def _places(job) -> list[tuple[int, int | None]]:
     """(jobs ahead, estimated seconds or None) from each 'Waiting in the queue' status so far."""
     found = [WAITING.search(text) for text in _said(job)]
-    return [(int(m[1]), int(m[3]) * (60 if m[4] == "min" else 1) if m[3] else None) for m in found if m]
+    return [(int(m[1]), float(m[3]) * (60 if m[4] == "min" else 1) if m[3] else None) for m in found if m]
 
 
 def _wait_denoising(job, timeout: float = 60):

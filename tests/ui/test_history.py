@@ -5,6 +5,8 @@ it changes, so they do not depend on each other's order.
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import os
 import re
@@ -155,6 +157,10 @@ def test_the_page_shows_reuses_and_deletes_with_a_confirmation(page, client, ser
     stem = image[: -len(".png")]
     _open_history(page, "a still lake")
     expect(page.locator("#history-details")).to_contain_text("Text to image")
+    # The plan and the phases named as the live page named them (a CPU run), with the run's speed choices.
+    details = page.locator("#history-details").inner_text()
+    assert "CPU only" in details and "Apply the plan" in details and "Transfer (to device)" not in details, details
+    assert "all_on_device" not in details and "decoder vae" in details and "(exact)" in details, details
     expect(page.locator("#history-image img")).to_be_visible()
     expect(page.locator("#history-video")).to_be_hidden()
 
@@ -195,3 +201,20 @@ def test_the_history_tab_lists_the_good_outputs_and_names_the_unreadable_sidecar
     for name in bad_sidecars:
         expect(summary).to_contain_text(name)
     expect(page.locator("#history-gallery .thumbnail-item", has_text="waves on a shore")).to_have_count(1)
+
+
+def test_the_details_list_the_loras_and_the_speed_choices_of_a_run(presets):
+    from engine.models.loras import Lora
+    from engine.outputs.history import HistoryEntry
+    from ui.views.history_view import entry_markdown
+
+    settings = replace(presets["selftest-t2v"].settings, loras=(Lora("style.safetensors", 0.75, "both"),
+                                                               Lora("detail.safetensors", 1.5, "low")))
+    entry = HistoryEntry("d/x.mp4", "video", "/o/d/x.mp4", "/o/d/x.json", "2026-12-02T07:00:00", settings, "a fox",
+                         "", "selftest-t2v", 7, fps=16, strategy="group_offload", device="cuda",
+                         speed={"decoder": "fast", "step_cache": "mag", "attention": "native", "approximate": True},
+                         timings={"transfer": 1.0, "denoise": 2.0})
+    text = entry_markdown(entry)
+    assert "| LoRAs | style.safetensors: 0.75; detail.safetensors: 1.5@low |" in text, text
+    assert "| Speed | decoder fast, step cache mag, attention native (approximate) |" in text, text
+    assert "| Memory plan | group_offload |" in text and "Transfer (to device)" in text

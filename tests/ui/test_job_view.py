@@ -137,7 +137,7 @@ def test_the_chart_draws_the_predicted_time_beside_each_phase_and_ahead_of_those
                   PhaseFinished("j", "load", 2.5, "14.0 GB read at 5.6 GB/s")):
         view.apply(event)
     chart = view.chart_html()
-    assert "2.50 s · predicted 3.0" in chart and "about 12.0 s" in chart and "about 0.3 s" in chart
+    assert "2.50 s · predicted 3.0" in chart and "about 12.0 s" in chart and "about 0.30 s" in chart
     assert chart.count("wan-predicted") == 4
     assert "about 17 s in all" in view.markdown()
     assert view.timing_rows()[0] == ["Load (disk to RAM)", 2.5, "14.0 GB read at 5.6 GB/s"]
@@ -167,3 +167,30 @@ def test_every_phase_has_its_words_and_a_name_that_is_no_phase_is_refused_by_the
     with pytest.raises(ValueError, match="saving latents"):
         with job.in_phase("saving latents", timed=False):
             pass
+
+
+def test_a_phase_the_job_failed_in_reads_failed_in_the_chart_as_in_the_table():
+    from engine.events import JobFailed, PhaseStarted
+
+    view = JobView()
+    for event in (PhaseStarted("j", "download"),
+                  JobFailed("j", "x is not downloaded and the Hub cannot be reached.", "", "download", "model")):
+        view.apply(event)
+    assert view.timing_rows()[0] == ["Download", None, "failed"]
+    assert ">failed<" in view.chart_html() and ">running<" not in view.chart_html()
+
+
+def test_the_status_says_plan_once_with_its_reasons_under_it(presets):
+    from engine.events import Info, PlanReady
+    from engine.models.catalog import ModelCatalog
+    from engine.service.ahead import plan_settings
+    from tests.conftest import CPU
+
+    plan = plan_settings(presets["selftest-t2v"].settings, CPU, ModelCatalog())
+    view = JobView()
+    for event in (JobStarted("j", "t2v"), PlanReady("j", plan, None, None),
+                  Info("j", "Plan: No GPU found: everything runs on the CPU."), Info("j", "Cleaned the prompt.")):
+        view.apply(event)
+    text = view.markdown()
+    assert text.count("Plan:") == 1 and "- No GPU found: everything runs on the CPU." in text, text
+    assert text.index("Plan:") < text.index("No GPU found") < text.index("Cleaned the prompt"), text

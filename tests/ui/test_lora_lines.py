@@ -62,3 +62,14 @@ def test_the_lora_folder_lists_its_safetensors_files_by_name(tmp_path):
     for name in ("b.safetensors", "A.SAFETENSORS", "styles/c.safetensors", "notes.txt"):
         (folder / name).write_bytes(b"")
     assert listed_lora_files(tmp_path) == ["A.SAFETENSORS", "b.safetensors", "styles/c.safetensors"]
+
+
+def test_a_typed_strength_past_the_ends_is_set_to_the_nearest_and_said():
+    from ui.views.lora_lines import typed_strength
+
+    assert typed_strength("0.5", 4.0) == (0.5, "") and typed_strength(-4, 4.0) == (-4.0, "")
+    assert typed_strength(7, 4.0) == (4.0, "A LoRA strength goes from -4 to 4: 7 was set to 4.")
+    assert typed_strength("-12.5", 4.0) == (-4.0, "A LoRA strength goes from -4 to 4: -12.5 was set to -4.")
+    for nonsense in ("", "abc", None, float("nan"), "inf"):
+        strength, note = typed_strength(nonsense, 4.0)
+        assert strength is None and "left as it was" in note

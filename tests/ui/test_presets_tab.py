@@ -253,3 +253,43 @@ def test_a_deleted_preset_is_gone(client, server):
     assert "Deleted your preset **short-lived**" in client.predict("short-lived", api_name="/delete_preset")
     assert not (server["user"] / "short-lived.json").exists()
     assert "short-lived" not in _by_name(Client(server["url"], verbose=False).predict(api_name="/presets"))
+
+
+def test_a_tab_whose_chosen_preset_is_deleted_gets_the_default_preset_s_values_back(ctx):
+    import gradio as gr
+
+    from ui.parts.form import build_form, preset_values
+    from ui.preset_saving import delete_user_preset
+    from ui.tabs.presets import _Dropdowns
+
+    with gr.Blocks():
+        forms = {mode: build_form(ctx, mode, mode)[0] for mode in ("t2v", "i2v")}
+    save_user_preset(ctx, "wide-fox", "t2v", boxes("selftest-t2v", "", "", 128, 64, 9, 3, 1.0, 8.0))
+    delete_user_preset(ctx, "wide-fox")
+    updates = _Dropdowns(ctx, forms).updates_and_forms("wide-fox", "selftest-i2v")
+    t2v_fields = len(forms["t2v"].preset_fields())
+    default = ctx.default_preset("t2v")
+    assert updates[0].value == default
+    assert updates[2:2 + t2v_fields] == preset_values(ctx.presets[default])   # the form is the default's again
+    assert all(u == gr.skip() for u in updates[2 + t2v_fields:])             # the other tab keeps its edits
+
+
+def test_preset_files_dropped_in_or_removed_while_the_app_runs_are_seen_and_a_broken_one_is_named(
+        presets, outputs, tmp_path):
+    from ui.tabs.presets import skipped_markdown
+
+    folder = tmp_path / "user"
+    user = UserPresets(folder, dict(presets))
+    assert user.load() == []
+    ctx = AppContext(WorkerClient(tmp_path / "models"), user.presets, str(outputs), "selftest-t2v",
+                     user_presets=user)
+    assert skipped_markdown(ctx) == "" and "slow-fox" not in ctx.presets
+    folder.mkdir()
+    (folder / "slow-fox.json").write_text(json.dumps(SLOW_FOX))
+    (folder / "broken.json").write_text('{"name": "broken"')
+    said = skipped_markdown(ctx)
+    assert "slow-fox" in ctx.presets and ctx.presets["slow-fox"].settings.fps == 8
+    assert said.startswith("**Preset files skipped:**") and "broken.json" in said and "slow-fox" not in said
+    (folder / "slow-fox.json").unlink()
+    skipped_markdown(ctx)
+    assert "slow-fox" not in ctx.presets and set(presets) <= set(ctx.presets)

@@ -344,3 +344,23 @@ def test_a_plain_json_call_with_a_prompt_and_steps_returns_an_image(server):
     sidecars = [json.loads(p.read_text()) for p in server["outputs"].rglob("*.json")]
     assert any(s["prompt"] == "cyberpunk city" and s["parameters"]["steps"] == 2 and s["mode"] == "t2i"
                for s in sidecars)
+
+
+def test_a_raw_http_caller_may_leave_the_trailing_inputs_out_as_gradio_client_does(server):
+    """The README's eleven values, or just a preset and a prompt: the server fills the rest with the API's own
+    defaults; with no prompt at all, the app's sentence says what is missing."""
+    import json as json_module
+
+    for values in (T2V, ["selftest-t2v", "a red fox"]):
+        answer = _call(server, "text_to_video", json_module.dumps({"data": values}))
+        assert "event: complete" in answer and ".mp4" in answer, answer
+    answer = _call(server, "text_to_video", json_module.dumps({"data": ["selftest-t2v"]}))
+    assert "event: error" in answer and "The prompt is empty: describe what the video should show." in answer, answer
+    assert "didn't receive enough input values" not in server["log"].read_text()
+
+
+def test_unload_with_nothing_loaded_says_so_at_once(client):
+    client.predict(api_name="/unload")   # whatever an earlier test left loaded goes
+    started = time.monotonic()
+    assert client.predict(api_name="/unload") == "No model was loaded: nothing to unload."
+    assert time.monotonic() - started < 3.0

@@ -54,7 +54,7 @@ def test_the_last_job_is_named_without_anyone_s_text():
     cpu_plan = plan_memory(SELFTEST_SPECS["selftest-t2v"], PlanRequest(64, 64, 9), CPU)
     on_cpu = JobView().apply(PlanReady("j", cpu_plan)).apply(PhaseStarted("j", "transfer"))
     assert on_cpu.ending == JobEnding(Ending.STOPPED, "transfer", device="cpu")
-    assert ending_words(on_cpu.ending) == "stopped during Apply the plan"
+    assert ending_words(on_cpu.ending) == "stopped during Apply the plan (its page was closed or reloaded)"
     assert JobView().ending is None and JobView().withdrawn().ending.kind is Ending.WITHDRAWN
 
 

@@ -107,11 +107,18 @@ def form_limits(ctx: AppContext, mode: str, preset: str | None, model: str | Non
 
 
 def limit_updates(limits: Limits | None) -> tuple:
-    """The form's frames, width and height boxes with the model's maxima and the frames hint."""
+    """The form's frames, width and height boxes with the model's maxima and the frames hint; its low-noise
+    guidance shown only for a model with a low-noise expert (or one not known yet)."""
     frames = limits.max_frames if limits else MAX_FRAMES
     side = limits.max_side if limits else MAX_SIDE
     hint = limits.frames_hint if limits else f"4k+1, at most {MAX_FRAMES}"
-    return (gr.Number(maximum=frames, label=frames_label(hint)), gr.Number(maximum=side), gr.Number(maximum=side))
+    return (gr.Number(maximum=frames, label=frames_label(hint)), gr.Number(maximum=side), gr.Number(maximum=side),
+            gr.Number(visible=has_low_noise_expert(limits)))
+
+
+def has_low_noise_expert(limits: Limits | None) -> bool:
+    """Whether the form shows the low-noise expert's fields: for Wan2.2 A14B, and while the model is not known."""
+    return limits is None or limits.experts > 1
 
 
 def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
@@ -156,9 +163,21 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
     # comes with its own values.
     preset_box.input(lambda name: preset_values(ctx.preset_or_default(name, mode)), preset_box, form.preset_fields(),
                      api_visibility="private")
+    if not ctx.default_model:   # no --model: the tab starts on the best preset that fits this machine
+        def fitting():
+            try:
+                name = ctx.fitting_preset(mode, ctx.client.hardware_profile())
+            except OSError:   # the engine did not say what it runs on: the first preset stays
+                name = chosen
+            if name == chosen or name not in ctx.presets:
+                return [gr.skip()] * (1 + len(form.preset_fields()))
+            return [gr.Dropdown(value=name), *preset_values(ctx.presets[name])]
+
+        gr.on(None, fitting, None, [preset_box, *form.preset_fields()], api_visibility="private",
+              show_progress="hidden")
     # The model's own limits (frames, size) follow the model in the form: when the page opens and when it changes.
     gr.on(None, lambda preset, model: limit_updates(form_limits(ctx, mode, preset, model)),
-          [preset_box, model_box], [frames, width, height], api_visibility="private", show_progress="hidden",
+          [preset_box, model_box], [frames, width, height, guidance_2], api_visibility="private", show_progress="hidden",
           trigger_mode="always_last", queue=False, preprocess=False)
     return form, built
 
@@ -277,6 +296,13 @@ def _transformer_row(ctx: AppContext, form: Form, mode: str, prefix: str) -> dic
     gr.on(None, listed, None, boxes, api_visibility="private", queue=False, show_progress="hidden")
     refresh.click(listed, None, boxes, api_visibility="private", queue=False, show_progress="hidden")
     form.preset.input(of_preset, form.preset, boxes, api_visibility="private", queue=False)
+
+    def low_noise(preset, model):   # hidden, and back to the model's own, for a model with one transformer
+        shown = has_low_noise_expert(form_limits(ctx, mode, preset, model))
+        return gr.Dropdown(visible=True) if shown else gr.Dropdown(visible=False, value=OWN_TRANSFORMER)
+
+    gr.on(None, low_noise, [form.preset, form.model], boxes[1], api_visibility="private", show_progress="hidden",
+          trigger_mode="always_last", queue=False)
     return dict(zip(TRANSFORMERS, boxes))
 
 

@@ -75,8 +75,9 @@ def build_job_panel(prefix: str, still: bool = False) -> JobPanel:
                          visible=False, height=400)
     status = gr.Markdown(elem_id=f"{prefix}-status", elem_classes=["wan-status"])
     # Hidden until a run has finished: an empty number box would show 0.
-    seed_used = gr.Number(value=None, label="Seed used", precision=0, interactive=False, visible=False,
-                          elem_id=f"{prefix}-seed-used")
+    # It belongs to the result above it, which stays while a new run goes on (or fails): its label says so.
+    seed_used = gr.Number(value=None, label="Seed of the result shown", precision=0, interactive=False,
+                          visible=False, elem_id=f"{prefix}-seed-used")
     with gr.Accordion("Where the time goes", open=True, elem_id=f"{prefix}-timing-panel"):
         chart = gr.HTML("", elem_id=f"{prefix}-timing-chart")
         timings = gr.Dataframe(headers=TIMING_HEADERS, label="Phase timings", interactive=False,

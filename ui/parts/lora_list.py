@@ -9,7 +9,7 @@ import gradio as gr
 
 from engine.settings.loras import LORAS_FOLDER, listed_lora_files
 from engine.settings.values import MAX_LORA_STRENGTH
-from ui.views.lora_lines import LoraRow, lora_rows, with_lora, with_strength, without
+from ui.views.lora_lines import LoraRow, lora_rows, typed_strength, with_lora, with_strength, without
 
 STRENGTH_STEP = 0.05
 ADD_INFO = f"a .safetensors file from models/{LORAS_FOLDER}/, added at strength 1"
@@ -55,7 +55,15 @@ def _row(box: gr.Textbox, row: LoraRow, number: int, key: str, prefix: str) -> N
                            elem_id=f"{prefix}-lora-slider-{number}", scale=4)
         remove = gr.Button("Remove", size="sm", variant="secondary", key=f"{key}-remove",
                            elem_id=f"{prefix}-lora-remove-{number}", scale=0, min_width=BUTTON_WIDTH)
-    slider.release(lambda text, strength: with_strength(text, row, strength), [box, slider], box,
-                   api_visibility="private", queue=False, show_progress="hidden")
+    def strength_set(text, typed):
+        strength, note = typed_strength(typed, MAX_LORA_STRENGTH)
+        if note:
+            gr.Warning(note)
+        return gr.skip() if strength is None else with_strength(text, row, strength)
+
+    # Raw values (preprocess=False): a strength typed past the ends reaches the handler, which says what it set,
+    # instead of gradio's range check failing the request. Queued (in its own group), so that its warning shows.
+    slider.release(strength_set, [box, slider], box, api_visibility="private", show_progress="hidden",
+                   preprocess=False, concurrency_limit=None)
     remove.click(lambda text: without(text, row), box, box, api_visibility="private", queue=False,
                  show_progress="hidden")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import gradio as gr
 
 from engine.settings.images import describe_image, fit_image, size_for_aspect, upright_rgb
-from engine.settings.values import MAX_SIDE, MIN_SIDE, InputError
+from engine.settings.values import MAX_SIDE, MIN_SIDE, SIDE_MULTIPLE, InputError
 from ui.context import AppContext
 from ui.generate import generation, start_job, upload_path, wire_cancel
 from ui.parts.form import Form, build_form, build_plan_panel
@@ -24,8 +24,10 @@ def crop_preview(image, width, height):
         return None, NO_IMAGE
     try:
         width, height = int(width), int(height)
-        if width % 16 or height % 16 or not all(MIN_SIDE <= side <= MAX_SIDE for side in (width, height)):
-            return None, (f"**Size:** {width}x{height} cannot be used: width and height must be multiples of 16 "
+        if width % SIDE_MULTIPLE or height % SIDE_MULTIPLE or not all(MIN_SIDE <= side <= MAX_SIDE
+                                                                      for side in (width, height)):
+            return None, (f"**Size:** {width}x{height} cannot be used: width and height must be multiples of "
+                          f"{SIDE_MULTIPLE} "
                           f"from {MIN_SIDE} to {MAX_SIDE}.")
         fitted = fit_image(path, width, height)
         source = upright_rgb(path).size

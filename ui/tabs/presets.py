@@ -12,11 +12,13 @@ import html
 
 import gradio as gr
 
+from engine.words import sentence
 from ui.context import AppContext
 from ui.parts.form import Form, preset_choices, preset_values
 from ui.preset_saving import SAVED_FIELDS, delete_user_preset, save_user_preset
 from ui.tabs.ids import TAB_IDS, tab_by_id
 from ui.views.plan_panel import lora_text
+from ui.views.text import plain
 from ui.views.preset_cards import MODE_TITLES, card_markdown, machine_markdown, preset_entries
 
 SAVE_HELP = ("The current values of the chosen tab's form (preset, model, negative prompt, size, frames, steps, "
@@ -70,6 +72,25 @@ class _Dropdowns:
     def skip(self) -> list:
         return [gr.skip()] * len(self.components)
 
+    @property
+    def filled(self) -> list:
+        """The dropdowns, then every form's preset fields: what a deleted preset's tab gets back."""
+        return [*self.components, *(box for form in self.forms.values() for box in form.preset_fields())]
+
+    def updates_and_forms(self, *current: str | None) -> list:
+        """``updates``, and the default preset's values in each form whose chosen preset is gone (a form whose
+        preset stays keeps its edits)."""
+        known = self.choices()
+        fields = []
+        for (mode, form), value in zip(self.forms.items(), current):
+            gone = value not in [name for _, name in known[mode]]
+            fields += (preset_values(self.ctx.presets[self.ctx.default_preset(mode)]) if gone
+                       else [gr.skip()] * len(form.preset_fields()))
+        return [*self.updates(*current), *fields]
+
+    def skip_all(self) -> list:
+        return [gr.skip()] * len(self.filled)
+
 
 def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     dropdowns = _Dropdowns(ctx, forms)
@@ -79,6 +100,8 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     def presets() -> list[dict]:
         """Every preset: its settings, whether it is yours (user), and the memory plan the engine expects
         on its hardware (plan: strategy, fits, expected_peak_vram_gb, expected_peak_ram_gb, to_make_it_fit...)."""
+        if ctx.user_presets is not None:
+            ctx.user_presets.reload()   # files dropped into the folder (or removed) while the app runs
         try:
             hardware = ctx.client.hardware_profile()
         except (EOFError, OSError) as exc:
@@ -91,15 +114,25 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     refreshes = [gr.on(None, presets, None, listing, api_name="presets", show_progress="hidden")]
     if presets_tab is not None:
         refreshes.append(presets_tab.select(presets, None, listing, api_visibility="private", show_progress="hidden"))
+    skipped = gr.Markdown(elem_id="presets-skipped")
     for refresh in refreshes:
-        refresh.then(dropdowns.updates, dropdowns.components, dropdowns.components, api_visibility="private",
+        refresh.then(dropdowns.updates_and_forms, dropdowns.components, dropdowns.filled, api_visibility="private",
                      show_progress="hidden")
+        refresh.then(lambda: skipped_markdown(ctx), None, skipped, api_visibility="private", show_progress="hidden")
 
     # Shared by the cards' Delete buttons and the save section; placed under the Save button.
     message = gr.Markdown(elem_id="preset-message", render=False)
     _build_cards(ctx, tabs, forms, listing, dropdowns, presets, message)
     _build_save(ctx, forms, listing, dropdowns, presets, message)
     _build_api(ctx)
+
+
+def skipped_markdown(ctx: AppContext) -> str:
+    """The user preset files that could not be used, each with why ('' when there are none)."""
+    problems = ctx.user_presets.reload() if ctx.user_presets is not None else []
+    if not problems:
+        return ""
+    return "**Preset files skipped:**\n" + "\n".join(f"- {plain(sentence(problem))}" for problem in problems)
 
 
 def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing: gr.JSON,
@@ -137,8 +170,8 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
                 try:
                     text = delete_user_preset(ctx, name)
                 except ValueError as exc:
-                    return [f"**Not deleted:** {_escaped(exc)}", gr.skip(), *dropdowns.skip()]
-                return [text, presets(), *dropdowns.updates(*current)]
+                    return [f"**Not deleted:** {_escaped(exc)}", gr.skip(), *dropdowns.skip_all()]
+                return [text, presets(), *dropdowns.updates_and_forms(*current)]
 
             def asking(ask: bool):
                 return [gr.Button(visible=not ask), gr.Button(visible=ask), gr.Button(visible=ask)]
@@ -147,7 +180,7 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
                          queue=False, show_progress="hidden")
             keep.click(lambda: asking(False), None, [delete, sure, keep], api_visibility="private",
                        queue=False, show_progress="hidden")
-            sure.click(remove, dropdowns.components, [message, listing, *dropdowns.components],
+            sure.click(remove, dropdowns.components, [message, listing, *dropdowns.filled],
                        api_visibility="private")
 
     @gr.render(inputs=listing)
@@ -165,7 +198,7 @@ def _build_save(ctx: AppContext, forms: dict[str, Form], listing: gr.JSON, dropd
         with gr.Row():
             mode = gr.Radio([(MODE_TITLES[key], key) for key in forms], value="t2v", label="Settings of the tab",
                             elem_id="preset-save-mode", scale=1)
-            name = gr.Textbox(label="Name", placeholder="my-preset", max_length=64, elem_id="preset-save-name",
+            name = gr.Textbox(label="Name", placeholder="my-preset", elem_id="preset-save-name",
                               scale=1)
             title = gr.Textbox(label="Title (optional)", elem_id="preset-save-title", scale=2)
         description = gr.Textbox(label="Description (optional)", lines=2, elem_id="preset-save-description")

@@ -6,9 +6,11 @@ from typing import Sequence
 
 from engine.events import PHASES
 from engine.outputs.history import HistoryEntry, Unreadable
+from engine.planning.explain import strategy_words
+from engine.settings.loras import lora_line
 from engine.settings.values import MODE_NAMES
 from engine.words import plural
-from ui.views.job_view import PHASE_LABELS
+from ui.views.job_view import phase_label
 from ui.views.text import plain
 
 NOTHING_CHOSEN = "Pick an output in the gallery to see its settings and timings."
@@ -30,12 +32,12 @@ def _size(entry: HistoryEntry) -> str:
     return f"{entry.settings.width}x{entry.settings.height}, {plural(entry.settings.frames, 'frame')}{fps}"
 
 
-def _timings_table(timings: dict[str, float]) -> list[str]:
+def _timings_table(timings: dict[str, float], device: str | None = None) -> list[str]:
     if not timings:
         return ["_No phase timings were recorded._"]
     ordered = [p for p in PHASES if p in timings] + [p for p in timings if p not in PHASES]
     lines = ["| Phase | Seconds |", "|---|---:|"]
-    lines += [f"| {escape_markdown(PHASE_LABELS.get(p, p))} | {timings[p]:.2f} |" for p in ordered]
+    lines += [f"| {escape_markdown(phase_label(p, device))} | {timings[p]:.2f} |" for p in ordered]
     lines.append(f"| **Total** | **{sum(timings.values()):.2f}** |")
     return lines
 
@@ -56,9 +58,14 @@ def entry_markdown(entry: HistoryEntry) -> str:
         ("Guidance", f"{entry.settings.guidance:g}"),
         ("Shift", f"{entry.settings.shift:g}"),
         ("Seed", str(entry.seed)),
-        ("Plan strategy", escape_markdown(entry.strategy or "n/a")),
+        ("Memory plan", escape_markdown(strategy_words(entry.strategy, entry.device)[0] if entry.strategy else "n/a")),
         ("Peak VRAM / RAM", f"{_gb(entry.peak_vram_gb)} / {_gb(entry.peak_ram_gb)}"),
     ]
+    if entry.settings.loras:
+        rows.append(("LoRAs", escape_markdown("; ".join(lora_line(lora) for lora in entry.settings.loras))))
+    speed = speed_words(entry.speed)
+    if speed:
+        rows.append(("Speed", escape_markdown(speed)))
     if images:
         rows.append(("Input images", images))
     rows.append(("File", escape_markdown(Path(entry.media).name)))
@@ -66,10 +73,31 @@ def entry_markdown(entry: HistoryEntry) -> str:
     if entry.negative_prompt:
         lines += [f"**Negative prompt:** {escape_markdown(entry.negative_prompt)}", ""]
     lines += ["| Setting | Value |", "|---|---|", *(f"| {name} | {value} |" for name, value in rows), ""]
-    lines += ["**Where the time went**", "", *_timings_table(entry.timings)]
+    lines += ["**Where the time went**", "", *_timings_table(entry.timings, entry.device)]
     if entry.note:
         lines += ["", f"_{escape_markdown(entry.note)}_"]
     return "\n".join(lines)
+
+
+def speed_words(speed: dict) -> str:
+    """A run's speed record as one line: its decoder, step cache, attention, compiling and VAE precision; what
+    of it is approximate is said ('' for a record without any)."""
+    parts = []
+    if speed.get("decoder"):
+        parts.append(f"decoder {speed['decoder']}")
+    if speed.get("step_cache"):
+        parts.append(f"step cache {speed['step_cache']}")
+    if speed.get("attention"):
+        parts.append(f"attention {speed['attention']}")
+    if speed.get("compiled"):
+        parts.append("compiled")
+    if speed.get("vae_dtype"):
+        parts.append(f"VAE in {speed['vae_dtype']}")
+    if speed.get("loras"):
+        parts.append(f"LoRAs {speed['loras']}")
+    if not parts:
+        return ""
+    return ", ".join(parts) + (" (approximate)" if speed.get("approximate") else " (exact)")
 
 
 def confirm_markdown(entry: HistoryEntry) -> str:

@@ -92,10 +92,17 @@ def ending_words(ending: JobEnding) -> str:
         return NOT_STARTED_WORDS.get(ending.cause, "not started")
     if ending.kind is Ending.WITHDRAWN:
         return "taken out of the queue"
-    return ("failed" if ending.kind is Ending.FAILED else "stopped") + _during(ending)
+    if ending.kind is Ending.STOPPED and ending.phase:   # it ran, and no ending came: its page went away
+        return "stopped" + _during(ending) + " (its page was closed or reloaded)"
+    if ending.kind is Ending.STOPPED:
+        return "stopped"
+    return "failed" + _during(ending)
 
 
 def _seconds(value: float) -> str:
+    """'0.4 s', '12 s', '3 min': tenths below ten seconds, so a short job never reads '0 s'."""
+    if value < 10:
+        return f"{value:.1f} s"
     return f"{value:.0f} s" if value < 90 else f"{value / 60:.0f} min"
 
 
@@ -247,7 +254,9 @@ class JobView:
         shown = self.chart_phases()
         seen = {phase for phase, _, _ in shown}
         upcoming = [] if self.ended else [(p, self.label(p)) for p in PHASES if p in self.predicted() and p not in seen]
-        return timing_chart_html(shown, self.step_seconds, self.total_steps, self.predicted(), upcoming)
+        ended = {self.running_phase: self._running_detail(self.running_phase)} if self.ended and self.running_phase \
+            else {}
+        return timing_chart_html(shown, self.step_seconds, self.total_steps, self.predicted(), upcoming, ended)
 
     def preview_html(self) -> str:
         """The latest live preview as an inline animated image with its caption ('' when there is none)."""
@@ -315,10 +324,17 @@ class JobView:
         return self._with_plan_and_notes(lines)
 
     def _with_plan_and_notes(self, lines: list[str]) -> str:
+        """The plan's line with its reasons under it ("Plan: ..." said once), then the other notes."""
+        reasons = [note.removeprefix(PLAN_NOTE) for note in self.notes if note.startswith(PLAN_NOTE)]
         if self.planned:
             lines += ["", plan_line(self.planned)]
-        lines += [f"- {plain(note)}" for note in self.notes]
+        lines += [f"- {plain(note)}" for note in reasons if self.planned]
+        lines += [f"- {plain(note)}" for note in self.notes if not (self.planned and note.startswith(PLAN_NOTE))]
         return "\n".join(lines)
+
+
+# How the engine's notes of the plan's reasons begin (engine/run/job.py Job.planned).
+PLAN_NOTE = "Plan: "
 
 
 def plan_line(planned: PlanReady) -> str:
@@ -328,7 +344,7 @@ def plan_line(planned: PlanReady) -> str:
     peak = ram if plan.device == "cpu" else f"{plan.predicted_peak_vram_gb:.2f} GB device, {ram}"
     fits = "" if plan.fits else "; predicted not to fit"
     name, _ = strategy_words(plan.strategy, plan.device)
-    time = f"; about {planned.predicted_total:.0f} s in all" if planned.predicted_total else ""
+    time = f"; about {_seconds(planned.predicted_total)} in all" if planned.predicted_total else ""
     return f"Plan: {name} (predicted peak {peak}{fits}{time})"
 
 

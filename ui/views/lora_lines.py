@@ -5,6 +5,7 @@ it reads and each edit rewrites one line of it, leaving the others (comments, bl
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from engine.models.loras import Lora
@@ -51,6 +52,21 @@ def with_strength(text: str | None, row: LoraRow, strength: float) -> str:
     lora = Lora(row.lora.file, round(float(strength), STRENGTH_DECIMALS) + 0.0, row.lora.expert)
     lines[row.line] = lora_line(lora)
     return "\n".join(lines)
+
+
+def typed_strength(value, most: float) -> tuple[float | None, str]:
+    """(the strength to use, what to tell the person) for a value typed into a slider's box: within -most..most as
+    typed; beyond it, the nearest end, said; not a number, None, said."""
+    try:
+        strength = float(value)
+    except (TypeError, ValueError):
+        strength = math.nan
+    if not math.isfinite(strength):
+        return None, f"A LoRA strength is a number from {-most:g} to {most:g}; the strength was left as it was."
+    if abs(strength) <= most:
+        return strength, ""
+    nearest = math.copysign(most, strength)
+    return nearest, f"A LoRA strength goes from {-most:g} to {most:g}: {strength:g} was set to {nearest:g}."
 
 
 def without(text: str | None, row: LoraRow) -> str:

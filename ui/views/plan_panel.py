@@ -10,6 +10,7 @@ from pathlib import Path
 from engine.device.hardware import HardwareProfile
 from engine.models.single_file import transformer_folder
 from engine.planning.explain import strategy_words
+from engine.planning.places import ComponentPlace
 from engine.planning.plan import Plan
 from engine.service.ahead import plan_settings
 from engine.models.loras import as_lora
@@ -32,7 +33,7 @@ def gpu_choices(count: int) -> list[str]:
 
 
 # Where a component can live, in the order the phase table lists them.
-PLACES = ("device", "streamed", "cpu", "absent")
+PLACES = tuple(ComponentPlace)
 
 
 def transformer_choice(path: str | None, models_dir) -> str:
@@ -133,15 +134,15 @@ def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: Hardwar
     """'**About 41 s**' for these settings, from this machine's measured rates (none before they are measured:
     the first run measures them)."""
     from engine.device.calibrate import Calibration
-    from engine.planning.timing import predict_times
+    from engine.run.time_plan import kept_runs, predict_job
 
     calibration = Calibration.load(Path(ctx.outputs_dir), hardware)
     if calibration is None or not plan.fits:
         return ""
-    spec = ctx.client.catalog.settings_spec(settings)
-    first, loaded = (predict_times(spec, settings.width, settings.height, settings.frames, settings.steps,
-                                   settings.guidance, plan, calibration, settings.decoder,
-                                   image_to_video=settings.mode == "i2v", loaded=state) for state in (False, True))
+    spec = ctx.client.catalog.info(settings).spec
+    runs = kept_runs(ctx.outputs_dir, calibration)   # the engine's runs on this machine: one prediction everywhere
+    first, loaded = (predict_job(spec, settings.model, settings, plan, calibration, runs, loaded=state)
+                     for state in (False, True))
     return (f"**About {_secs(first.total)}** to make this video ({_secs(loaded.total)} when the model is already "
             f"loaded; denoising {_secs(first.seconds.get('denoise', 0))}, decoding "
             f"{_secs(first.seconds.get('vae_decode', 0))}), predicted from this machine's measured speed.\n\n")

@@ -16,16 +16,21 @@ def _width(seconds: float | None, longest: float) -> float:
     return 0.0 if not seconds or longest <= 0 else max(1.0, 100.0 * seconds / longest)
 
 
+def _short(seconds: float) -> str:
+    """A predicted time with the figures it needs: '12.3', '0.42', '0.003' (never '0.0' for a short phase)."""
+    return f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2f}" if seconds >= 0.01 else f"{seconds:.3f}"
+
+
 def _bar_row(label: str, seconds: float | None, longest: float, colour: str, predicted: float | None = None,
-             started: bool = True) -> str:
+             started: bool = True, ended: str = "") -> str:
     """A phase's bar; with ``predicted``, a thin bar under it for the time the plan predicted (alone, faded,
-    for a phase still to come)."""
+    for a phase still to come); ``ended``: how a phase without seconds ended (failed, cancelled), else it runs."""
     if not started:
-        value = f"about {predicted:.1f} s"
+        value = f"about {_short(predicted)} s"
     else:
-        value = "running" if seconds is None else f"{seconds:.2f} s"
+        value = (ended or "running") if seconds is None else f"{seconds:.2f} s"
         if predicted is not None:
-            value += f" · predicted {predicted:.1f}"
+            value += f" · predicted {_short(predicted)}"
     bar = (f'<span style="display:block;height:10px;width:{_width(seconds, longest):.1f}%;background:{colour};'
            'border-radius:3px"></span>') if started else ""
     guess = (f'<span class="wan-predicted" style="display:block;height:4px;margin-top:1px;'
@@ -54,15 +59,17 @@ def _step_bars(step_seconds: list[float], total_steps: int) -> str:
 
 def timing_chart_html(phases: list[tuple[str, str, float | None]], step_seconds: list[float],
                       total_steps: int, predicted: dict | None = None,
-                      upcoming: list[tuple[str, str]] = ()) -> str:
+                      upcoming: list[tuple[str, str]] = (), ended: dict | None = None) -> str:
     """Bars for (phase, label, seconds or None while running) in run order, each with the seconds the plan
     predicted for it (``predicted``: phase -> seconds) beneath; then the (phase, label) still ``upcoming``,
-    predicted only; then one bar per step."""
+    predicted only; then one bar per step. ``ended``: phase -> how it ended, for one the job stopped in."""
+    ended = ended or {}
     if not phases and not upcoming:
         return ""
     predicted = predicted or {}
     longest = max([s for _, _, s in phases if s] + [s for p, s in predicted.items() if s], default=0.0)
-    rows = [_bar_row(label, seconds, longest, PHASE_COLOURS.get(phase, "#999"), predicted.get(phase))
+    rows = [_bar_row(label, seconds, longest, PHASE_COLOURS.get(phase, "#999"), predicted.get(phase),
+                     ended=ended.get(phase, ""))
             for phase, label, seconds in phases]
     rows += [_bar_row(label, None, longest, PHASE_COLOURS.get(phase, "#999"), predicted[phase], started=False)
              for phase, label in upcoming if phase in predicted]
