@@ -168,12 +168,17 @@ def test_with_two_engines_the_estimate_counts_the_engine_that_frees_up_first():
     assert queue.estimate(split) == pytest.approx(30.0)
 
 
-def test_a_job_past_its_own_estimate_never_leaves_the_next_one_waiting_for_0_s():
+def _one_running_one_waiting():
+    """(clock, queue, the running ticket, the waiting one): "a" runs a text-to-video job, "b" waits."""
     clock = Clock()
     queue = JobQueue(clock=clock)
-    first = queue.join("a", "text to video")
-    assert queue.wait_turn(first, 0)
-    second = queue.join("b", "text to video")
+    running = queue.join("a", "text to video")
+    assert queue.wait_turn(running, 0)
+    return clock, queue, running, queue.join("b", "image to video")
+
+
+def test_a_job_past_its_own_estimate_never_leaves_the_next_one_waiting_for_0_s():
+    clock, queue, first, second = _one_running_one_waiting()
     queue.report(first, "Denoising: step 1/10", seconds_left=9.0)
     clock.now += 2
     assert queue.estimate(second) == pytest.approx(7.0)
@@ -186,11 +191,7 @@ def test_a_job_past_its_own_estimate_never_leaves_the_next_one_waiting_for_0_s()
 
 
 def test_a_job_an_owner_holds_is_found_once_it_joined_a_moment_ago():
-    clock = Clock()
-    queue = JobQueue(clock=clock)
-    running = queue.join("a", "text to video")
-    assert queue.wait_turn(running, 0)
-    waiting = queue.join("b", "image to video")
+    clock, queue, running, waiting = _one_running_one_waiting()
     assert queue.held_for("a", joined_before=1.5) is None      # the click that started it
     clock.now += 2
     assert queue.held_for("a", joined_before=1.5) is running and queue.held_for("b", 1.5) is waiting
