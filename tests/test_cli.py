@@ -241,6 +241,9 @@ def test_the_first_line_says_the_engine_is_starting_and_the_table_times_it_and_n
                     models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 0, done.stderr
     assert done.stderr.splitlines()[0] == "[Engine start (libraries)]"
+    lines = done.stderr.splitlines()   # the plan, then its reasons under it
+    heading = next(i for i, line in enumerate(lines) if line.startswith("  Plan: CPU only (predicted peak"))
+    assert lines[heading + 1].startswith("    - No GPU found"), lines
     assert re.search(r"^  Engine start \(libraries\) +\d+\.\d{3} s", done.stdout, re.M), done.stdout
     assert "leaked semaphore" not in done.stderr and "Traceback" not in done.stderr
 

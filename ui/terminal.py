@@ -58,10 +58,15 @@ def on_ctrl_c(handler):
 def show(event, view, tty: bool) -> None:
     """One event on stderr: a phase as its heading, a note indented, a step as the progress bar (redrawn in place
     on a terminal)."""
-    from engine.events import Info, PhaseStarted, StepFinished
+    from engine.events import Info, PhaseStarted, PlanReady, StepFinished
+    from ui.views.job_view import PLAN_NOTE, plan_line
 
     if isinstance(event, PhaseStarted):
         print(f"[{view.label(event.phase)}]", file=sys.stderr)
+    elif isinstance(event, PlanReady):   # its heading; the reasons follow as its points
+        print(f"  {plan_line(event)}", file=sys.stderr)
+    elif isinstance(event, Info) and event.message.startswith(PLAN_NOTE):
+        print(f"    - {event.message.removeprefix(PLAN_NOTE)}", file=sys.stderr)
     elif isinstance(event, Info):
         print(f"  {event.message}", file=sys.stderr)
     elif isinstance(event, StepFinished):

@@ -103,6 +103,6 @@ class Plan:
 
     @property
     def reload_key(self) -> tuple:
-        """What cannot change on a loaded pipeline without loading it again."""
-        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load, self.vae_dtype,
-                self.transformer_files)
+        """What cannot change on a loaded pipeline without loading it again (another VAE precision loads the VAE
+        alone again: engine/run/apply_plan.py use_vae_dtype)."""
+        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load, self.transformer_files)

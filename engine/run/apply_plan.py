@@ -197,6 +197,17 @@ def keep_encoder_exact(pipe, folder: Path | None) -> None:
             part.to(torch.float32)
 
 
+def use_vae_dtype(pipe, folder: Path, plan: Plan) -> None:
+    """The loaded pipeline's VAE in ``plan``'s precision, read again from the model's folder alone (as a whole
+    load would read it: a bfloat16 VAE cast back up would not be the float32 one), on the plan's device."""
+    vae = pipe.vae
+    fresh = type(vae).from_pretrained(Path(folder) / Component.VAE, torch_dtype=torch_dtype(plan.vae_dtype))
+    pipe.register_modules(vae=fresh.to(plan.device))
+    set_vae_tiling(pipe.vae, plan.vae_tile)
+    keep_encoder_exact(pipe, folder)
+    del vae
+
+
 def place_encoders(pipe, plan: Plan) -> None:
     """Put the text and image encoders where ``plan`` keeps them between phases; also when a loaded
     pipeline is reused under a plan that places them differently."""

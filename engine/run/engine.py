@@ -34,6 +34,7 @@ from engine.run.apply_plan import (
     offload_to_disk,
     place_components,
     place_encoders,
+    use_vae_dtype,
 )
 from engine.run.decode_stage import Decoder, SavedLatents
 from engine.run.disk_offload import disk_offload_folder, disk_room_gb, remove_disk_offload
@@ -158,6 +159,10 @@ class Engine:
                 if self.loaded.plan.text_encoder != plan.text_encoder:
                     with job.in_phase(Phase.TRANSFER):
                         place_encoders(self.loaded.pipe, plan)
+                if self.loaded.plan.vae_dtype != plan.vae_dtype:   # the VAE alone, in the other precision
+                    job.info(f"The VAE is read again in {plan.vae_dtype}; the rest of the model stays loaded.")
+                    with job.in_phase(Phase.TRANSFER):
+                        use_vae_dtype(self.loaded.pipe, resolved.folder, plan)
                 self.loaded.plan = plan
                 return self.loaded
             # No local reference to the old pipeline may survive this point: it would stay in

@@ -123,8 +123,9 @@ def split_values(values: dict) -> tuple[dict, dict]:
 
 # ----- checks ----------------------------------------------------------------
 def show(number: int) -> str:
-    """A whole number for a message: exact unless absurdly long (1e+30 rather than 31 digits)."""
-    return f"{number:.3g}" if abs(number) >= 10**12 else str(number)
+    """A whole number for a message: exact as typed (a seed of 100000000000000000000 reads as that), unless
+    absurdly long (1e+30 rather than 31 digits)."""
+    return f"{number:.3g}" if abs(number) >= 10**21 else str(number)
 
 
 def as_int(name: str, value, problems: list[str]) -> int | None:

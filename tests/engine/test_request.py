@@ -132,3 +132,9 @@ def test_a_side_out_of_every_range_is_told_the_model_s_own_range(good):
     with pytest.raises(InputError) as info:
         check_request(good.with_values(width=16384), limits_of(SELFTEST_SPECS["selftest-t2v"]))
     assert "Width 16384 is out of range: use 32 to 512 pixels for selftest-t2v." in str(info.value)
+
+
+def test_a_seed_typed_with_twenty_digits_is_named_as_typed(good):
+    with pytest.raises(InputError) as info:
+        check_request(good.with_values(seed=10**20))
+    assert "Seed 100000000000000000000 is out of range" in str(info.value)

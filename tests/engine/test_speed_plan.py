@@ -72,7 +72,7 @@ def test_a_bf16_vae_needs_less_decode_memory_and_float32_stays_available():
     fp32 = plan_memory(T2V_13, FIFTY_STEPS, H200, Override(vae_dtype="float32"))
     decode = {p.phase: p.peak_vram_gb for p in bf16.phases}["vae_decode"]
     assert fp32.vae_dtype == "float32" and {p.phase: p.peak_vram_gb for p in fp32.phases}["vae_decode"] > decode
-    assert bf16.reload_key != fp32.reload_key    # the VAE is loaded again in the other precision
+    assert bf16.reload_key == fp32.reload_key and bf16.vae_dtype != fp32.vae_dtype   # the VAE alone is read again
 
 
 def test_the_fastest_measured_attention_is_used_unless_forced():

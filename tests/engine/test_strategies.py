@@ -133,3 +133,26 @@ def test_a_disk_plan_writes_the_transformer_to_its_folder_and_an_unload_removes_
     assert not stale.exists()
     engine.unload()
     assert not folder.parent.exists()
+
+
+def test_another_vae_precision_reads_the_vae_alone_again_and_decodes_as_a_fresh_load_would(
+        model_dirs, presets, outputs, tmp_path):
+    """The transformer and the text encoder stay loaded; the VAE comes from the folder in the new precision
+    (not cast: a bfloat16 VAE cast back up is not the float32 one), so each video equals a fresh engine's."""
+    def video(engine, dtype, seed):
+        result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], outputs, vae_dtype=dtype,
+                                                         seed=seed))
+        assert isinstance(result, JobFinished), result
+        return result, events, read_video(Path(result.paths[0]))[0]
+
+    engine = Engine(tmp_path / "models", CPU, preview_seconds=-1)
+    _, _, first = video(engine, "float32", 1)
+    swapped, events, half = video(engine, "bfloat16", 2)
+    assert "load" not in swapped.timings and "transfer" in swapped.timings
+    assert any(isinstance(e, Info) and "The VAE is read again in bfloat16" in e.message for e in events)
+    fresh = Engine(tmp_path / "fresh-models", CPU, preview_seconds=-1)
+    assert np.array_equal(half, video(fresh, "bfloat16", 2)[2])
+    back, _, again = video(engine, "float32", 1)
+    assert "load" not in back.timings and np.array_equal(again, first)
+    engine.unload()
+    fresh.unload()

@@ -187,6 +187,8 @@ def test_the_page_shows_reuses_and_deletes_with_a_confirmation(page, client, ser
             expect(page.locator(f"#{elem_id} input, #{elem_id} textarea").first).to_have_value(value)
         time.sleep(1.0)
     expect(page.locator("#i2v-preset input")).to_have_value("Self-test I2V - tiny offline model")
+    # The tab's status says what was filled in, not an earlier job's words.
+    expect(page.locator("#i2v-status")).to_contain_text(f"Settings of {made['i2v']} filled in")
     kept = re.escape(made["i2v"][: -len(".mp4")] + ".first.png")
     expect(page.locator("#i2v-image img")).to_have_attribute("src", re.compile(f"/{kept}$"))
 

@@ -50,6 +50,8 @@ class Form:
     guidance_2: gr.Number | None = None
     # The plan panel's boxes by field name, once it is built.
     plan: dict = field(default_factory=dict)
+    # The tab's job status (Reuse settings says there what it filled in, in place of an earlier job's words).
+    status: gr.Markdown | None = None
 
     def boxes(self) -> dict:
         """Every box of the form by field name (engine/settings/fields.py), the plan panel's included."""

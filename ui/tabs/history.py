@@ -27,7 +27,7 @@ from engine.outputs.history import (
 from ui.context import AppContext, forget_served_copies
 from ui.parts.form import Form, preset_choices
 from ui.tabs.ids import TAB_IDS, tab_by_id
-from ui.views.history_view import NOTHING_CHOSEN, confirm_markdown, entry_markdown, summary_markdown
+from ui.views.history_view import NOTHING_CHOSEN, confirm_markdown, entry_markdown, reused_markdown, summary_markdown
 from ui.views.plan_panel import lora_text
 
 
@@ -164,7 +164,8 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
 
     parts.gallery.select(show, parts.keys, parts.shown(), api_visibility="private", show_progress="hidden")
     t2v, i2v = forms["t2v"], forms["i2v"]
-    reuse_targets = [tabs, *t2v.boxes().values(), *i2v.boxes().values()]
+    reuse_targets = [tabs, *t2v.boxes().values(), *i2v.boxes().values(),
+                     *(form.status for form in (t2v, i2v) if form.status is not None)]
 
     def reuse(key):
         """Fill the matching tab's form with the output's settings (its seed included) and switch to it."""
@@ -172,7 +173,9 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
         updates, warnings = form_updates(ctx, forms, values)
         for warning in warnings:
             gr.Warning(warning)
-        return {tabs: gr.Tabs(selected=TAB_IDS[values.tab]), **updates}
+        form = forms[values.tab]
+        said = {form.status: reused_markdown(_entry_for(ctx, key))} if form.status is not None else {}
+        return {tabs: gr.Tabs(selected=TAB_IDS[values.tab]), **updates, **said}
 
     parts.reuse.click(reuse, parts.chosen, reuse_targets, api_visibility="private", show_progress="hidden")
     parts.delete.click(lambda key: (gr.Group(visible=True), confirm_markdown(_entry_for(ctx, key))), parts.chosen,

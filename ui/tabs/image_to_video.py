@@ -69,6 +69,7 @@ def build(ctx: AppContext, after_job) -> Form:
             job = build_job_panel("i2v")
 
     form.image, form.last_image = image, last_image
+    form.status = job.status
     # The API's parameters: the images, then the field table's as on the Text to Video tab.
     run = start_job(run_btn, cancel_btn, generation(ctx, "i2v", "image to video", job.show()), form.api_inputs("i2v"),
                     job.outputs(), ctx, "image_to_video")

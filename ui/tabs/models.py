@@ -165,8 +165,11 @@ def build(ctx: AppContext, tabs_select=None) -> None:
                            elem_id="models-repo", scale=3)
         path = gr.Textbox(label="One file of it (empty: the whole repo)", elem_id="models-file", scale=3,
                           placeholder="folder/name.safetensors")
-        into = gr.Dropdown(choices=list(FILE_FOLDERS), value=next(iter(FILE_FOLDERS)), label="A file goes into",
-                           elem_id="models-into", scale=2)
+        # Shown by the folder's name alone (the longer words did not fit beside the arrow); the values stay the
+        # API's.
+        into = gr.Dropdown(choices=[(f"{sub}/", key) for key, sub in FILE_FOLDERS.items()],
+                           value=next(iter(FILE_FOLDERS)), label="A file goes into models/…", elem_id="models-into",
+                           scale=2)
     download_btn = gr.Button("Download", variant="primary", elem_id="models-download")
     progress = gr.Markdown(elem_id="models-progress", elem_classes=["wan-status"])
     gr.Markdown("### Delete")

@@ -23,6 +23,7 @@ def build(ctx: AppContext, after_job) -> Form:
             panel = build_plan_panel(ctx, form, "t2v", "t2v", api_name="plan")
         with gr.Column(scale=1):
             job = build_job_panel("t2v", still=True)
+    form.status = job.status
 
     # The API's parameters are the field table's (engine/settings/fields.py), in its order: the plan overrides,
     # the LoRAs, the transformer files, the GPUs and the low-noise guidance come last, each with its box's default.

@@ -100,6 +100,12 @@ def speed_words(speed: dict) -> str:
     return ", ".join(parts) + (" (approximate)" if speed.get("approximate") else " (exact)")
 
 
+def reused_markdown(entry: HistoryEntry) -> str:
+    """The tab's status once Reuse settings filled its form: what from (an earlier job's words would mislead)."""
+    return (f"**Settings of {escape_markdown(Path(entry.media).name)} filled in** (its seed too): press Generate "
+            "to make it again, or change them first.")
+
+
 def confirm_markdown(entry: HistoryEntry) -> str:
     what = "video" if entry.kind == "video" else "image"
     return (f"**Delete {escape_markdown(Path(entry.media).name)}?** This removes the {what}, its settings "
