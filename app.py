@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parent
 DEFAULT_OUTPUTS = Path(os.environ.get("WAN_OUTPUTS_DIR", ROOT / "outputs"))
 DEFAULT_MODELS = Path(os.environ.get("WAN_MODELS_DIR", ROOT / "models"))
 DEFAULT_USER_PRESETS = ROOT / "user_presets"
-COMMANDS = ("serve", "generate", "plan", "decode", "doctor")
+COMMANDS = ("serve", "generate", "plan", "decode", "post", "doctor")
 
 # While the engine process loads its libraries, `generate` says so this often (seconds).
 STARTING_NOTE_S = 5.0
@@ -131,10 +131,18 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     decode.add_argument("--cpu", action="store_true", help="decode on the CPU (slow, but needs no device memory)")
     _common(decode)
 
+    post = sub.add_parser("post", help="make an output smoother (more frames) or larger (upscaled): a new output "
+                                       "beside it")
+    post.add_argument("output", help="an output's .mp4 (or .png, for --upscale) in the outputs folder")
+    steps = post.add_mutually_exclusive_group(required=True)
+    steps.add_argument("--interpolate", type=int, metavar="N", help="N times the frames and fps (2 or 4)")
+    steps.add_argument("--upscale", type=int, metavar="N", help="N times the width and height (2 or 4)")
+    _common(post)
+
     doctor = sub.add_parser("doctor", help="print the detected hardware and software (paste it into bug reports)")
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     _common(doctor)
-    return parser, {"serve": serve, "generate": gen, "plan": plan, "decode": decode, "doctor": doctor}
+    return parser, {"serve": serve, "generate": gen, "plan": plan, "decode": decode, "post": post, "doctor": doctor}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -251,6 +259,26 @@ def decode(args) -> int:
         return EXIT_BAD_INPUT
     client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, outputs_dir=args.outputs)
     return follow(client, client.decode(args.latents, tiled=args.tiled, on_cpu=args.cpu))
+
+
+def post(args) -> int:
+    """Smoother or larger on an output: checked here (its sidecar, the factor) before an engine starts."""
+    from engine.errors import InputError
+    from engine.post.apply import Media
+    from engine.post.on_output import check_step, read_output
+    from engine.post.steps import PostStep
+    from engine.service.worker import WorkerClient
+    from ui.terminal import follow
+
+    step = PostStep("interpolate", args.interpolate) if args.interpolate is not None else PostStep("upscale", args.upscale)
+    try:
+        bundle, sidecar = read_output(Path(args.output))
+        check_step(step, sidecar, Media.read(Path(args.output)))
+    except (InputError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    client = WorkerClient(args.models_dir, latents_hours=args.latents_hours, outputs_dir=args.outputs)
+    return follow(client, client.post(str(Path(args.output).resolve()), step.kind, step.factor))
 
 
 # ----- plan ---------------------------------------------------------------
@@ -420,7 +448,7 @@ def serve(args) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    return {"serve": serve, "generate": generate, "plan": plan, "decode": decode,
+    return {"serve": serve, "generate": generate, "plan": plan, "decode": decode, "post": post,
             "doctor": doctor}[args.command](args)
 
 

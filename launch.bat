@@ -83,12 +83,12 @@ if "%MODE%"=="test" if not exist requirements-test.txt (
     goto :fail
 )
 rem The stamp key: a SHA-256 of the requirement files plus the torch choice.
-"%VPY%" -c "import hashlib, os, sys; h = hashlib.sha256(); [h.update(n.encode() + b'\0' + open(n, 'rb').read()) for n in sys.argv[1:]]; print('requirements=' + h.hexdigest() + ' torch=' + (os.environ.get('WAN_TORCH_SPEC', '').strip() or 'auto'))" requirements.txt > .venv\wan-key.txt
+"%VPY%" -c "import hashlib, os, sys; h = hashlib.sha256(); [h.update(n.encode() + b'\0' + open(n, 'rb').read()) for n in sys.argv[1:]]; print('requirements=' + h.hexdigest() + ' torch=' + (os.environ.get('WAN_TORCH_SPEC', '').strip() or 'auto'))" requirements.txt requirements-nodeps.txt > .venv\wan-key.txt
 if errorlevel 1 goto :fail
 set "NEED_INSTALL="
 call :key_differs .venv\wan-key.txt "%STAMP%"
 if not "%MODE%"=="test" goto :key_done
-"%VPY%" -c "import hashlib, os, sys; h = hashlib.sha256(); [h.update(n.encode() + b'\0' + open(n, 'rb').read()) for n in sys.argv[1:]]; print('requirements=' + h.hexdigest() + ' torch=' + (os.environ.get('WAN_TORCH_SPEC', '').strip() or 'auto'))" requirements.txt requirements-test.txt > .venv\wan-key-test.txt
+"%VPY%" -c "import hashlib, os, sys; h = hashlib.sha256(); [h.update(n.encode() + b'\0' + open(n, 'rb').read()) for n in sys.argv[1:]]; print('requirements=' + h.hexdigest() + ' torch=' + (os.environ.get('WAN_TORCH_SPEC', '').strip() or 'auto'))" requirements.txt requirements-nodeps.txt requirements-test.txt > .venv\wan-key-test.txt
 if errorlevel 1 goto :fail
 call :key_differs .venv\wan-key-test.txt "%TEST_STAMP%"
 :key_done
@@ -108,6 +108,12 @@ if "%MODE%"=="test" (
     echo [setup] pip install -r requirements.txt
     "%VPY%" -m pip install --disable-pip-version-check -r requirements.txt
 )
+if errorlevel 1 (
+    echo [setup] ERROR: pip install failed
+    goto :fail
+)
+echo [setup] pip install --no-deps -r requirements-nodeps.txt
+"%VPY%" -m pip install --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 if errorlevel 1 (
     echo [setup] ERROR: pip install failed
     goto :fail

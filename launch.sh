@@ -158,10 +158,10 @@ if [[ "${WAN_SKIP_INSTALL:-}" == "1" ]]; then
 else
     [[ -f requirements.txt ]] || die "requirements.txt is missing"
     torch_key="torch=${WAN_TORCH_SPEC:-auto}"
-    want_rt="requirements=$(hash_files requirements.txt) $torch_key"
+    want_rt="requirements=$(hash_files requirements.txt requirements-nodeps.txt) $torch_key"
     if [[ "$MODE" == "test" ]]; then
         [[ -f requirements-test.txt ]] || die "requirements-test.txt is missing"
-        want_test="requirements=$(hash_files requirements.txt requirements-test.txt) $torch_key"
+        want_test="requirements=$(hash_files requirements.txt requirements-nodeps.txt requirements-test.txt) $torch_key"
     fi
     have_rt="$(cat "$STAMP" 2>/dev/null || true)"
     have_test="$(cat "$TEST_STAMP" 2>/dev/null || true)"
@@ -180,6 +180,8 @@ else
             say "pip install -r requirements.txt"
             pip_install -r requirements.txt || die "pip install failed"
         fi
+        say "pip install --no-deps -r requirements-nodeps.txt"
+        pip_install --no-deps -r requirements-nodeps.txt || die "pip install failed"
         report_torch
         printf '%s\n' "$want_rt" >"$STAMP"
         if [[ "$MODE" == "test" ]]; then

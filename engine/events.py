@@ -37,6 +37,8 @@ class Phase(Named):
     SAVE_LATENTS = "save_latents"   # never timed: named so that a failure while the latents are written is its own
     VAE_DECODE = "vae_decode"
     EXPORT = "export"
+    INTERPOLATE = "interpolate"     # smoother: frames made between the video's (engine/post/)
+    UPSCALE = "upscale"             # larger: the frames upscaled (engine/post/)
 
 
 PHASES = tuple(Phase)
@@ -141,6 +143,25 @@ class StepFinished(Event):
 
 
 @dataclass(frozen=True)
+class WindowDone(Event):
+    """Inside a step of a long video: the transformer has run on window ``window`` of ``windows``
+    (engine/models/windows.py); with guidance the windows go round twice a step."""
+    step: int          # 1-based: the step it is part of
+    total: int
+    window: int        # 1-based
+    windows: int
+
+
+@dataclass(frozen=True)
+class PostProgress(Event):
+    """A step after the video is written (``step``: "interpolate" or "upscale") has made ``done`` of ``total``
+    frames."""
+    step: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class PreviewReady(Event):
     """A live preview while denoising: the model's current guess of the clean video, as a small image."""
     step: int          # 1-based step after which it was made
@@ -162,14 +183,23 @@ class LatentsSaved(Event):
 
 
 @dataclass(frozen=True)
+class VideoStarted(Event):
+    """A job of several videos (the settings' ``count``) starts its video ``video`` of ``videos`` (1-based)."""
+    video: int
+    videos: int
+
+
+@dataclass(frozen=True)
 class JobFinished(Event):
-    paths: tuple[str, ...]
-    sidecar: str
-    seed: int
-    timings: dict = field(default_factory=dict)
+    paths: tuple[str, ...]       # what it wrote: one video or still, or each of a job of several, in order
+    sidecar: str                 # the (last) output's sidecar
+    seed: int                    # the (last) output's seed
+    timings: dict = field(default_factory=dict)   # seconds by phase (summed over a job of several)
     peak_vram_gb: float | None = None
     peak_ram_gb: float | None = None
     note: str = ""
+    seeds: tuple[int, ...] = ()      # a job of several: each output's seed, in order (else empty)
+    sidecars: tuple[str, ...] = ()   # and each one's sidecar
 
     @property
     def ending(self) -> JobEnding:
@@ -183,6 +213,9 @@ class JobCancelled(Event):
     total: int
     phase: str | None = None     # the phase it stopped in (or after)
     model_loaded: bool = False   # a model is loaded now, so the next run needs no load
+    video: int = 1               # a job of several: the video it stopped in (1-based), of ``videos``
+    videos: int = 1
+    written: tuple[str, ...] = ()   # and the outputs of the videos before it, which are kept
 
     @property
     def ending(self) -> JobEnding:

@@ -49,6 +49,8 @@ def run_in_own_python(root: Path, script: Path, argv: list[str]) -> int | None:
         return None
     if venv_ready(root):
         command = [str(venv_python(root)), str(script), *argv]
+        # Once only: should the .venv's Python not be recognised as it (a link resolved elsewhere), it goes on.
+        os.environ[ANY_PYTHON] = "1"
         if os.name == "nt":   # Windows has no exec that keeps the console's Ctrl-C: wait for the child instead
             try:
                 return subprocess.call(command)

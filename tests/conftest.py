@@ -170,6 +170,20 @@ def run_engine(engine, request: GenerationRequest, should_cancel=lambda: False) 
     return result, events
 
 
+@contextlib.contextmanager
+def one_torch_thread():
+    """Torch on one thread meanwhile: tiny models and frames run in many tiny operations, and on a busy machine more
+    threads only wait on each other (many times slower); the count is put back after."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -170,7 +170,7 @@ def test_plan_refuses_a_bad_hardware_file(tmp_path, content, expected):
 def test_help_lists_the_page_s_options_as_well_as_the_commands():
     done = subprocess.run(app_command("--help"), capture_output=True, text=True, timeout=60, env=app_env(), cwd=ROOT)
     assert done.returncode == 0
-    for part in ("{serve,generate,plan,decode,doctor}", "--port PORT", "--share", "--auth AUTH", "--max-queue N",
+    for part in ("{serve,generate,plan,decode,post,doctor}", "--port PORT", "--share", "--auth AUTH", "--max-queue N",
                  "--preview-every SECONDS", "'python app.py [options]' is 'python app.py serve [options]'"):
         assert part in done.stdout, part
 
@@ -339,3 +339,34 @@ def test_the_readme_s_commands_work_as_written_from_a_python_without_the_app_s_p
         else:
             assert done.returncode == 0, (command, done.stderr)
     assert list((tmp_path / "outputs").rglob("*.mp4"))   # the generate command wrote its video there
+
+
+def test_generate_count_3_writes_three_videos_with_three_seeds(selftest_models_dir, outputs):
+    done = generate("--model", "selftest-t2v", "--prompt", "three cats", "--seed", "7", "--count", "3",
+                    "--steps", "2", models_dir=selftest_models_dir, outputs=outputs)
+    assert done.returncode == 0, done.stderr
+    videos = sorted(outputs.rglob("*.mp4"))
+    assert len(videos) == 3 and all(f"Wrote {video}" in done.stdout for video in videos)
+    assert sorted(json.loads(v.with_suffix(".json").read_text())["seed"] for v in videos) == [7, 8, 9]
+    assert "[Video 2 of 3]" in done.stderr and "[Video 3 of 3]" in done.stderr
+
+
+def test_post_makes_an_output_smoother_beside_it_and_refuses_a_still_in_a_sentence(selftest_models_dir, outputs):
+    done = generate("--model", "selftest-t2v", "--prompt", "a slow river", "--frames", "9", "--steps", "2",
+                    "--upscale", "2", models_dir=selftest_models_dir, outputs=outputs)
+    assert done.returncode == 0, done.stderr
+    video = next(outputs.rglob("*.mp4"))
+    assert "Larger (upscale)" in done.stdout + done.stderr
+    smoother = subprocess.run(app_command("post", str(video), "--interpolate", "2", "--outputs", str(outputs),
+                                          "--models-dir", str(selftest_models_dir)),
+                              capture_output=True, text=True, timeout=300, env=app_env(), cwd=ROOT)
+    assert smoother.returncode == 0, smoother.stderr
+    made = video.with_name(video.stem + "_smoother2x.mp4")
+    assert f"Wrote {made}" in smoother.stdout and json.loads(made.with_suffix(".json").read_text())["output"][
+        "frames"] == 17
+    still = generate("--model", "selftest-t2v", "--prompt", "a still", "--frames", "1", "--steps", "2",
+                     models_dir=selftest_models_dir, outputs=outputs)
+    image = next(outputs.rglob("*.png"))
+    refused = subprocess.run(app_command("post", str(image), "--interpolate", "2"), capture_output=True, text=True,
+                             timeout=60, env=app_env(), cwd=ROOT)
+    assert still.returncode == 0 and refused.returncode == 2 and "a still has no frames" in refused.stderr.lower()

@@ -237,8 +237,10 @@ def start_job(button: gr.Button, cancel_button: gr.Button, fn, inputs: dict, out
                          api_visibility="private", show_progress="hidden")
     # The page sends no second click of a button whose job has not ended: this listener, taking every click,
     # says why nothing starts.
+    what = api_name.replace("_", " ")   # the job's own words: text_to_video runs "text to video"
+
     def again(session: gr.Request = None):
-        still_yours(ctx, session)
+        still_yours(ctx, session, what)
 
     button.click(again, None, None, trigger_mode="multiple", concurrency_limit=None, api_visibility="private",
                  show_progress="hidden")
@@ -247,10 +249,10 @@ def start_job(button: gr.Button, cancel_button: gr.Button, fn, inputs: dict, out
     return run
 
 
-def still_yours(ctx: AppContext, session: gr.Request | None) -> None:
-    """A click of Generate while this page's own job waits or runs (joined a moment ago or more: not the click
-    that started it) is told so."""
-    ticket = ctx.jobs.held_for(owner_of(session), joined_before=AGAIN_AFTER_S)
+def still_yours(ctx: AppContext, session: gr.Request | None, what: str) -> None:
+    """A click of Generate while this page's own job of that button (``what``) waits or runs (joined a moment
+    ago or more: not the click that started it) is told so; another button's job does not stop this one."""
+    ticket = ctx.jobs.held_for(owner_of(session), joined_before=AGAIN_AFTER_S, what=what)
     if ticket is not None:
         state = "is still running" if ticket.started is not None else "is still waiting for its turn"
         gr.Warning(f"Your {ticket.what} job {state}: wait for it to end, or Cancel it, then Generate again.",

@@ -4,7 +4,7 @@ Every page update is rendered twice (the server builds the status, the phase tab
 draws them), so a model whose steps take a fraction of a second, or a machine busy with other work, would make
 updates pile up: the page would fall behind the engine, and a Cancel or the final video would appear long after
 they happened. Here a thread reads the engine's events as they come; the page gets whatever arrived since its
-last update, at most every ``interval`` seconds for routine events (steps, previews, download progress), at
+last update, at most every ``interval`` seconds for routine events (steps, windows, previews, downloads), at
 once for the others (a phase, the plan, the end).
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ import threading
 import time
 from typing import Callable, Iterator
 
-from engine.events import DownloadProgress, Event, PreviewReady, StepFinished, is_terminal
+from engine.events import DownloadProgress, Event, PostProgress, PreviewReady, StepFinished, WindowDone, is_terminal
 
 # Events that may wait for the next update; any other event is shown at once (with those before it).
-ROUTINE = (StepFinished, PreviewReady, DownloadProgress)
+ROUTINE = (StepFinished, WindowDone, PostProgress, PreviewReady, DownloadProgress)
 _END = object()
 
 

@@ -58,10 +58,12 @@ def on_ctrl_c(handler):
 def show(event, view, tty: bool) -> None:
     """One event on stderr: a phase as its heading, a note indented, a step as the progress bar (redrawn in place
     on a terminal)."""
-    from engine.events import Info, PhaseStarted, PlanReady, StepFinished
+    from engine.events import Info, PhaseStarted, PlanReady, PostProgress, StepFinished, VideoStarted, WindowDone
     from ui.views.job_view import PLAN_NOTE, plan_line
 
-    if isinstance(event, PhaseStarted):
+    if isinstance(event, VideoStarted):
+        print(f"[Video {event.video} of {event.videos}]", file=sys.stderr)
+    elif isinstance(event, PhaseStarted):
         print(f"[{view.label(event.phase)}]", file=sys.stderr)
     elif isinstance(event, PlanReady):   # its heading; the reasons follow as its points
         print(f"  {plan_line(event)}", file=sys.stderr)
@@ -69,6 +71,15 @@ def show(event, view, tty: bool) -> None:
         print(f"    - {event.message.removeprefix(PLAN_NOTE)}", file=sys.stderr)
     elif isinstance(event, Info):
         print(f"  {event.message}", file=sys.stderr)
+    elif isinstance(event, WindowDone) and tty:   # within the step's line, redrawn (a log gets the steps alone)
+        filled = int(30 * (event.step - 1) / event.total)
+        bar = "#" * filled + "." * (30 - filled)
+        print(f"\r  [{bar}] step {event.step}/{event.total}  window {event.window} of {event.windows}   ", end="",
+              file=sys.stderr, flush=True)
+    elif isinstance(event, PostProgress) and (tty or event.done == event.total):
+        line = f"  frame {event.done} of {event.total}"
+        print(("\r" + line) if tty else line, end="" if tty and event.done < event.total else "\n",
+              file=sys.stderr, flush=True)
     elif isinstance(event, StepFinished):
         filled = int(30 * event.step / event.total)
         bar = "#" * filled + "." * (30 - filled)
@@ -107,10 +118,11 @@ def follow(client, events) -> int:
         client.close()
     print_timings(view, sys.stdout)
     if isinstance(view.result, JobFinished):
-        for path in view.result.paths:
+        result = view.result
+        for path, sidecar, seed in zip(result.paths, result.sidecars or (result.sidecar,), result.seeds or (result.seed,)):
             print(f"Wrote {path}")
-        print(f"Sidecar {view.result.sidecar}")
-        print(f"Seed {view.result.seed}")
+            print(f"Sidecar {sidecar}")
+            print(f"Seed {seed}")
         if view.result.note:
             print(view.result.note)
         return EXIT_OK

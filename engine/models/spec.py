@@ -91,6 +91,9 @@ class ModelSpec:
     vae_z: int = 16
     experts: int = 1                     # Wan2.2 A14B has two transformers of the same shape
     expand_timesteps: bool = False       # Wan2.2-5B: a timestep (and modulation) per token
+    # The clip length the model was trained on (its window for longer videos: engine/models/windows.py); 0: by
+    # its kind, 121 frames for Wan2.2 TI2V-5B and 81 for the others.
+    clip_frames: int = 0
     # Single files in place of the model's own transformers, one entry per expert (None: the model's own).
     transformer_files: tuple[TransformerWeights | None, ...] = ()
 
@@ -128,9 +131,15 @@ class ModelSpec:
 
     @property
     def max_frames(self) -> int:
-        """The most video frames the transformer's position table covers."""
+        """The most video frames the transformer's position table covers (in one pass: a window's most)."""
         latent_frames = self.transformer.rope_max_seq_len * self.transformer.patch_t
         return (latent_frames - 1) * self.vae_temporal + 1
+
+    @property
+    def window_frames(self) -> int:
+        """The frames the transformer sees at once in a longer video, unless the settings give a window."""
+        own = self.clip_frames or (121 if self.expand_timesteps else 81)
+        return min(own, self.max_frames)
 
     @property
     def max_side(self) -> int:
@@ -169,11 +178,13 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 # The built-in self-test models (engine/models/selftest.py), so a plan needs no build; a test checks
 # these against the built folders.
 _TINY = TransformerShape(2, 2, 12, 32, 16, 28_328, 6_680, rope_max_seq_len=32)
+# Their window: all that their 32-row position table covers, so that a long self-test video has few windows.
+SELFTEST_CLIP_FRAMES = 125
 SELFTEST_SPECS: dict[str, ModelSpec] = {
     "selftest-t2v": ModelSpec("selftest-t2v", _TINY, text_encoder_params=23_872,
-                              text_encoder_largest_params=3_168, vae_params=13_861),
+                              text_encoder_largest_params=3_168, vae_params=13_861, clip_frames=SELFTEST_CLIP_FRAMES),
     "selftest-i2v": ModelSpec("selftest-i2v", replace(_TINY, in_channels=36, params=30_444),
-                              text_encoder_params=23_872,
+                              text_encoder_params=23_872, clip_frames=SELFTEST_CLIP_FRAMES,
                               text_encoder_largest_params=3_168, image_encoder_params=4_620, vae_params=13_861),
 }
 
@@ -214,7 +225,8 @@ def _block_params(counts: dict[str, int], layers: int) -> int:
 
 def spec_for(ref: str, folder: Path | None = None) -> ModelSpec | None:
     """The spec of a model reference: from its files when present, else the known table."""
-    if folder is not None and (Path(folder) / "transformer" / "config.json").is_file():
-        return spec_from_folder(folder, ref)
     known = KNOWN_MODELS.get(ref) or SELFTEST_SPECS.get(ref)
+    if folder is not None and (Path(folder) / "transformer" / "config.json").is_file():
+        spec = spec_from_folder(folder, ref)   # its files say its shapes; its clip length only the table knows
+        return replace(spec, clip_frames=known.clip_frames) if known else spec
     return replace(known) if known else None

@@ -57,6 +57,10 @@ class HistoryEntry:
     first_image: str | None = None            # the kept input images of an image-to-video run
     last_image: str | None = None
     note: str = ""
+    # The file as written, when it differs from what the settings made (a step after the run: smoother, larger):
+    # {"frames", "width", "height"}; and those steps as the sidecar records them.
+    made: dict | None = None
+    post: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """What the history API returns: the entry's own fields and the settings the page shows."""
@@ -167,7 +171,15 @@ def _entry(sidecar: Path, bundle: Bundle, media: Path, record: Sidecar) -> Histo
         device=record.device, speed=dict(record.speed or {}), timings=dict(record.timings),
         peak_vram_gb=record.peak_vram_gb, peak_ram_gb=record.peak_ram_gb,
         first_image=_kept_input(bundle, "image", record.inputs),
-        last_image=_kept_input(bundle, "last_image", record.inputs), note=note)
+        last_image=_kept_input(bundle, "last_image", record.inputs), note=note,
+        made=_made(record) if record.post else None, post=list(record.post))
+
+
+def _made(record: Sidecar) -> dict | None:
+    """The frames and size of the file written (a run's "output"), when the sidecar holds them as numbers."""
+    output = record.output or {}
+    numbers = {name: output.get(name) for name in ("frames", "width", "height")}
+    return numbers if all(isinstance(v, int) and not isinstance(v, bool) for v in numbers.values()) else None
 
 
 def read_history(outputs_dir: Path | str, limit: int | None = DEFAULT_LIMIT) -> History:

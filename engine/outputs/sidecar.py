@@ -80,6 +80,8 @@ class RunDetails:
     # Wan2.2 A14B: the steps each expert ran ({"transformer": high-noise, "transformer_2": low-noise}), the first
     # low-noise step's index ("switch_step", None when it ran none), and whether the run swapped them on the device.
     experts: dict | None = None
+    # A long video: the windows each step ran the transformer on (engine/models/windows.py's to_dict).
+    windows: dict | None = None
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,8 @@ class Sidecar:
     hardware: dict | None = None
     inputs: dict | None = None          # kept input images: {"image": name or None, "last_image": ...}
     speed: dict | None = None           # a run's speed: {"decoder", "approximate", "step_cache", "predicted_seconds"...}
+    # The steps after the video was written (smoother, larger), in order: engine/post/steps.py's PostRecord.to_dict.
+    post: list = field(default_factory=list)
     note: str = ""
     app_version: str | None = None
     schema: int = SCHEMA
@@ -133,6 +137,16 @@ class Sidecar:
     def __post_init__(self):
         if (self.run is None) == (self.decoded is None):
             raise ValueError("a sidecar is a run's (run=RunDetails) or a decode again's (decoded=DecodeDetails)")
+
+    @property
+    def made_frames(self) -> tuple[int, int | None]:
+        """(frames, fps) as the run made them, before any step after it (smoother) changed them: what Reuse
+        settings asks for again, the steps coming back with the settings."""
+        if not self.post:
+            return self.frames, self.fps
+        fps = self.parameters.get("fps")
+        return (_number(self.parameters["frames"], int, "frames"),
+                None if fps is None or self.mode == "t2i" else _number(fps, int, "fps"))
 
     @property
     def frames(self) -> int:
@@ -158,10 +172,12 @@ class Sidecar:
     def settings(self) -> Settings:
         """The settings the output was made with: the numbers as read above, the rest from ``parameters``
         (what an older sidecar lacks takes Settings' defaults)."""
-        numbers = {name: getattr(self, name) for name in ("width", "height", "frames", "steps", "guidance", "shift")}
+        numbers = {name: getattr(self, name) for name in ("width", "height", "steps", "guidance", "shift")}
+        frames, fps = self.made_frames
         values = _setting_values(self.parameters)
-        fps = self.fps or values.get("fps") or Settings.fps   # a still's file has no frame rate
-        return Settings.from_dict({**values, **numbers, "model": self.model, "mode": self.mode, "fps": fps})
+        fps = fps or values.get("fps") or Settings.fps   # a still's file has no frame rate
+        return Settings.from_dict({**values, **numbers, "frames": frames, "model": self.model, "mode": self.mode,
+                                   "fps": fps})
 
     # ----- writing ----------------------------------------------------------------
     def to_json(self) -> dict:
@@ -174,6 +190,8 @@ class Sidecar:
             tail["inputs"] = self.inputs
         if self.speed is not None:
             tail["speed"] = self.speed
+        if self.post:
+            tail["post"] = self.post
         if self.note:
             tail["note"] = self.note
         return head | body | tail
@@ -186,7 +204,8 @@ class Sidecar:
             "preset": self.preset, "parameters": self.parameters, "output": self.output, "plan": self.plan,
             "step_downs": run.step_downs, "latents": run.latents, "decode_fallback": run.decode_fallback,
             "model_reused": run.model_reused, "timings": self.timings, "step_seconds": run.step_seconds,
-        } | ({"experts": run.experts} if run.experts is not None else {})
+        } | ({"experts": run.experts} if run.experts is not None else {}) \
+            | ({"windows": run.windows} if run.windows is not None else {})
 
     def _decoded_json(self) -> dict:
         return {"file": self.file, "decoded_from": self.decoded.latents, "decoded": self.decoded.how,
@@ -209,6 +228,7 @@ class Sidecar:
                 peak_ram_gb=_optional_float(data.get("peak_ram_gb")),
                 versions=data.get("versions"), hardware=data.get("hardware"),
                 inputs=_dict_or_none(data.get("inputs")), speed=_dict_or_none(data.get("speed")),
+                post=_post(data.get("post")),
                 note=data["note"] if isinstance(data.get("note"), str) else "",
                 run=None if decoded else _run_details(data),
                 decoded=DecodeDetails(str(decoded), data.get("decoded_from")) if decoded else None,
@@ -250,7 +270,7 @@ def _run_details(data: dict) -> RunDetails:
     return RunDetails(
         step_downs=data.get("step_downs"), latents=data.get("latents"), decode_fallback=data.get("decode_fallback"),
         model_reused=data.get("model_reused"), step_seconds=data.get("step_seconds"),
-        experts=_dict_or_none(data.get("experts")))
+        experts=_dict_or_none(data.get("experts")), windows=_dict_or_none(data.get("windows")))
 
 
 def _number(value, kind: type, name: str):
@@ -313,6 +333,13 @@ def _lora_fits(entry) -> bool:
         return False
     return (isinstance(lora.file, str) and _real(lora.strength) and isinstance(lora.expert, str)
             and all(part is None or isinstance(part, str) for part in (lora.repo, lora.path)))
+
+
+def _post(value) -> list:
+    """The steps after the run as recorded: each an object with a step name and a factor (others left out)."""
+    items = value if isinstance(value, list) else []
+    return [item for item in items if isinstance(item, dict) and item.get("step") in ("interpolate", "upscale")
+            and item.get("factor") in (2, 4)]
 
 
 def _dict_or_none(value) -> dict | None:

@@ -62,7 +62,7 @@ def explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan, 
         said.append("Weights load straight to the device: there is not enough RAM to stage them on the CPU first.")
     said.extend(_explain_tiles(req, plan, override))
     if plan.attention == "math":
-        tokens = spec.tokens(req.width, req.height, req.frames)
+        tokens = mem.denoise_tokens(spec, req.width, req.height, req.frames, req.window)
         said.append(f"This backend uses math attention: its score buffer grows with tokens^2 ({tokens} tokens).")
     if hw.unified_memory and hw.backend == "rocm":
         said.append("Unified memory: the device carve-out and the RAM left to the OS are budgeted separately.")

@@ -31,6 +31,7 @@ class MeasuredRun:
     step_seconds: float | None = None  # the mean step; None: the denoise phase over the steps
     loaded: bool = False               # the pipeline was already loaded (no load, no first-use costs)
     model_step: float | None = None    # the time model's step for this run (all its passes), before any learning
+    prompts: int = 0                   # prompts encoded; 0: as many as ``passes`` (a run from before windows)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -107,7 +108,8 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
             how[phase] = (f"learned from a run of {source.tokens} tokens, {source.steps} steps: "
                           f"{source.seconds[phase]:.2f} s x pixels ratio")
     if "text_encode" in run.seconds and run.loaded == prediction.loaded:
-        seconds["text_encode"] = run.seconds["text_encode"] * prediction.passes / run.passes
+        seconds["text_encode"] = run.seconds["text_encode"] * (prediction.prompts or prediction.passes) / \
+            (run.prompts or run.passes)
         how["text_encode"] = f"{said}: {run.seconds['text_encode']:.2f} s x prompts ratio"
     for phase in ("load", "transfer", "image_encode"):
         if phase in run.seconds and phase in seconds:

@@ -110,6 +110,31 @@ def staging_gb(spec: ModelSpec) -> float:
     return sum(file.staging_bytes for file in spec.transformer_files if file is not None) / GIB
 
 
+def pass_frames(spec: ModelSpec, frames: int, window: int = 0) -> int:
+    """The video frames one transformer pass sees: the whole video, or one window of a longer one
+    (engine/models/windows.py; ``window`` 0: the model's own)."""
+    return min(frames, window or spec.window_frames)
+
+
+def denoise_tokens(spec: ModelSpec, width: int, height: int, frames: int, window: int = 0) -> int:
+    """The tokens of one transformer pass (what its activations and its time grow with)."""
+    return spec.tokens(width, height, pass_frames(spec, frames, window))
+
+
+# A video in windows keeps its whole latents, the blended prediction and the scheduler's copy in float32 on the
+# device beside one window's activations.
+WINDOWED_LATENT_COPIES = 3
+
+
+def windowed_latents_gb(spec: ModelSpec, width: int, height: int, frames: int, window: int = 0) -> float:
+    """What a video in windows holds beyond one window's pass: its whole latents (0 for one window)."""
+    if frames <= pass_frames(spec, frames, window):
+        return 0.0
+    latent = (frames - 1) // spec.vae_temporal + 1
+    cells = (width // spec.vae_spatial) * (height // spec.vae_spatial)
+    return WINDOWED_LATENT_COPIES * spec.vae_z * latent * cells * 4 / GIB
+
+
 def denoise_activations_gb(spec: ModelSpec, tokens: int, act_bytes: int, math_attention: bool) -> float:
     shape = spec.transformer
     act = tokens * (ACT_DIM * shape.dim + ACT_FFN * shape.ffn) * act_bytes
@@ -144,6 +169,23 @@ def streamed_text_encoder_gb(spec: ModelSpec, bytes_per_param: float) -> float:
 
 def text_encode_gb(spec: ModelSpec) -> float:
     return TEXT_ENCODE_ACT_GB * max(1, TEXT_TOKENS // 512)
+
+
+# The steps after the video is written, measured on an H200 in float16 (bench/post_gpu.py,
+# docs/data/post-h200.json): RIFE 4.7 between two frames took 0.12 GB at 832x480 and 0.26 GB at 1280x720, about
+# 0.28 GB a megapixel; an ESRGAN of RealESRGAN_x4plus's size in 512-pixel tiles (engine/post/apply.py) 1.79 GB,
+# whatever the frame's size. Float32 (the CPU) takes twice as much.
+RIFE_GB_PER_MEGAPIXEL = 0.28
+UPSCALE_TILE_GB = 1.8
+
+
+def post_step_gb(step: str, width: int, height: int, nbytes: int) -> float:
+    """The working memory of a step after the video is written (``step`` "interpolate" or "upscale") on frames
+    of ``width`` x ``height``, computing with ``nbytes`` a value; its frames stream, so the length does not count."""
+    per_value = nbytes / 2
+    if step == "interpolate":
+        return RIFE_GB_PER_MEGAPIXEL * width * height / 1e6 * per_value
+    return UPSCALE_TILE_GB * per_value
 
 
 def frames_ram_gb(width: int, height: int, frames: int) -> float:

@@ -119,7 +119,7 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
     needs the weights plus its own working memory, and there is no transfer phase."""
     _, nbytes = compute_dtype(hw)
     weights = mem.BASE_RAM_CPU_ONLY_GB + sum(weights_gb(spec, req, hw, rung).values())
-    tokens = spec.tokens(req.width, req.height, req.frames)
+    tokens = mem.denoise_tokens(spec, req.width, req.height, req.frames, req.window)
     frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
     names = [Component.TEXT_ENCODER, Component.TRANSFORMER, Component.VAE]
     if req.image_to_video and spec.image_encoder_params:
@@ -129,14 +129,23 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
     if Component.IMAGE_ENCODER in places:
         phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
     phases.append(("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) / req.ranks
-                   + mem.RUN_OVERHEAD_GB))
+                   + mem.windowed_latents_gb(spec, req.width, req.height, req.frames, req.window) + mem.RUN_OVERHEAD_GB))
     if rung.swap and spec.experts > 1:
         phases.append(("expert_swap", mem.RUN_OVERHEAD_GB))   # from RAM to RAM: the step only runs its code
     phases += [
         ("vae_decode", mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
          + mem.RUN_OVERHEAD_GB + frames_ram),
         ("export", frames_ram)]
+    phases += [(name, gb) for name, gb in _post_phases(req, nbytes)]
     return tuple(PhasePlan(name, places, 0.0, round_up(weights + extra)) for name, extra in phases)
+
+
+def _post_phases(req: PlanRequest, nbytes: int) -> list[tuple[str, float]]:
+    """(phase, working memory) of each step after the video is written: smoother on the video's frames, then
+    larger (on the CPU as on the device, the frames stream through)."""
+    steps = [("interpolate", req.interpolate)] if req.interpolate > 1 else []
+    steps += [("upscale", req.upscale)] if req.upscale > 1 else []
+    return [(name, mem.post_step_gb(name, req.width, req.height, nbytes) + mem.RUN_OVERHEAD_GB) for name, _ in steps]
 
 
 @dataclass(frozen=True)
@@ -255,8 +264,9 @@ def _run_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
                 places: dict) -> list[PhasePlan]:
     """The denoise (and the swap of experts within it), the decode and the export, the encoders put away."""
     _, nbytes = compute_dtype(hw)
-    tokens = spec.tokens(req.width, req.height, req.frames)
-    act = mem.denoise_activations_gb(spec, tokens, nbytes, attention_kind(hw) == "math") / req.ranks
+    tokens = mem.denoise_tokens(spec, req.width, req.height, req.frames, req.window)
+    act = (mem.denoise_activations_gb(spec, tokens, nbytes, attention_kind(hw) == "math") / req.ranks
+           + mem.windowed_latents_gb(spec, req.width, req.height, req.frames, req.window))
     decode = mem.vae_decode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
     frames_ram = mem.frames_ram_gb(req.width, req.height, req.frames)
     resident, idle_ram = held.resident, held.idle_ram
@@ -275,4 +285,5 @@ def _run_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
     phases.append(PhasePlan("vae_decode", denoise_places, resident + decode + mem.RUN_OVERHEAD_GB,
                             idle_ram + frames_ram))
     phases.append(PhasePlan("export", denoise_places, resident, idle_ram + frames_ram))
+    phases += [PhasePlan(name, denoise_places, resident + gb, idle_ram) for name, gb in _post_phases(req, nbytes)]
     return phases

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from engine.models.windows import OVERLAP_FRAMES
 from engine.planning.places import TransformerPlace
 from engine.planning.speed import ATTENTION_BACKENDS, VAE_DTYPES, SpeedRequest
 from engine.planning.split import Split
@@ -19,6 +20,13 @@ class PlanRequest:
     speed: SpeedRequest = SpeedRequest()    # steps, guidance, step cache: what the speed choices read
     # GPUs sharing the denoise (context parallel): each holds the whole model and 1/ranks of the activations.
     ranks: int = 1
+    # A longer video is denoised in windows of this many frames (0: the model's own), neighbours sharing at least
+    # ``overlap``: a pass sees one window.
+    window: int = 0
+    overlap: int = OVERLAP_FRAMES
+    # The steps after the video is written (engine/post/): smoother and larger, by these factors (1: off).
+    interpolate: int = 1
+    upscale: int = 1
 
 
 @dataclass(frozen=True)

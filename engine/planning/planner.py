@@ -11,6 +11,7 @@ from dataclasses import replace
 
 from engine.device.hardware import HardwareProfile
 from engine.models.spec import ModelSpec
+from engine.models.windows import model_windows
 from engine.planning import memory as mem
 from engine.planning.explain import explain, explain_files
 from engine.planning.phases import Rung, attention_kind, compute_dtype, copy_streams, disk_room, phase_table, round_up
@@ -39,7 +40,9 @@ ON_DEVICE_RUNGS = ("all_on_device", "text_encoder_offload")
 def plan_request_for(settings) -> PlanRequest:
     """What the memory planner needs of a job's Settings (engine/settings/values.py)."""
     return PlanRequest(settings.width, settings.height, settings.frames, settings.mode == "i2v",
-                       SpeedRequest(settings.steps, settings.guidance, settings.step_cache))
+                       SpeedRequest(settings.steps, settings.guidance, settings.step_cache),
+                       window=settings.window, overlap=settings.overlap, interpolate=settings.interpolate,
+                       upscale=settings.upscale)
 
 
 def override_for(settings) -> Override:
@@ -191,7 +194,7 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
         conv=speed.conv, compile=speed.compile, attention_backend=speed.attention_backend,
         transformer_files=tuple(file.source if file else None for file in spec.transformer_files), split=split)
     decisions = (explain(spec, req, hw, plan, override) + explain_files(spec, hw, plan) + list(speed.decisions)
-                 + split_said)
+                 + split_said + _windows_said(spec, req))
     suggestions = () if fits_ else _suggest(spec, req, hw, override)
     if not fits_ and not suggestions:
         decisions.append("Neither fewer frames, a smaller size nor a smaller known model makes it fit this "
@@ -243,6 +246,16 @@ def _smaller_model(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile) -> st
     return None
 
 
+def _windows_said(spec: ModelSpec, req: PlanRequest) -> list[str]:
+    """A long video's windows, in one sentence (none for a video in one window)."""
+    windows = model_windows(spec, req.frames, req.window, req.overlap)
+    if windows is None:
+        return []
+    return [f"A long video: {req.frames} frames are denoised together in {windows.describe()}, blended where "
+            f"they overlap; the memory is one window's, and each step runs the transformer {windows.count} times as "
+            "often."]
+
+
 # ----- several GPUs -------------------------------------------------------------------------------------
 
 def _split(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, backend: str,
@@ -255,7 +268,7 @@ def _split(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, backend: str,
     if not hw.collectives:
         split = Split(req.ranks, "", NO_COLLECTIVES)
         return split, [f"This job cannot be split across {req.ranks} GPUs: {split.reason}."]
-    tokens = spec.tokens(req.width, req.height, req.frames)
+    tokens = mem.denoise_tokens(spec, req.width, req.height, req.frames, req.window)
     heads = spec.transformer.heads
     if backend not in CONTEXT_PARALLEL_BACKENDS and not override.attention:
         backend = "native"

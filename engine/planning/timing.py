@@ -29,7 +29,8 @@ from dataclasses import asdict, dataclass, replace
 from engine.device.calibrate import Calibration
 from engine.device.hardware import DECIMAL_GB
 from engine.models.spec import TEXT_TOKENS, UMT5_XXL_PARAMS, ModelSpec
-from engine.planning.memory import FP8_KEPT_FRACTION
+from engine.models.windows import OVERLAP_FRAMES, model_windows
+from engine.planning.memory import FP8_KEPT_FRACTION, pass_frames
 from engine.planning.places import TransformerPlace
 from engine.planning.plan import Plan
 from engine.planning.rates import Rates, bytes_per, copy_gbps, device_rates
@@ -120,7 +121,7 @@ class PhaseTimes:
     how: dict                # phase -> one line: the work and the rate behind the figure
     step_seconds: float      # one denoising step, all its passes
     steps: int
-    passes: int              # transformer passes per step (2 with guidance)
+    passes: int              # transformer passes per step (2 with guidance; times the windows of a long video)
     tokens: int              # the transformer's sequence length
     pixels: int              # output pixels: width x height x frames
     total: float
@@ -128,6 +129,7 @@ class PhaseTimes:
     # The time model's own step, before runs corrected it (engine/planning/learning.py): what a finished run's
     # measured step is compared with.
     model_step_seconds: float | None = None
+    prompts: int = 0         # prompts encoded (2 with guidance); 0: as many as ``passes`` (before windows)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -193,10 +195,10 @@ def _transformer_bytes(spec: ModelSpec, nbytes: int, fp8: bool) -> float:
     return params * (1 + FP8_KEPT_FRACTION * (nbytes - 1)) if fp8 else params * nbytes
 
 
-def _denoise(spec: ModelSpec, size: tuple[int, int, int], image_to_video: bool, steps: int, passes: int,
-             plan: Plan, cal: Calibration, compiled: bool) -> tuple[float, float, str]:
-    """(phase seconds, step seconds, how) of the denoising loop."""
-    tokens = spec.tokens(*size)
+def _denoise(spec: ModelSpec, size: tuple[int, int, int], tokens: int, image_to_video: bool, steps: int,
+             passes: int, plan: Plan, cal: Calibration, compiled: bool) -> tuple[float, float, str]:
+    """(phase seconds, step seconds, how) of the denoising loop: ``passes`` transformer passes of ``tokens`` a
+    step (a window's each, in a longer video), the video of ``size`` (width, height, frames)."""
     rates = device_rates(plan, cal)
     act_bytes = bytes_per(plan.dtype)
     backend = plan.attention_backend
@@ -377,30 +379,34 @@ def _export(pixels: int, cal: Calibration) -> tuple[float, str]:
 
 def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: int, guidance: float, plan: Plan,
                   calibration: Calibration, decoder: str = "vae", *, image_to_video: bool = False,
-                  loaded: bool = False, compiled: bool = False, weight_bytes: int | None = None) -> PhaseTimes:
+                  loaded: bool = False, compiled: bool = False, weight_bytes: int | None = None,
+                  window: int = 0, overlap: int = OVERLAP_FRAMES) -> PhaseTimes:
     """Seconds of each phase of one run under ``plan`` on the calibrated machine.
 
     ``loaded``: the pipeline is already loaded under this plan (no load or transfer phase, no first-use cost
     of the text encoder). ``compiled``: a compiled transformer has already run at this size.
     ``weight_bytes``: the bytes of the model's weight files, when known (else its parameters in the plan's
     dtype). The plan's ``attention_backend``, ``compile`` and ``conv`` are read with defaults, so a plan from
-    before they existed still predicts.
+    before they existed still predicts. ``window``, ``overlap``: a longer video's windows (engine/models/windows.py;
+    window 0: the model's own): each pass runs the transformer once per window, on one window's tokens.
     """
     if decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}; one of {', '.join(DECODERS)}")
-    passes = 2 if guidance > 1.0 else 1
-    tokens = spec.tokens(width, height, frames)
+    windows = model_windows(spec, frames, window, overlap)
+    prompts = 2 if guidance > 1.0 else 1
+    passes = prompts * (windows.count if windows else 1)
+    tokens = spec.tokens(width, height, pass_frames(spec, frames, window))
     pixels = width * height * frames
     seconds: dict[str, float] = {}
     how: dict[str, str] = {}
     if not loaded:
         seconds["load"], how["load"] = _load(spec, plan, calibration, weight_bytes)
         seconds["transfer"], how["transfer"] = _transfer(spec, plan, calibration)
-    seconds["text_encode"], how["text_encode"] = _text_encode(spec, plan, calibration, passes, loaded)
+    seconds["text_encode"], how["text_encode"] = _text_encode(spec, plan, calibration, prompts, loaded)
     if image_to_video and spec.image_encoder_params:
         seconds["image_encode"], how["image_encode"] = _image_encode(spec, plan, calibration)
-    seconds["denoise"], step, how["denoise"] = _denoise(spec, (width, height, frames), image_to_video, steps, passes,
-                                                        plan, calibration, compiled)
+    seconds["denoise"], step, how["denoise"] = _denoise(spec, (width, height, frames), tokens, image_to_video, steps,
+                                                        passes, plan, calibration, compiled)
     if _swaps_experts(spec, plan):
         seconds["expert_swap"], how["expert_swap"] = _expert_swap(spec, plan, calibration, 2 if loaded else 1)
     if decoder == "fast":
@@ -419,5 +425,5 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
         how["export"] += f"; streamed beside the decode, x{STREAMED_EXPORT_SHARE} left after the last frame"
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     return PhaseTimes(seconds, how, round(step, 4), steps, passes, tokens, pixels, round(sum(seconds.values()), 2),
-                      loaded, model_step_seconds=step)
+                      loaded, model_step_seconds=step, prompts=prompts)
 

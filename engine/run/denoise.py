@@ -13,6 +13,7 @@ from pathlib import Path
 from engine.device.runtime import clock
 from engine.events import Phase
 from engine.models.spec import TEXT_TOKENS, TRANSFORMERS
+from engine.models.windows import job_windows
 from engine.run.apply_plan import encoder_visiting, torch_dtype
 from engine.run.clip_input import clip_image_embeds
 from engine.run.experts import switch_step
@@ -23,6 +24,7 @@ from engine.run.preview import LivePreview
 from engine.run.schedulers import make_scheduler
 from engine.run.step_callbacks import StepClock, step_callbacks
 from engine.run.step_clock import FirstPass, transformers_of
+from engine.run.windows import windowed
 from engine.settings.request import GenerationRequest
 
 CALIBRATION_FOLDER = ".calibration"   # in the models folder: MagCache's ratios per model and step count
@@ -114,8 +116,12 @@ class Denoiser:
             # denoise phase's, said in its detail, not the first step's (which would skew the mean and the ETA).
             prepared = FirstPass(self.job.device, clock, step_clock.mark)
             phase.detail = prepared.detail
+            windows = job_windows(self.loaded.model.spec, self.request.settings)
+            if windows is not None:
+                self.job.ran_windows(windows)
             try:
                 with reusing_image_embeds(self.pipe, image.embeds), self._step_cache(), \
+                        windowed(transformers_of(self.pipe), windows, lambda i, n: self.job.window_done(i, n, total)), \
                         prepared.watching(transformers_of(self.pipe)):
                     output = self._call_pipe(embeds, image, callbacks)
             finally:

@@ -15,7 +15,7 @@ from typing import Callable
 
 from engine.device.hardware import GIB, HardwareProfile, detect_hardware
 from engine.device.runtime import release_memory, reset_peak_vram
-from engine.events import DownloadProgress, Event, Phase
+from engine.events import DownloadProgress, Event, JobFinished, Phase
 from engine.models.catalog import ModelCatalog
 from engine.models.finite import check_transformer_values
 from engine.models.refs import ResolvedModel, classify_ref
@@ -49,7 +49,7 @@ from engine.run.preview import PREVIEW_EVERY_SECONDS
 from engine.run.prompt_cache import PromptCache
 from engine.run.time_plan import TimePlanner, calibration_enabled, with_fastest_attention
 from engine.settings.request import GenerationRequest, check_request
-from engine.settings.values import MODE_NAMES
+from engine.settings.values import MODE_NAMES, InputError
 
 # Named here too for the callers that know the Engine's module (the tests among them).
 __all__ = ["SELFTEST_NOTE", "Engine", "LoadedModel", "reusing_image_embeds", "read_rate"]
@@ -163,6 +163,8 @@ class Engine:
                     job.info(f"The VAE is read again in {plan.vae_dtype}; the rest of the model stays loaded.")
                     with job.in_phase(Phase.TRANSFER):
                         use_vae_dtype(self.loaded.pipe, resolved.folder, plan)
+                    # What was made over the old VAE goes with it (the image-to-video pipeline, the preview's map).
+                    self.loaded.image_pipe = self.loaded.preview_map = None
                 self.loaded.plan = plan
                 return self.loaded
             # No local reference to the old pipeline may survive this point: it would stay in
@@ -225,10 +227,27 @@ class Engine:
 
         def generate() -> Event:
             checked = request if request.checked else check_request(request)   # the worker client checked it once
-            return Generation(self, job, scope).run(checked)
+            return self._videos(checked, job, scope)
 
         return job.run_to_end(scope.title(f"{MODE_NAMES.get(mode, mode)} with {request.settings.model}"),
                               lambda: scope.running(generate), self._model_loaded)
+
+    def _videos(self, request: GenerationRequest, job: Job, scope: JobScope) -> Event:
+        """The request's ``count`` outputs, one after the other on the loaded model (the prompt encoded once):
+        seeds seed, seed + 1, ... (each random with -1), each its own output and sidecar; one finished event for
+        them all. A cancel stops the rest; what was written stays."""
+        count = request.settings.count
+        if count > 1 and scope.ranks > 1:
+            raise InputError(f"several videos in one job (count {count}) run on one GPU: ask for 1 GPU, or make "
+                             "them one at a time")
+        finished = [Generation(self, job, scope).run(request)]
+        for video in range(2, count + 1):
+            if not isinstance(finished[-1], JobFinished):   # a split job's other rank
+                return finished[-1]
+            job.next_video(finished[-1], video, count)
+            seed = (request.seed + video - 1) % 2**32 if request.seed >= 0 else -1
+            finished.append(Generation(self, job, scope).run(replace(request, seed=seed)))
+        return finished[0] if count == 1 else all_finished(finished)
 
     def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False,
                      timings: dict | None = None) -> Event:
@@ -249,5 +268,31 @@ class Engine:
         plan = self.plan_for(saved.request, resolved.spec)
         return decoder.decode_saved(saved, parts, plan, tiled, on_cpu, self.hardware.to_dict())
 
+    def post_output(self, path: str, step: str, factor: int, job_id: str, emit: Emit,
+                    should_cancel: Callable[[], bool] = lambda: False, timings: dict | None = None) -> Event:
+        """Smoother or larger on an output already made (engine/post/on_output.py): a new output beside it."""
+        from engine.post.on_output import post_on_output
+        from engine.post.steps import PostStep
+
+        job = Job(job_id, emit, should_cancel, self.faults, timings)
+        post = PostStep(step, factor)
+        return job.run_to_end(f"{post.title} from {Path(path).name}", lambda: post_on_output(
+            job, Path(path), post, self.models_dir, self.hardware.device), self._model_loaded)
+
     def _model_loaded(self) -> bool:
         return self.loaded is not None
+
+
+def all_finished(finished: list[JobFinished]) -> JobFinished:
+    """One finished event for a job's several outputs: each one's path, seed and sidecar in order, the phases'
+    seconds summed, the peaks the highest."""
+    timings: dict = {}
+    for done in finished:
+        for phase, seconds in done.timings.items():
+            timings[phase] = round(timings.get(phase, 0.0) + seconds, 4)
+    vram = [done.peak_vram_gb for done in finished if done.peak_vram_gb is not None]
+    ram = [done.peak_ram_gb for done in finished if done.peak_ram_gb is not None]
+    last = finished[-1]
+    return replace(last, paths=tuple(p for done in finished for p in done.paths), timings=timings,
+                   peak_vram_gb=max(vram) if vram else None, peak_ram_gb=max(ram) if ram else None,
+                   seeds=tuple(done.seed for done in finished), sidecars=tuple(done.sidecar for done in finished))

@@ -28,6 +28,8 @@ from engine.outputs.latents import cleanup_latents, save_latents
 from engine.outputs.record import run_record
 from engine.outputs.sidecar import write_sidecar
 from engine.planning.planner import Plan, rungs_below
+from engine.post.apply import Media, StepRunner, check_step_files, replace_file, run_steps, work_path
+from engine.post.steps import post_steps
 from engine.run.apply_plan import set_vae_tiling
 from engine.run.decode_stage import Decoder, check_latents
 from engine.run.denoise import Denoiser
@@ -96,10 +98,11 @@ class Generation:
         return self.scope.outcome(job, lambda: self._finish(loaded, request, latents))
 
     def _find_files(self, resolved: ResolvedModel, request: GenerationRequest) -> GenerationRequest:
-        """Before any heavy work: the fast decoder found (or fetched), and each LoRA's file found (or fetched
-        once) for the model's experts, the request given them."""
+        """Before any heavy work: the fast decoder found (or fetched), the smoother's and larger's files read, and
+        each LoRA's file found (or fetched once) for the model's experts, the request given them."""
         if request.settings.decoder == "fast":
             self.decoder.use_fast_decoder(resolved, self.host.loaded)
+        check_step_files(self.host.models_dir, post_steps(request.settings.interpolate, request.settings.upscale))
         if not request.settings.loras:
             return request
         loras = lora_files(request.settings.loras, self.host.models_dir, resolved,
@@ -170,7 +173,11 @@ class Generation:
         media, shape = self.decoder.decode_and_write(loaded, request, latents, bundle)
         if self.host.latents_hours <= 0 and not request.keep_latents:
             job.removed_latents()
-        sidecar = self._write_sidecar(loaded, request, bundle, media, shape)
+        sidecar = self._write_sidecar(loaded, request, bundle, media, shape)   # kept as it is if a step fails
+        steps = post_steps(request.settings.interpolate, request.settings.upscale)
+        if steps:
+            shape, post = self._post_steps(loaded, request, media, shape, steps)
+            sidecar = self._write_sidecar(loaded, request, bundle, media, shape, post)
         self.host.timing.finished(loaded, request, job.timings, job.step_seconds, "load" not in job.timings,
                                   job.decoder, job.predicted.model_step_seconds if job.predicted else None)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
@@ -191,15 +198,27 @@ class Generation:
                 "strategy": loaded.plan.strategy, "keep": request.keep_latents, "inputs": job.inputs}))
         return bundle
 
+    def _post_steps(self, loaded: LoadedModel, request: GenerationRequest, media: Path, shape: tuple, steps):
+        """The steps after the decode (smoother, larger) on the written file, which their result replaces: (the
+        file's new shape, the steps' records for the sidecar)."""
+        job = self.job
+        count, height, width = (int(n) for n in shape[:3])
+        fps = request.settings.fps if request.settings.mode != "t2i" else None
+        runner = StepRunner(self.host.models_dir, loaded.plan.device, job)
+        made, records = run_steps(job, runner, steps, Media(media, count, width, height, fps), work_path(media, 0))
+        replace_file(made.path, media)
+        return (made.frames, made.height, made.width, 3), [record.to_dict() for record in records]
+
     def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, bundle: Bundle, media: Path,
-                       shape: tuple) -> Path:
+                       shape: tuple, post: list | None = None) -> Path:
         job = self.job
         sidecar = run_record(request, media, shape, model=loaded.model, plan=loaded.plan.to_dict(),
                              step_downs=job.step_downs, latents=job.latents, decode_fallback=job.decode_fallback,
                              timings=job.timings, step_seconds=job.step_seconds, peak_ram_gb=job.ram.peak_gb,
                              hardware=self.host.hardware.to_dict(), inputs=job.inputs,
                              note=SELFTEST_NOTE if loaded.model.selftest else "",
-                             speed=speed_record(loaded.plan, request, job), experts=job.experts)
+                             speed=speed_record(loaded.plan, request, job), experts=job.experts,
+                             windows=job.windows, post=post)
         return write_sidecar(sidecar, bundle.sidecar)
 
 

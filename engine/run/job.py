@@ -19,13 +19,17 @@ from engine.events import (
     Info,
     JobCancelled,
     JobFailed,
+    JobFinished,
     JobStarted,
     LatentsSaved,
     Phase,
     PhaseFinished,
     PhaseStarted,
     PlanReady,
+    PostProgress,
     StepFinished,
+    VideoStarted,
+    WindowDone,
 )
 from engine.outputs.latents import DECODE_AGAIN_HINT
 from engine.planning.planner import Plan
@@ -57,19 +61,26 @@ class Job:
         self.should_cancel = should_cancel
         self.steps = steps                   # denoising steps the job asks for (none for a decode again)
         self.device = "cpu"                  # where its phases are timed (the device synchronised)
+        self.ram = RamPeakSampler()          # the run's RAM peak so far, reported with every step
+        self._faults = faults
+        self.video, self.videos = 1, 1       # a job of several videos: the one under way, of how many
+        self.written: list[JobFinished] = []   # and the ones finished before it
+        self._record(timings)
+
+    def _record(self, timings: dict | None) -> None:
+        """A fresh record of one output's run (each video of a job of several has its own sidecar)."""
         self.timings = dict(timings or {})   # seconds by phase, the phases before the engine's included
         self.step_seconds: list[float] = []
         self.step_downs: list[dict] = []
         self.decode_fallback: str | None = None
         self.latents: str | None = None      # its saved latents' file, once they are written
         self.inputs: dict | None = None      # input images kept beside the output: {field: file name or None}
-        self.ram = RamPeakSampler()          # the run's RAM peak so far, reported with every step
         self.decoder = "vae"                 # what made the frames: "vae" or "fast (<file stem>)"
         self.cache: str | None = None        # the step cache's own account of what it did, when one was on
         self.predicted = None                # the time plan's PhaseTimes for this run, when the machine is measured
         self.experts: dict | None = None     # Wan2.2 A14B: the steps each expert ran, the switch step (the sidecar's)
+        self.windows: dict | None = None     # a long video: the windows each step ran in (the sidecar's)
         self.loras_beside = False            # its LoRAs compute beside the weights (not merged): uncompiled
-        self._faults = faults
         self._phase: Phase | None = None
         self._open: list[str] = []           # the phases running now, outermost first
         self._nested = 0.0                   # seconds of the phases run inside others, for those to leave out
@@ -90,7 +101,8 @@ class Job:
             with self.ram.running():
                 result = work()
         except (Cancelled, GateCancelled):
-            result = JobCancelled(self.id, len(self.step_seconds), self.steps, self._phase, model_loaded())
+            result = JobCancelled(self.id, len(self.step_seconds), self.steps, self._phase, model_loaded(),
+                                  self.video, self.videos, tuple(p for done in self.written for p in done.paths))
         except PeerStopped as exc:
             result = JobFailed(self.id, f"{exc}.", "See the other GPU's failure.", self._phase, "peer")
         except Exception as exc:  # every failure reaches the page as an event
@@ -164,6 +176,27 @@ class Job:
         mean = sum(self.step_seconds) / len(self.step_seconds)
         self.emit(StepFinished(self.id, index + 1, total, seconds, mean * (total - index - 1), peak_vram_gb(),
                                self.ram.peak_gb))
+
+    def next_video(self, finished: JobFinished, video: int, videos: int) -> None:
+        """Video ``video`` of ``videos`` starts, ``finished`` (the one before it) kept: said, and recorded afresh."""
+        self.written.append(finished)
+        self.video, self.videos = video, videos
+        self._record(None)
+        self.emit(VideoStarted(self.id, video, videos))
+
+    def ran_windows(self, windows) -> None:
+        """The denoise runs in ``windows`` (engine/models/windows.py): said, and recorded for the sidecar."""
+        self.windows = windows.to_dict()
+        self.info(f"A long video: each step runs the transformer on {windows.describe()}, blended where they "
+                  "overlap.")
+
+    def window_done(self, window: int, windows: int, total: int) -> None:
+        """The transformer ran on window ``window`` of ``windows`` in the step under way (of ``total``)."""
+        self.emit(WindowDone(self.id, len(self.step_seconds) + 1, total, window, windows))
+
+    def post_progress(self, step, done: int, total: int) -> None:
+        """A step after the video is written (engine/post/steps.py's PostStep) has made ``done`` of ``total`` frames."""
+        self.emit(PostProgress(self.id, step.kind, done, total))
 
     def stepped_down(self, strategy: str, lower: str) -> None:
         """Out of memory in the current phase with ``strategy``: said, recorded, the steps so far forgotten."""

@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from engine.models.single_file import read_bytes
+from engine.models.windows import window_count
+from engine.planning.memory import denoise_tokens
 from engine.planning.learning import MeasuredRun, learn
 from engine.planning.timing import PhaseTimes, predict_times
 
@@ -163,8 +165,11 @@ class TimePlanner:
             if "denoise" in seconds and step_seconds[0] > ONE_OFF_FACTOR * step:
                 # A first step that compiled (or warmed up) is not what the next run's first step costs.
                 seconds["denoise"] -= step_seconds[0] - step
-        run = MeasuredRun({str(k): v for k, v in seconds.items()}, spec.tokens(s.width, s.height, s.frames), s.steps,
-                          2 if s.guidance > 1.0 else 1, s.width * s.height * s.frames, step, loaded=was_loaded,
+        # A pass's tokens and the passes a step makes: a longer video's windows each count as a pass.
+        run = MeasuredRun({str(k): v for k, v in seconds.items()}, denoise_tokens(spec, s.width, s.height, s.frames,
+                                                                                 s.window), s.steps,
+                          (2 if s.guidance > 1.0 else 1) * window_count(spec, s), s.width * s.height * s.frames, step,
+                          loaded=was_loaded, prompts=2 if s.guidance > 1.0 else 1,
                           model_step=model_step)
         runs = self._known_runs(self._calibration).setdefault(family_key(ref, plan, s), [])
         runs.append(run)
@@ -198,7 +203,8 @@ def predict_job(spec, ref: str, settings, plan, calibration, runs: dict, loaded:
     and the page's plan all say this."""
     s = settings
     times = predict_times(spec, s.width, s.height, s.frames, s.steps, s.guidance, plan, calibration, s.decoder,
-                          image_to_video=s.mode == "i2v", loaded=loaded, compiled=compiled, weight_bytes=weight_bytes)
+                          image_to_video=s.mode == "i2v", loaded=loaded, compiled=compiled, weight_bytes=weight_bytes,
+                          window=s.window, overlap=s.overlap)
     return learn(times, runs.get(family_key(ref, plan, s), []))
 
 

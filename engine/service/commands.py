@@ -1,7 +1,7 @@
 """What the app says to its engine process and what the process answers outside a job's events: typed values,
 as the events are (engine/events.py), pickled across the pipes.
 
-The job pipe carries one command at a time (``RunJob``, ``DecodeSaved``, ``Unload``, ``Stop``) and the job's
+The job pipe carries one command at a time (``RunJob``, ``DecodeSaved``, ``PostOutput``, ``Unload``, ``Stop``) and the job's
 events back; the process says ``Ready`` once its libraries are loaded and ``Unloaded`` after an unload. The
 status channel, answered by a thread of its own during a job too, takes an ``Ask`` and answers it with a typed
 value (the hardware as a HardwareProfile, what the engine holds, the files it has loaded, ``PONG``).
@@ -28,6 +28,15 @@ class DecodeSaved:
     job_id: str
     tiled: bool
     on_cpu: bool
+    timings: dict
+
+
+@dataclass(frozen=True)
+class PostOutput:
+    path: str                     # an output's media file
+    step: str                     # "interpolate" (smoother) or "upscale" (larger)
+    factor: int
+    job_id: str
     timings: dict
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from engine.device.hardware import HardwareProfile
 from engine.device.usage import EngineStarting
 from engine.models.loras import LORA_EXPERTS
-from engine.service.commands import PONG, Ask, DecodeSaved, Ready, RunJob, Stop, Unload, Unloaded
+from engine.service.commands import PONG, Ask, DecodeSaved, PostOutput, Ready, RunJob, Stop, Unload, Unloaded
 from engine.service.model_files import LoadedFiles
 
 # Applied in the worker before torch loads: flash attention on ROCm (AOTriton); MIOpen's quick
@@ -142,6 +142,9 @@ def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardwar
         elif isinstance(command, DecodeSaved):
             engine.decode_saved(command.path, command.job_id, conn.send, tiled=command.tiled, on_cpu=command.on_cpu,
                                 timings=command.timings)
+        elif isinstance(command, PostOutput):
+            engine.post_output(command.path, command.step, command.factor, command.job_id, conn.send,
+                               cancel_event.is_set, timings=command.timings)
         elif isinstance(command, Unload):
             engine.unload()
             conn.send(Unloaded())

@@ -30,6 +30,9 @@ class Engines(Protocol):
     def decode(self, latents: str, tiled: bool = False, on_cpu: bool = False, job_id: str | None = None,
                slots: Sequence[int] = ()) -> Iterator["Event"]: ...
 
+    def post(self, path: str, step: str, factor: int, job_id: str | None = None,
+             slots: Sequence[int] = ()) -> Iterator["Event"]: ...
+
     def cancel(self, slots: Sequence[int] | None = None) -> None: ...
 
     def unload(self) -> None: ...
@@ -49,5 +52,5 @@ class Engines(Protocol):
     def all_running_settings(self) -> list: ...
 
 
-MEMBERS = ("models_dir", "catalog", "check", "run", "decode", "cancel", "unload", "engine_count", "engines_for",
+MEMBERS = ("models_dir", "catalog", "check", "run", "decode", "post", "cancel", "unload", "engine_count", "engines_for",
            "hardware_profile", "memory", "memories", "all_loaded_files", "all_running_settings")

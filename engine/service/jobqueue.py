@@ -211,8 +211,9 @@ class JobQueue:
                     ends = typical - (now - running.started)
                 else:
                     return None
-                if running.started is not None:   # past its estimate and still running: it is not done yet
-                    ends = max(ends, OVERRUN_SHARE * (now - running.started), SOON_S)
+                if running.started is not None and ends <= 0:   # past its estimate and still running: not done yet
+                    ends = max(OVERRUN_SHARE * (now - running.started), SOON_S)
+                ends = max(ends, SOON_S)
                 for slot in running.slots:
                     free_at[slot] = ends
             for ahead in self._waiting[:self._waiting.index(ticket)]:
@@ -250,12 +251,14 @@ class JobQueue:
         with self._changed:
             return [] if owner is None else [ticket for ticket in self._running if ticket.owner == owner]
 
-    def held_for(self, owner: str | None, joined_before: float = 0.0) -> Ticket | None:
-        """``owner``'s job that waits or runs and joined at least ``joined_before`` seconds ago (None: none)."""
+    def held_for(self, owner: str | None, joined_before: float = 0.0, what: str | None = None) -> Ticket | None:
+        """``owner``'s job (of ``what``, when given) that waits or runs and joined at least ``joined_before``
+        seconds ago (None: none)."""
         with self._changed:
             now = self._clock()
             return next((ticket for ticket in [*self._running, *self._waiting] if owner is not None and
-                         ticket.owner == owner and now - ticket.joined >= joined_before), None)
+                         ticket.owner == owner and now - ticket.joined >= joined_before and
+                         what in (None, ticket.what)), None)
 
     def ended_recently_for(self, owner: str | None, within: float = RECENTLY_ENDED_S) -> bool:
         """The last job that ran was ``owner``'s and ended less than ``within`` seconds ago."""

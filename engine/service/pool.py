@@ -264,6 +264,10 @@ class EnginePool:
                slots: Sequence[int] = (0,)) -> Iterator[Event]:
         yield from self.engines[slots[0] if slots else 0].decode(latents, tiled, on_cpu, job_id)
 
+    def post(self, path: str, step: str, factor: int, job_id: str | None = None,
+             slots: Sequence[int] = (0,)) -> Iterator[Event]:
+        yield from self.engines[slots[0] if slots else 0].post(path, step, factor, job_id)
+
     def run(self, request: GenerationRequest, notes: list[str] | tuple = (), job_id: str | None = None,
             slots: Sequence[int] = (0,)) -> Iterator[Event]:
         """Run a checked request on the engines ``slots`` (the queue's pick): one engine runs it alone; several

@@ -30,7 +30,7 @@ from engine.outputs.bundle import Bundle
 from engine.outputs.latents import DECODE_AGAIN_HINT
 from engine.run.failures import failure_event
 from engine.run.faults import NO_FAULTS, PhaseHook
-from engine.service.commands import PONG, Ask, DecodeSaved, Ready, RunJob, Stop, Unload, Unloaded
+from engine.service.commands import PONG, Ask, DecodeSaved, PostOutput, Ready, RunJob, Stop, Unload, Unloaded
 from engine.service.engine_process import run_engine_process
 from engine.service.watchdog import Watchdog
 from engine.settings.model_fit import check_model_fits
@@ -352,6 +352,12 @@ class WorkerClient:
         """Decode saved latents again (tiled, or on the CPU) into a new video, without denoising."""
         job_id = job_id or self.new_job_id()
         yield from self._exchange(lambda timings: DecodeSaved(str(latents), job_id, tiled, on_cpu, timings), job_id)
+
+    def post(self, path: str, step: str, factor: int, job_id: str | None = None, slots=()) -> Iterator[Event]:
+        """Smoother or larger (``step`` "interpolate" or "upscale", by ``factor``) on the output ``path``: a new
+        output beside it."""
+        job_id = job_id or self.new_job_id()
+        yield from self._exchange(lambda timings: PostOutput(str(path), step, int(factor), job_id, timings), job_id)
 
     def _starting(self, job_id: str) -> Iterator[Event]:
         """While a new engine process loads its libraries, the job says so and times it (phase engine_start);

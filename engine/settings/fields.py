@@ -166,6 +166,26 @@ FIELDS: tuple[Field, ...] = (
           option=Option("--guidance-2", float, metavar="SCALE",
                         help="Wan2.2 A14B: the low-noise expert's guidance (default: the preset's, else the same as "
                              "--guidance; 0: the same as --guidance)")),
+    Field("window", "Window (frames)", Group.RUN, (int,), Parse.COUNT, start=0, place=Place.FORM,
+          option=Option("--window", int, metavar="FRAMES",
+                        help="a video longer than this is denoised in overlapping windows of this many frames (4k+1; "
+                             "default 0: the model's own, 81 for most)")),
+    Field("overlap", "Overlap (frames)", Group.RUN, (int,), start=16, place=Place.FORM,
+          option=Option("--overlap", int, metavar="FRAMES",
+                        help="the frames neighbouring windows share at least (a multiple of 4, default 16)")),
+    Field("count", "Videos", Group.RUN, (int,), start=1, place=Place.FORM,
+          option=Option("--count", int, metavar="N", commands=("generate",),
+                        help="make N videos (or stills), seeds SEED, SEED+1, ... (each random with --seed -1)")),
+    Field("interpolate", "Smoother", Group.RUN, (int,), shown=(("Off", 1), ("2x frames", 2), ("4x frames", 4)),
+          start=1, place=Place.FORM,
+          option=Option("--interpolate", int, metavar="N",
+                        help="after the video is written, N times its frames and fps (2 or 4; 1: off): RIFE 4.x from "
+                             "models/interpolators/, else ffmpeg's minterpolate")),
+    Field("upscale", "Larger", Group.RUN, (int,), shown=(("Off", 1), ("2x size", 2), ("4x size", 4)), start=1,
+          place=Place.FORM,
+          option=Option("--upscale", int, metavar="N",
+                        help="after the video is written, N times its width and height (2 or 4; 1: off): an upscaler "
+                             "model file from models/upscalers/, else Lanczos")),
     Field("mode", "Mode", Group.REQUIRED, (str,)),
     Field("fps", "FPS", Group.REQUIRED, (int,), option=Option("--fps", int, commands=("generate",))),
     Field("scheduler", "Scheduler", Group.RUN, (str,)),

@@ -9,7 +9,7 @@ from __future__ import annotations
 from engine.models.catalog import ModelInfo
 from engine.models.limits import limits_of
 from engine.models.spec import ModelSpec
-from engine.settings.values import InputError, Settings, check_experts, check_frames, check_side
+from engine.settings.values import InputError, Settings, check_experts, check_frames, check_side, window_choices
 
 
 def check_model_limits(spec: ModelSpec, width: int, height: int, frames: int, mode: str = "t2v") -> None:
@@ -42,7 +42,11 @@ def check_model_kind(spec: ModelSpec, ref: str, mode: str, last_image: bool | No
 
 def check_model_fits(info: ModelInfo, settings: Settings, last_image: bool | None) -> None:
     """InputError when the model cannot make what the settings ask: its kind, its frames, its size, its experts
-    (its single transformer files were checked when ``info`` was read)."""
+    (its single transformer files were checked when ``info`` was read), its window."""
     check_model_kind(info.spec, info.ref, settings.mode, last_image)
     check_model_limits(info.spec, settings.width, settings.height, settings.frames, settings.mode)
+    problems: list[str] = []
+    window_choices(settings, settings.frames, problems, info.limits)   # the model's own window is known now
+    if problems:
+        raise InputError(problems)
     check_experts(settings, info.limits)

@@ -50,6 +50,9 @@ class Preset:
 
 
 _REQUIRED = ["name", "title", "description", *REQUIRED_SETTINGS]
+# Settings that presets once held and that are now the model's own (a saved preset may still hold them): read and
+# left out, so that the user's older presets keep working.
+RETIRED = frozenset({"size_multiple"})
 _TYPES = {"name": str, "title": str, "description": str, **SETTING_TYPES, "negative_prompt": str, "selftest": bool}
 
 
@@ -63,6 +66,7 @@ def parse_preset(data: object, source: str) -> Preset:
     """Validate one preset's JSON data; ``source`` names it in errors."""
     if not isinstance(data, dict):
         raise PresetError(f"{source}: a preset must be a JSON object, got {type(data).__name__}")
+    data = {key: value for key, value in data.items() if key not in RETIRED}
     unknown = sorted(set(data) - set(_TYPES))
     if unknown:
         raise PresetError(f"{source}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(_TYPES)}")

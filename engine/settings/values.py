@@ -18,7 +18,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import InputError
-from engine.models.limits import MAX_FRAMES, MAX_SIDE, MIN_SIDE, SIDE_MULTIPLE
+from engine.models.limits import MAX_FRAMES, MAX_SIDE, MAX_WINDOW_FRAMES, MIN_SIDE, SIDE_MULTIPLE
+from engine.models.windows import OVERLAP_FRAMES, SHORTEST_WINDOW_FRAMES
+from engine.post.steps import post_problems
 from engine.models.loras import LORA_EXPERTS, Lora, as_lora, lora_file_problem
 from engine.models.single_file import TRANSFORMER_FILE_NAMES, TRANSFORMER_FILE_SUFFIXES
 from engine.settings.fields import SETTING_TYPES, Group, names_in
@@ -39,6 +41,8 @@ MAX_FPS = 120
 MAX_GPUS = 16   # one engine process per GPU; more than a machine of 16 is a typing error
 # A LoRA's strength: 1 is the LoRA as trained, 0 turns it off, a negative one pushes away from what it learned.
 MAX_LORA_STRENGTH = 4.0
+# Outputs one request may make (more is a typing error; the queue takes more requests).
+MAX_COUNT = 16
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,16 @@ class Settings:
     # How many GPUs the job's denoise is split across (context parallel, one engine each): 0 is automatic (one,
     # unless the model fits on the device only split: engine/planning/planner.py's gpus_for), N >= 1 that many.
     gpus: int = 0
+    # A video longer than the model's window is denoised in overlapping windows (engine/models/windows.py):
+    # ``window`` frames each (0: the model's own, 81 for most), neighbours sharing at least ``overlap`` frames.
+    window: int = 0
+    overlap: int = OVERLAP_FRAMES
+    # How many outputs a request makes, one after the other: seeds seed, seed + 1, ... (each random with -1).
+    count: int = 1
+    # After the video is written (engine/post/): ``interpolate`` times the frames (smoother: 1 is off, 2 or 4) and
+    # ``upscale`` times the width and height (larger: 1 is off, 2 or 4).
+    interpolate: int = 1
+    upscale: int = 1
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -191,7 +205,7 @@ def check_side(name: str, value: int, multiple: int, problems: list[str], limits
 
 
 def check_frames(frames: int, mode: str, problems: list[str], limits: Limits | None = None) -> None:
-    """The frame count: 1 for a still; else 4k+1, in range and within what the model can make."""
+    """The frame count: 1 for a still; else 4k+1, in range (what one window can take: window_choices)."""
     if mode == "t2i":
         if frames != 1:
             problems.append(f"text-to-image makes 1 frame, got frames={show(frames)}")
@@ -199,9 +213,6 @@ def check_frames(frames: int, mode: str, problems: list[str], limits: Limits | N
     most = limits.max_frames if limits else MAX_FRAMES
     if frames < 1 or frames > MAX_FRAMES:
         problems.append(f"frames {show(frames)} is out of range: use 1 to {most}")
-    elif limits and frames > limits.max_frames:
-        problems.append(f"frames {frames} is more than {limits.name} can make (its position table has "
-                        f"{limits.position_rows} rows for the frames): use at most {limits.max_frames}")
     elif (frames - 1) % 4:
         lower = (frames - 1) // 4 * 4 + 1
         problems.append(f"frames must be 4k+1 (1, 5, 9, ... up to {most}): {frames} is not; "
@@ -236,6 +247,10 @@ def _numbers(settings: Settings, problems: list[str]) -> dict:
         problems.append(f"shift {shift} is out of range: use a value above 0 and at most {MAX_SHIFT}")
     if fps is not None and not 1 <= fps <= MAX_FPS:
         problems.append(f"fps {show(fps)} is out of range: use 1 to {MAX_FPS}")
+    count = as_int("count", settings.count, problems)
+    if count is not None and not 1 <= count <= MAX_COUNT:
+        problems.append(f"count {show(count)} is out of range: make 1 to {MAX_COUNT} videos at once (the queue "
+                        "takes more requests)")
     guidance_2 = None
     if settings.guidance_2 is not None and not (isinstance(settings.guidance_2, str) and not settings.guidance_2.strip()):
         guidance_2 = as_float("low-noise guidance (guidance_2)", settings.guidance_2, problems)
@@ -246,7 +261,8 @@ def _numbers(settings: Settings, problems: list[str]) -> dict:
             problems.append(f"a low-noise guidance of {guidance_2} needs guidance above 1: guidance {guidance} turns "
                             "classifier-free guidance off for both experts; raise guidance, or leave the low-noise "
                             "guidance empty")
-    return {"steps": steps, "fps": fps, "guidance": guidance, "shift": shift, "guidance_2": guidance_2}
+    return {"steps": steps, "fps": fps, "guidance": guidance, "shift": shift, "guidance_2": guidance_2,
+            "count": count}
 
 
 def check_experts(settings: Settings, limits: Limits | None) -> None:
@@ -268,6 +284,59 @@ def _expert_choices(settings: Settings, problems: list[str], limits: Limits | No
     if settings.strategy == "expert_swap":
         problems.append(f"strategy expert_swap swaps Wan2.2 A14B's two experts, but {limits.name} has one "
                         "transformer: choose auto or another strategy")
+
+
+def window_choices(settings: Settings, frames: int | None, problems: list[str], limits: Limits | None) -> dict:
+    """The window and overlap as whole numbers, each checked: a window 4k+1 the model can see at once, an
+    overlap a multiple of 4 that leaves each window frames of its own; and no step cache on a video in windows
+    (the caches decide per pass, and a window's pass is not the step's). Without ``limits`` (the model not known
+    yet) the model's own window is not known, and what depends on it waits for the run's check."""
+    window = as_int("window", settings.window, problems)
+    overlap = as_int("overlap", settings.overlap, problems)
+    most = limits.max_window if limits else MAX_WINDOW_FRAMES
+    if window is not None and window:
+        if not SHORTEST_WINDOW_FRAMES <= window <= MAX_WINDOW_FRAMES:
+            problems.append(f"window {show(window)} is out of range: use 0 (the model's own) or "
+                            f"{SHORTEST_WINDOW_FRAMES} to {most} frames")
+            window = None
+        elif limits and window > limits.max_window:
+            problems.append(f"a window of {window} frames is more than {limits.name} can see at once (its position "
+                            f"table has {limits.position_rows} rows for the frames): use at most {limits.max_window}")
+            window = None
+        elif (window - 1) % 4:
+            lower = (window - 1) // 4 * 4 + 1
+            problems.append(f"the window must be 4k+1 frames like the video: {window} is not; try {lower} or "
+                            f"{lower + 4}")
+            window = None
+    used = (window or (limits.window if limits else 0)) if window is not None else 0
+    if overlap is not None:
+        if overlap < 4 or overlap % 4:
+            problems.append(f"overlap {show(overlap)} must be a multiple of 4 frames (one latent frame each), at "
+                            f"least 4: try {max(4, overlap // 4 * 4)}")
+        elif used and overlap > (used - 1) // 2:
+            problems.append(f"an overlap of {overlap} frames leaves a window of {used} too little of its own: use at "
+                            f"most {(used - 1) // 2 // 4 * 4}, or a longer window")
+    if used and frames and settings.mode != "t2i" and frames > used and settings.step_cache:
+        problems.append(f"the step cache ({settings.step_cache}) decides once per pass over the whole video, but "
+                        f"{frames} frames are denoised in windows of {used}: turn the step cache off, or make at "
+                        f"most {used} frames")
+    return {"window": window, "overlap": overlap}
+
+
+def _post_choices(settings: Settings, shape: dict, fps: int | None, problems: list[str]) -> dict:
+    """The smoother and larger factors as whole numbers, each 1, 2 or 4, and what they would make within what a
+    video holds (engine/post/steps.py); what depends on the size waits until the size itself is right."""
+    factors = {name: as_int(name, getattr(settings, name), problems) for name in ("interpolate", "upscale")}
+    if None in factors.values():
+        return factors
+    frames, width, height = shape["frames"], shape["width"], shape["height"]
+    if None in (frames, width, height):
+        problems += [problem for problem in post_problems(factors["interpolate"], factors["upscale"], settings.mode,
+                                                          2, 1, 1, None) if "is not a factor" in problem]
+        return factors
+    problems += post_problems(factors["interpolate"], factors["upscale"], settings.mode, frames, width, height,
+                              fps if settings.mode != "t2i" else None)
+    return factors
 
 
 def _memory_choices(settings: Settings, problems: list[str]) -> None:
@@ -375,11 +444,13 @@ def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple
     _memory_choices(settings, problems)
     _expert_choices(replace(settings, guidance_2=numbers_["guidance_2"]), problems, limits)
     _speed_choices(settings, problems)
+    windows = window_choices(settings, shape["frames"], problems, limits)
+    post = _post_choices(settings, shape, numbers_["fps"], problems)
     files = _transformer_files(settings, problems)
     loras = _lora_choices(settings, problems)
     if problems:
         return None, problems
-    return replace(settings, **shape, **numbers_, **files, loras=loras), []
+    return replace(settings, **shape, **numbers_, **windows, **post, **files, loras=loras), []
 
 
 def check_settings(settings: Settings, limits: Limits | None = None) -> Settings:

@@ -39,15 +39,16 @@ def test_a_settings_mistake_is_said_once_and_the_next_run_clears_it(page, app_se
     _set_text(page, "t2v-model", "selftest-t2v")
     page.locator("#t2v-prompt textarea").fill("")
     _set_number(page, "t2v-width", 70)
-    _set_number(page, "t2v-frames", 129)
+    _set_number(page, "t2v-frames", 241)
+    _set_number(page, "t2v-window", 129)
     page.locator("#t2v-generate").click()
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.includes('Not started')")
     lines = [line for line in _status(page).splitlines() if line.strip()]
     assert lines == ["Not started: the settings need a change.",
                      "The prompt is empty: describe what the video should show.",
                      "Width 70 is not a multiple of 16, which selftest-t2v needs: try 64 or 80.",
-                     "Frames 129 is more than selftest-t2v can make (its position table has 32 rows for the "
-                     "frames): use at most 125."], lines
+                     "A window of 129 frames is more than selftest-t2v can see at once (its position table has 32 "
+                     "rows for the frames): use at most 125."], lines
     # Said once: not on the result box, not in everyone's system panel; a short toast that closes by itself.
     assert _no_error_badge(page, "t2v-video")
     assert "prompt" not in page.locator("#system-panel").inner_text()
@@ -56,18 +57,19 @@ def test_a_settings_mistake_is_said_once_and_the_next_run_clears_it(page, app_se
     page.wait_for_function("() => document.querySelectorAll('.toast-body').length === 0", timeout=15_000)
     # A number the form's own limits refuse gets the same kind of sentence and replaces the earlier one.
     _set_number(page, "t2v-width", 64)
-    _set_number(page, "t2v-frames", 300)
+    _set_number(page, "t2v-window", 0)
+    _set_number(page, "t2v-frames", 1030)
     page.locator("#t2v-prompt textarea").fill("a fox")
     page.locator("#t2v-generate").click()
-    page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.includes('Frames 300')")
+    page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.includes('Frames 1030')")
     assert "The prompt is empty" not in _status(page)
-    assert "Frames 300 is out of range: use 1 to 125." in _status(page)
+    assert "Frames 1030 is out of range: use 1 to 1025." in _status(page)
     _set_number(page, "t2v-frames", 9)
     _set_number(page, "t2v-steps", 3)
     page.locator("#t2v-generate").click()
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Done in')",
                            timeout=120_000)
-    assert "Not started" not in _status(page) and "Frames 300" not in _status(page)
+    assert "Not started" not in _status(page) and "Frames 1030" not in _status(page)
     # The console has one line per mistake and no traceback.
     log = _log(app_server)
     assert "[page] Not started: the settings need a change. The prompt is empty" in log
@@ -77,16 +79,21 @@ def test_a_settings_mistake_is_said_once_and_the_next_run_clears_it(page, app_se
 def test_the_frames_maximum_and_hint_follow_the_model(page):
     _open_tab(page, "Text to Video")
     _set_text(page, "t2v-model", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
-    page.wait_for_function("() => document.querySelector('#t2v-frames').innerText.includes('at most 257')")
-    assert page.locator("#t2v-frames input").get_attribute("max") == "257"
+    page.wait_for_function("() => document.querySelector('#t2v-frames').innerText.includes('in windows past 81')")
+    assert page.locator("#t2v-frames input").get_attribute("max") == "1025"
+    assert page.locator("#t2v-window input").get_attribute("max") == "257"
     _set_text(page, "t2v-model", "selftest-t2v")
-    page.wait_for_function("() => document.querySelector('#t2v-frames').innerText.includes('Frames (4k+1, at most 125)')")
-    assert page.locator("#t2v-frames input").get_attribute("max") == "125"
+    page.wait_for_function("() => document.querySelector('#t2v-frames').innerText.includes("
+                           "'Frames (4k+1, at most 1025; in windows past 125)')")
+    assert page.locator("#t2v-window input").get_attribute("max") == "125"
+    assert "the model's own, 125 frames" in page.locator("#t2v-window").inner_text()
     assert page.locator("#t2v-width input").get_attribute("max") == "512"
     # The plan says the same before anything runs.
-    _set_number(page, "t2v-frames", 129)
+    _set_number(page, "t2v-frames", 241)
+    _set_number(page, "t2v-window", 129)
     page.wait_for_function("() => document.querySelector('#t2v-plan').innerText.includes("
-                           "'Frames 129 is more than selftest-t2v can make')")
+                           "'A window of 129 frames is more than selftest-t2v can see at once')")
+    _set_number(page, "t2v-window", 0)
     _set_number(page, "t2v-frames", 9)
 
 

@@ -35,7 +35,7 @@ def test_a_model_is_read_once_until_its_files_change(folder, header_reads):
     first = len(header_reads)
     assert first > 0
     for _ in range(5):   # the plan panel asks on every change of the form
-        assert catalog.spec(str(folder)) == spec and catalog.limits(str(folder)).max_frames == 125
+        assert catalog.spec(str(folder)) == spec and catalog.limits(str(folder)).max_window == 125
     assert len(header_reads) == first
     config = folder / "transformer" / "config.json"
     config.write_text(config.read_text().replace('"num_layers": 2', '"num_layers": 3'))

@@ -196,5 +196,15 @@ def test_a_job_an_owner_holds_is_found_once_it_joined_a_moment_ago():
     clock.now += 2
     assert queue.held_for("a", joined_before=1.5) is running and queue.held_for("b", 1.5) is waiting
     assert queue.held_for("c") is None and queue.held_for(None) is None
+    assert queue.held_for("a", what="text to image") is None and queue.held_for("a", what="text to video") is running
     queue.leave(running, JobEnding(Ending.DONE, seconds=2.0))
     assert queue.held_for("a") is None
+
+
+def test_a_long_job_within_its_estimate_counts_what_it_said_is_left_not_a_share_of_its_time():
+    clock, queue, running, waiting = _one_running_one_waiting()
+    clock.now += 400
+    queue.report(running, "Denoising", seconds_left=20.0)
+    assert queue.estimate(waiting) == pytest.approx(20.0)
+    clock.now += 30   # 10 s past what it said: still running, a share of its time is what it may still take
+    assert queue.estimate(waiting) == pytest.approx(0.25 * 430)

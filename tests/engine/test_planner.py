@@ -299,3 +299,23 @@ def test_a_disk_plan_s_step_is_paced_by_the_disk_s_measured_rate():
              for name, plan, cal in (("group", group, slow), ("disk fast", disk, fast), ("disk slow", disk, slow))}
     assert steps["group"].step_seconds < steps["disk fast"].step_seconds < steps["disk slow"].step_seconds
     assert "from disk, measured by the last load" in steps["disk slow"].how["denoise"]
+
+
+def test_the_steps_after_the_video_are_phases_of_the_plan_with_their_measured_memory():
+    """Smoother and larger follow the export, the model still held: its memory plus the step's own (measured on an
+    H200: docs/data/post-h200.json), on a card and on a CPU (float32: twice the float16 figure)."""
+    from engine.planning import memory as mem
+
+    spec = KNOWN_MODELS[T2V_13]
+    for hw, nbytes in ((HARDWARE["rtx3060-12-32"], 2), (CPU_24, 4)):
+        plain = plan_memory(spec, PlanRequest(832, 480, 81), hw)
+        after = plan_memory(spec, PlanRequest(832, 480, 81, interpolate=2, upscale=4), hw)
+        phases = {p.phase: p for p in after.phases}
+        assert [p.phase for p in after.phases][-2:] == ["interpolate", "upscale"] and "upscale" not in {
+            p.phase for p in plain.phases}
+        held = phases["export"].peak_vram_gb if hw.device != "cpu" else phases["load"].peak_ram_gb
+        peak = phases["upscale"].peak_vram_gb if hw.device != "cpu" else phases["upscale"].peak_ram_gb
+        assert abs(peak - held - mem.UPSCALE_TILE_GB * nbytes / 2 - mem.RUN_OVERHEAD_GB) < 0.02, (hw.device, peak)
+        rife = mem.RIFE_GB_PER_MEGAPIXEL * 832 * 480 / 1e6 * nbytes / 2
+        got = (phases["interpolate"].peak_vram_gb if hw.device != "cpu" else phases["interpolate"].peak_ram_gb) - held
+        assert abs(got - rife - mem.RUN_OVERHEAD_GB) < 0.02

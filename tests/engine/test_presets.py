@@ -269,3 +269,9 @@ def test_the_readme_s_preset_table_lists_every_built_in_preset_with_its_numbers(
     for name, preset in presets.items():
         s = preset.settings
         assert f"{s.width}x{s.height}, {s.frames} frames" in rows[name] and f"| {s.steps}" in rows[name], name
+
+
+def test_a_preset_saved_before_size_multiple_became_the_model_s_own_still_loads(tmp_path):
+    path = _write(tmp_path, "older", size_multiple=32)   # every saved preset held it until then
+    preset = load_preset_file(path)
+    assert preset.settings.width == 64 and not hasattr(preset.settings, "size_multiple")

@@ -79,7 +79,8 @@ def test_a_run_writes_every_key_it_always_wrote_and_the_schema_first():
     assert data["output"] == {"frames": 5, "height": 48, "width": 64, "fps": 16}
     old = OLD_RUN["parameters"]   # every value it always wrote, no prompts, no folder (the order is free)
     assert {key: data["parameters"][key] for key in old} == old
-    assert set(data["parameters"]) - set(old) == {*SPEED_CHOICES, *SOURCE_CHOICES, "gpus"}   # choices that came later
+    assert set(data["parameters"]) - set(old) == {*SPEED_CHOICES, *SOURCE_CHOICES, "gpus", "window", "overlap", "count",
+                                                          "interpolate", "upscale"}   # came later
     assert data["model_reused"] is False and data["latents"] == "/l.latents.safetensors"
     plain = _run_sidecar().to_json()
     assert "inputs" not in plain and "note" not in plain   # only when there are some

@@ -34,6 +34,7 @@ from engine.run.speedups import (
     taylor_memory_bytes,
     usable_attention_backends,
 )
+from tests.conftest import one_torch_thread
 
 STEPS = 8
 GUIDANCE = 5.0   # with classifier-free guidance: a cond and an uncond pass per step, each with its own cache state
@@ -64,10 +65,8 @@ def run(pipe, steps: int = STEPS, guidance: float = GUIDANCE) -> torch.Tensor:
 def one_thread():
     """These models are so small that threads only cost (a run takes 0.2 s on one thread, about 1 s on two of a
     busy machine); every comparison here is made on one thread, and the setting is put back after."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    with one_torch_thread():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -114,16 +114,16 @@ def test_a_job_split_across_both_engines_makes_the_video_one_engine_makes(app):
     import imageio.v3 as iio
     import numpy as np
 
-    from tests.ui.test_security import OVERRIDES
+    from tests.ui.test_security import GPUS_AT, OVERRIDES
 
     user = Client(app["url"], verbose=False)
     job = t2v(901, "one fox, two engines", (64, 64, 9), 30)
-    split = user.submit(*job, *OVERRIDES[:-2], "2", api_name="/text_to_video")
+    split = user.submit(*job, *OVERRIDES[:GPUS_AT], "2", api_name="/text_to_video")
     _wait(lambda: "2 busy" in _panel(user) or split.done(), 120, "both engines busy with the split job", poll=0.1)
     assert not split.done(), "the split job ended before both engines were seen working on it"
     video, status, _, seed, *_ = split.result(timeout=300)
     assert seed == 901
-    whole_video, *_ = user.predict(*job, *OVERRIDES[:-2], "1", api_name="/text_to_video")
+    whole_video, *_ = user.predict(*job, *OVERRIDES[:GPUS_AT], "1", api_name="/text_to_video")
     split_frames, whole_frames = iio.imread(_written(app, video)), iio.imread(_written(app, whole_video))
     assert split_frames.shape == whole_frames.shape and np.array_equal(split_frames, whole_frames)
     assert len([p for p in app["outputs"].rglob("*.json") if json.loads(p.read_text())["seed"] == 901]) == 2

@@ -220,3 +220,46 @@ def test_the_details_list_the_loras_and_the_speed_choices_of_a_run(presets):
     assert "| LoRAs | style.safetensors: 0.75; detail.safetensors: 1.5@low |" in text, text
     assert "| Speed | decoder fast, step cache mag, attention native (approximate) |" in text, text
     assert "| Memory plan | group_offload |" in text and "Transfer (to device)" in text
+
+
+# ----- smoother and larger (last: their runs leave the self-test T2V model loaded) -------------------
+def _key_of(client, media: str) -> dict:
+    return next(e for e in client.predict(MAX_LIMIT, api_name="/history") if Path(e["media"]).name == Path(media).name)
+
+
+def test_smoother_and_larger_through_the_api_make_new_outputs_beside_the_first(client):
+    video = client.predict(*T2V[:-1], 21, api_name="/text_to_video")[0]
+    first = _key_of(client, video)
+    made = client.predict(first["key"], 2, api_name="/smoother")
+    assert "Done" in made["status"] and Path(made["file"]).name == Path(video).stem + "_smoother2x.mp4", made
+    smoother = _key_of(client, Path(video).stem + "_smoother2x.mp4")
+    assert (smoother["frames"], smoother["fps"], smoother["post"][0]["step"]) == (5, 32, "interpolate")
+    assert smoother["made"]["frames"] == 9 and Path(first["media"]).is_file()
+    client.predict(smoother["key"], 4, api_name="/larger")
+    larger = _key_of(client, Path(smoother["media"]).stem + "_larger4x.mp4")
+    assert larger["made"] == {"frames": 9, "width": 256, "height": 256} and [p["step"] for p in larger["post"]] == [
+        "interpolate", "upscale"]
+    for key, factor, words in ((first["key"], 3, "pick 2x or 4x"), ("no/such.mp4", 2, "There is no output")):
+        with pytest.raises(Exception, match=words):
+            client.predict(key, factor, api_name="/smoother")
+    still = client.predict(T2I[0], "a still pond", *T2I[2:-1], 22, api_name="/text_to_image")[0]
+    with pytest.raises(Exception, match="(?i)a still has no frames"):
+        client.predict(_key_of(client, still)["key"], 2, api_name="/smoother")
+
+
+def test_smoother_and_larger_on_the_page_add_an_output_that_says_what_was_done(page, client, shot):
+    from playwright.sync_api import expect
+
+    video = client.predict("selftest-t2v", "a heron at dawn", *T2V[2:-1], 23, api_name="/text_to_video")[0]
+    page.get_by_role("tab", name="History").click()
+    page.locator("#history-refresh").click()
+    _open_history(page, "a heron at dawn")
+    page.locator("#history-smoother").click()
+    expect(page.locator("#history-post-status")).to_contain_text("Done", timeout=60_000)
+    expect(page.locator("#history-gallery .thumbnail-item", has_text="a heron at dawn")).to_have_count(2)
+    page.locator("#history-gallery .thumbnail-item", has_text="a heron at dawn").first.click()
+    details = page.locator("#history-details")
+    expect(details).to_contain_text("Smoother 2x (ffmpeg minterpolate")
+    expect(details).to_contain_text("9 frames at 32 fps")
+    shot(page, "history-smoother-larger")
+    assert Path(video).is_file()

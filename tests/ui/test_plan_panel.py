@@ -176,10 +176,11 @@ def test_a_folder_that_is_not_a_model_is_one_line(ctx, tmp_path):
 def test_bad_sizes_say_what_to_change(ctx):
     text = shown(panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 70, 64, 10))
     assert text == ("**No plan yet:**\n- Width 70 is not a multiple of 16, which selftest-t2v needs: try 64 or 80."
-                    "\n- Frames must be 4k+1 (1, 5, 9, ... up to 125): 10 is not; try 9 or 13.")
-    too_long = shown(panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 129))
-    assert too_long == ("**No plan yet:** Frames 129 is more than selftest-t2v can make (its position table has 32 "
-                        "rows for the frames): use at most 125.")
+                    "\n- Frames must be 4k+1 (1, 5, 9, ... up to 1025): 10 is not; try 9 or 13.")
+    too_wide = shown(plan_panel.form_plan_markdown(ctx, CPU, "t2v", {"preset": "selftest-t2v", "frames": 241,
+                                                                      "window": 129}))
+    assert too_wide == ("**No plan yet:** A window of 129 frames is more than selftest-t2v can see at once (its "
+                        "position table has 32 rows for the frames): use at most 125.")
     assert "whole number" in panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64.5, 64, 9)
 
 

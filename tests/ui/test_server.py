@@ -26,15 +26,17 @@ def server(tmp_path_factory, selftest_models_dir):
 def test_api_names_are_stable(client):
     endpoints = client.view_api(print_info=False, return_format="dict")["named_endpoints"]
     assert {"/text_to_video", "/text_to_image", "/image_to_video", "/cancel", "/plan"} <= set(endpoints)
-    # The plan's choices, the LoRAs, the transformer files, the GPUs and Guidance 2 are the last inputs and default
-    # to the planner's, none, the model's own, automatic and the same guidance, so callers may leave them out.
+    # The plan's choices, the LoRAs, the transformer files, the GPUs, Guidance 2 and the windows are the last inputs
+    # and default to the planner's, none, the model's own, automatic, the same guidance, the model's own window and
+    # one video, so callers may leave them out.
     for name in ("/text_to_video", "/text_to_image", "/image_to_video"):
-        last = endpoints[name]["parameters"][-13:]
+        last = endpoints[name]["parameters"][-18:]
         assert [(p["parameter_name"], p["parameter_default"]) for p in last] == [
             ("strategy", "Auto"), ("text_encoder", "Auto"), ("vae_tiling", "Auto"), ("decoder", "vae"),
             ("step_cache", "Off"), ("compile", "Auto"), ("attention", "Auto"), ("vae_precision", "Auto"),
             ("loras", ""), ("transformer", "(the model's own)"), ("transformer_2", "(the model's own)"),
-            ("gpus", "Auto"), ("guidance_2", 0)], name
+            ("gpus", "Auto"), ("guidance_2", 0), ("window", 0), ("overlap", 16), ("count", 1),
+            ("interpolate", 1), ("upscale", 1)], name
 
 
 def test_each_endpoint_s_signature_is_the_field_table_s_order(client):

@@ -8,7 +8,8 @@ import gradio as gr
 from engine.models.limits import Limits
 from engine.models.single_file import TRANSFORMERS, TRANSFORMERS_FOLDER, listed_transformer_files
 from engine.settings.presets import Preset
-from engine.settings.values import MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
+from engine.models.limits import MAX_WINDOW_FRAMES
+from engine.settings.values import MAX_COUNT, MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
 from ui.context import AppContext
 from ui.parts.lora_list import build_lora_list
 from engine.settings.fields import AUTO, FIELD, FIELDS, OWN_TRANSFORMER, Place, api_fields, by_field, on_page, plan_fields
@@ -21,6 +22,12 @@ NUMBER_MIN_WIDTH = 100
 # Under the negative prompt box: the presets' suggestion is the models' official one, in Chinese.
 NEGATIVE_INFO = ("what to steer away from; a preset with guidance suggests Wan's official one, in Chinese as the models "
                  "were trained with it (the README gives it in English). Your own text, in any language, replaces it.")
+# Under the window boxes: what they do, and when.
+WINDOW_INFO = "a video with more frames is made in overlapping windows of this many, blended (0: {own})"
+OVERLAP_INFO = "the frames neighbouring windows share at least (a multiple of 4)"
+COUNT_INFO = "made one after the other, seeds seed, seed+1, ... (each random with -1)"
+SMOOTHER_INFO = "frames made between the video's once it is written: 16 fps becomes 32 or 64 (RIFE or ffmpeg)"
+LARGER_INFO = "the frames upscaled once written (an upscaler in models/upscalers/, else Lanczos)"
 # The settings the form shows, by their Settings names (the memory choices are the plan panel's).
 FORM_SETTINGS = tuple(field.name for field in on_page(Place.FORM))
 # The low-noise expert's guidance box (Wan2.2 A14B's second expert; 0 or empty: the same as Guidance; left out for
@@ -48,6 +55,14 @@ class Form:
     loras: gr.Textbox | None = None
     # Wan2.2 A14B's low-noise expert's guidance (0: the same as Guidance); sent after the plan's choices.
     guidance_2: gr.Number | None = None
+    # A long video's windows: their frames (0: the model's own) and the frames neighbours share; sent last.
+    window: gr.Number | None = None
+    overlap: gr.Number | None = None
+    # How many videos (or stills) one Generate makes, one after the other.
+    count: gr.Number | None = None
+    # After the video is written: smoother (frames between) and larger (upscaled), each off, 2x or 4x.
+    interpolate: gr.Dropdown | None = None
+    upscale: gr.Dropdown | None = None
     # The plan panel's boxes by field name, once it is built.
     plan: dict = field(default_factory=dict)
     # The tab's job status (Reuse settings says there what it filled in, in place of an earlier job's words).
@@ -114,8 +129,15 @@ def limit_updates(limits: Limits | None) -> tuple:
     frames = limits.max_frames if limits else MAX_FRAMES
     side = limits.max_side if limits else MAX_SIDE
     hint = limits.frames_hint if limits else f"4k+1, at most {MAX_FRAMES}"
+    window = (gr.Number(maximum=limits.max_window, info=window_info(limits.window)) if limits
+              else gr.Number(maximum=MAX_WINDOW_FRAMES, info=window_info(None)))
     return (gr.Number(maximum=frames, label=frames_label(hint)), gr.Number(maximum=side), gr.Number(maximum=side),
-            gr.Number(visible=has_low_noise_expert(limits)))
+            gr.Number(visible=has_low_noise_expert(limits)), window)
+
+
+def window_info(own: int | None) -> str:
+    """Under the window box: what it does, with the model's own window when it is known."""
+    return WINDOW_INFO.format(own=f"the model's own, {own} frames" if own else "the model's own, 81 for most")
 
 
 def has_low_noise_expert(limits: Limits | None) -> bool:
@@ -158,30 +180,63 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
                               min_width=NUMBER_MIN_WIDTH)
             seed = gr.Number(value=-1, label="Seed (-1 = random)", precision=0, elem_id=f"{prefix}-seed",
                              min_width=NUMBER_MIN_WIDTH, scale=2)
+        window, overlap, count = _window_row(preset.settings, prefix)
+        interpolate, upscale = _after_row(preset.settings, prefix, mode)
     form = Form(preset_box, prompt, negative, model_box, width, height, frames, steps, guidance, shift, seed,
-                guidance_2=guidance_2)
+                guidance_2=guidance_2, window=window, overlap=overlap, count=count, interpolate=interpolate,
+                upscale=upscale)
     # preset_or_default: a user preset may have been deleted since the page loaded.
     # Only a person's choice fills the form: a preset set by code (history's Reuse, a saved preset)
     # comes with its own values.
     preset_box.input(lambda name: preset_values(ctx.preset_or_default(name, mode)), preset_box, form.preset_fields(),
                      api_visibility="private")
     if not ctx.default_model:   # no --model: the tab starts on the best preset that fits this machine
-        def fitting():
-            try:
-                name = ctx.fitting_preset(mode, ctx.client.hardware_profile())
-            except OSError:   # the engine did not say what it runs on: the first preset stays
-                name = chosen
-            if name == chosen or name not in ctx.presets:
-                return [gr.skip()] * (1 + len(form.preset_fields()))
-            return [gr.Dropdown(value=name), *preset_values(ctx.presets[name])]
-
-        gr.on(None, fitting, None, [preset_box, *form.preset_fields()], api_visibility="private",
-              show_progress="hidden")
+        _open_on_a_fitting_preset(ctx, mode, chosen, form)
     # The model's own limits (frames, size) follow the model in the form: when the page opens and when it changes.
     gr.on(None, lambda preset, model: limit_updates(form_limits(ctx, mode, preset, model)),
-          [preset_box, model_box], [frames, width, height, guidance_2], api_visibility="private", show_progress="hidden",
+          [preset_box, model_box], [frames, width, height, guidance_2, window], api_visibility="private",
+          show_progress="hidden",
           trigger_mode="always_last", queue=False, preprocess=False)
     return form, built
+
+
+def _open_on_a_fitting_preset(ctx: AppContext, mode: str, chosen: str, form: Form) -> None:
+    """When the page opens: the tab's preset switched to the first one whose plan fits this machine."""
+    def fitting():
+        try:
+            name = ctx.fitting_preset(mode, ctx.client.hardware_profile())
+        except OSError:   # the engine did not say what it runs on: the first preset stays
+            name = chosen
+        if name == chosen or name not in ctx.presets:
+            return [gr.skip()] * (1 + len(form.preset_fields()))
+        return [gr.Dropdown(value=name), *preset_values(ctx.presets[name])]
+
+    gr.on(None, fitting, None, [form.preset, *form.preset_fields()], api_visibility="private",
+          show_progress="hidden")
+
+
+def _window_row(settings: Settings, prefix: str) -> tuple[gr.Number, gr.Number, gr.Number]:
+    """The window and overlap boxes of a long video (more frames than the model's window), and how many."""
+    with gr.Row():
+        window = gr.Number(value=settings.window, label=FIELD["window"].label, precision=0, minimum=0,
+                           maximum=MAX_WINDOW_FRAMES, step=4, elem_id=f"{prefix}-window", min_width=NUMBER_MIN_WIDTH,
+                           info=window_info(None))
+        overlap = gr.Number(value=settings.overlap, label=FIELD["overlap"].label, precision=0, minimum=4, step=4,
+                            elem_id=f"{prefix}-overlap", min_width=NUMBER_MIN_WIDTH, info=OVERLAP_INFO)
+        count = gr.Number(value=settings.count, label=FIELD["count"].label, precision=0, minimum=1,
+                          maximum=MAX_COUNT, elem_id=f"{prefix}-count", min_width=NUMBER_MIN_WIDTH, info=COUNT_INFO)
+    return window, overlap, count
+
+
+def _after_row(settings: Settings, prefix: str, mode: str) -> tuple[gr.Dropdown, gr.Dropdown]:
+    """Smoother and Larger: the steps after the video is written (engine/post/), each off, 2x or 4x."""
+    with gr.Row():
+        interpolate = gr.Dropdown(choices=list(FIELD["interpolate"].shown), value=settings.interpolate,
+                                  label=FIELD["interpolate"].label, elem_id=f"{prefix}-interpolate",
+                                  info=SMOOTHER_INFO, visible=mode != "t2i")
+        upscale = gr.Dropdown(choices=list(FIELD["upscale"].shown), value=settings.upscale,
+                              label=FIELD["upscale"].label, elem_id=f"{prefix}-upscale", info=LARGER_INFO)
+    return interpolate, upscale
 
 
 def _dropdown(name: str, prefix: str, **layout) -> gr.Dropdown:

@@ -1,4 +1,5 @@
-"""History tab: past outputs from the outputs folder; see one's settings and timings, reuse them, or delete it.
+"""History tab: past outputs from the outputs folder; see one's settings and timings, reuse them, make one smoother
+or larger (ui/tabs/history_post.py), or delete it.
 
 Everything is read from the outputs folder each time (engine.history), so the tab shows runs from
 before a restart and from other visitors; a sidecar that cannot be read is named in the summary and
@@ -26,6 +27,7 @@ from engine.outputs.history import (
 )
 from ui.context import AppContext, forget_served_copies
 from ui.parts.form import Form, preset_choices
+from ui.tabs.history_post import PostParts, post_layout, wire_post
 from ui.tabs.ids import TAB_IDS, tab_by_id
 from ui.views.history_view import NOTHING_CHOSEN, confirm_markdown, entry_markdown, reused_markdown, summary_markdown
 from ui.views.plan_panel import lora_text
@@ -83,6 +85,7 @@ class _Parts:
     yes: gr.Button
     keep: gr.Button
     details: gr.Markdown
+    post: PostParts
 
     def shown(self) -> list:
         """What choosing an output updates (``show``'s outputs, in order)."""
@@ -114,9 +117,10 @@ def _layout() -> _Parts:
                 with gr.Row():
                     yes_btn = gr.Button("Yes, delete", variant="stop", elem_id="history-confirm-delete")
                     keep_btn = gr.Button("Keep", elem_id="history-keep")
+            post = post_layout()
             details = gr.Markdown(NOTHING_CHOSEN, elem_id="history-details")
     return _Parts(keys, chosen, summary, refresh, gallery, video, image, reuse_btn, delete_btn, confirm_box,
-                  confirm_text, yes_btn, keep_btn, details)
+                  confirm_text, yes_btn, keep_btn, details, post)
 
 
 def _entry_for(ctx: AppContext, key) -> HistoryEntry:
@@ -149,6 +153,7 @@ def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     triggers = [parts.refresh.click] + ([history_tab.select] if history_tab is not None else [])
     gr.on(triggers, list_outputs, None, parts.listing(), api_visibility="private", show_progress="minimal")
     _wire_one_output(ctx, parts, tabs, forms, list_outputs)
+    wire_post(ctx, parts.post, parts.chosen, parts.listing(), list_outputs)
     _public_api(ctx)
 
 

@@ -26,10 +26,24 @@ def _gb(value: float | None) -> str:
 
 
 def _size(entry: HistoryEntry) -> str:
+    """The file's size and length (as written: after any smoother or larger step)."""
+    made = entry.made or {"frames": entry.settings.frames, "width": entry.settings.width,
+                          "height": entry.settings.height}
     if entry.kind == "image":
-        return f"{entry.settings.width}x{entry.settings.height}, image"
-    fps = f" at {entry.fps} fps ({(entry.settings.frames - 1) / entry.fps:.1f} s)" if entry.fps else ""
-    return f"{entry.settings.width}x{entry.settings.height}, {plural(entry.settings.frames, 'frame')}{fps}"
+        return f"{made['width']}x{made['height']}, image"
+    fps = f" at {entry.fps} fps ({(made['frames'] - 1) / entry.fps:.1f} s)" if entry.fps else ""
+    return f"{made['width']}x{made['height']}, {plural(made['frames'], 'frame')}{fps}"
+
+
+def post_words(post: list) -> str:
+    """The steps after the run, as a row says them: "Smoother 2x (RIFE 4.7, 3.1 s); Larger 2x (Lanczos, 0.4 s)"."""
+    names = {"interpolate": "Smoother", "upscale": "Larger"}
+    words = []
+    for step in post:
+        seconds = step.get("seconds")
+        took = f", {seconds:.1f} s" if isinstance(seconds, (int, float)) and not isinstance(seconds, bool) else ""
+        words.append(f"{names[step['step']]} {step['factor']}x ({step.get('method', '')}{took})")
+    return "; ".join(words)
 
 
 def _timings_table(timings: dict[str, float], device: str | None = None) -> list[str]:
@@ -66,6 +80,8 @@ def entry_markdown(entry: HistoryEntry) -> str:
     speed = speed_words(entry.speed)
     if speed:
         rows.append(("Speed", escape_markdown(speed)))
+    if entry.post:
+        rows.append(("After the run", escape_markdown(post_words(entry.post))))
     if images:
         rows.append(("Input images", images))
     rows.append(("File", escape_markdown(Path(entry.media).name)))

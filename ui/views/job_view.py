@@ -24,8 +24,11 @@ from engine.events import (
     PhaseFinished,
     PhaseStarted,
     PlanReady,
+    PostProgress,
     PreviewReady,
     StepFinished,
+    VideoStarted,
+    WindowDone,
 )
 from engine.planning.explain import strategy_words
 from engine.words import plural
@@ -38,6 +41,7 @@ PHASE_LABELS = {
     "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "lora": "LoRAs", "text_encode": "Text encode",
     "image_encode": "Image encode", "denoise": "Denoise", "expert_swap": "Expert swap (high to low noise)",
     "save_latents": "Saving latents", "vae_decode": "VAE decode", "export": "Export",
+    "interpolate": "Smoother (frames between)", "upscale": "Larger (upscale)",
 }
 
 
@@ -71,6 +75,17 @@ def where_it_stopped(ending: JobEnding) -> str:
     if ending.phase:
         return f"after {phase_label(ending.phase, ending.device)}"
     return "before it started"
+
+
+def cancelled_kept(event: JobCancelled) -> str:
+    """What a cancel left: nothing new, or the outputs a job of several wrote before it."""
+    if event.videos > 1:
+        done = len(event.written)
+        return (f"it stopped in video {event.video} of {event.videos}; the {plural(done, 'output')} made before it "
+                f"{'is' if done == 1 else 'are'} kept (in History), nothing else was saved." if done else
+                f"it stopped in video {event.video} of {event.videos}; nothing new was saved, and the earlier result "
+                "is kept.")
+    return "nothing new was saved, and the earlier result is kept."
 
 
 def failure_headline(ending: JobEnding) -> str:
@@ -135,9 +150,21 @@ class JobView:
     failure: JobFailed | None = None
     cancelled: JobCancelled | None = None
     left_queue: bool = False          # taken out of the queue before it ran
+    window: tuple | None = None       # (window, windows) of a long video's step under way
+    video: tuple | None = None        # (video, videos) of a job of several, once the second starts
 
     def apply(self, event: Event) -> "JobView":
-        if isinstance(event, JobStarted):
+        self._apply(event)
+        if self.video and not self.ended:   # a job of several: which one the status speaks of
+            self.status = f"Video {self.video[0]} of {self.video[1]}: {self.status}"
+        return self
+
+    def _apply(self, event: Event) -> None:
+        if isinstance(event, VideoStarted):
+            self.video = (event.video, event.videos)
+            self.step, self.step_seconds, self.window = 0, [], None
+            self.status = "Starting..."
+        elif isinstance(event, JobStarted):
             self.status = "Started: " + event.description + "."
         elif isinstance(event, Info):
             self.notes.append(event.message)
@@ -147,7 +174,9 @@ class JobView:
             self.running_phase = event.phase
             self.status = self.label(event.phase) + "..."
         elif isinstance(event, PhaseFinished):
-            self.phase_seconds[event.phase] = event.seconds
+            # A job of several: each phase's seconds over the videos so far (the table's total is the job's).
+            self.phase_seconds[event.phase] = event.seconds + (self.phase_seconds.get(event.phase, 0.0)
+                                                               if self.video else 0.0)
             if event.detail:
                 self.phase_details[event.phase] = event.detail
             self.running_phase = INSIDE.get(event.phase)   # a phase run inside another: that one goes on
@@ -163,23 +192,31 @@ class JobView:
             self.step_seconds.append(event.seconds)
             self.peaks = (event.peak_vram_gb, event.peak_ram_gb)
             self.eta = event.eta_seconds
-            self.status = (f"Denoising: step {event.step}/{event.total}, {self.rate_text()}, "
+            windows = f" in {self.window[1]} windows" if self.window else ""
+            self.status = (f"Denoising: step {event.step}/{event.total}{windows}, {self.rate_text()}, "
                            f"about {event.eta_seconds:.0f} s left")
+        elif isinstance(event, WindowDone):
+            self.window = (event.window, event.windows)
+            rate = f", {self.rate_text()}" if self.step_seconds else ""
+            self.status = f"Denoising: step {event.step}/{event.total}, window {event.window} of {event.windows}{rate}"
+        elif isinstance(event, PostProgress):
+            self.status = f"{PHASE_LABELS[event.step]}: frame {event.done} of {event.total}"
         elif isinstance(event, JobFinished):
             self.result = event
             self.preview = None
             self.status = f"Done in {sum(event.timings.values()):.1f} s. Seed used: {event.seed}."
+            if len(event.paths) > 1:
+                self.status = (f"Done in {sum(event.timings.values()):.1f} s: {len(event.paths)} outputs, seeds "
+                               f"{', '.join(map(str, event.seeds))}; the first is shown, every one is in History.")
             if event.note:
                 self.status += " " + event.note
         elif isinstance(event, JobCancelled):
             self.cancelled = event
             loaded = " The model stays loaded, so the next run starts without loading it." if event.model_loaded else ""
-            self.status = (f"Cancelled {where_it_stopped(self._ended(event))}: nothing new was saved, and the "
-                           f"earlier result is kept.{loaded}")
+            self.status = f"Cancelled {where_it_stopped(self._ended(event))}: {cancelled_kept(event)}{loaded}"
         elif isinstance(event, JobFailed):
             self.failure = event
             self.status = failure_headline(self._ended(event))
-        return self
 
     def waiting(self, place: int, estimate: float | None) -> "JobView":
         self.status = queue_status(place, estimate)
@@ -280,6 +317,8 @@ class JobView:
                 detail = self.phase_details.get(phase, "")
                 if phase == "denoise" and self.step_seconds:
                     detail = f"{len(self.step_seconds)} steps, {self.rate_text()}"
+                    if self.video:
+                        detail = f"video {self.video[0]} of {self.video[1]}: " + detail
                     if self.cancelled is not None and self.step < self.total_steps:
                         detail = f"cancelled after step {self.step}/{self.total_steps}, {self.rate_text()}"
                 rows.append([label, round(self.phase_seconds[phase], 3), detail])

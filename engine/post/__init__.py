@@ -1,0 +1,1 @@
+"""Steps after a video is written: frame interpolation and upscaling."""
