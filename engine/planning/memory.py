@@ -177,15 +177,17 @@ def text_encode_gb(spec: ModelSpec) -> float:
 # whatever the frame's size. Float32 (the CPU) takes twice as much.
 RIFE_GB_PER_MEGAPIXEL = 0.28
 UPSCALE_TILE_GB = 1.8
+UPSCALE_TILE_PIXELS = 512 * 512   # a frame smaller than a tile is one tile of its own size
 
 
 def post_step_gb(step: str, width: int, height: int, nbytes: int) -> float:
     """The working memory of a step after the video is written (``step`` "interpolate" or "upscale") on frames
-    of ``width`` x ``height``, computing with ``nbytes`` a value; its frames stream, so the length does not count."""
+    of ``width`` x ``height``, computing with ``nbytes`` a value; its frames stream, so the length does not count.
+    Larger is counted with an upscaler model (the planner does not look for the file): Lanczos needs less."""
     per_value = nbytes / 2
     if step == "interpolate":
         return RIFE_GB_PER_MEGAPIXEL * width * height / 1e6 * per_value
-    return UPSCALE_TILE_GB * per_value
+    return UPSCALE_TILE_GB * min(1.0, width * height / UPSCALE_TILE_PIXELS) * per_value
 
 
 def frames_ram_gb(width: int, height: int, frames: int) -> float:

@@ -229,7 +229,7 @@ def run_steps(job, runner: StepRunner, steps: tuple[PostStep, ...], media: Media
               ) -> tuple[Media, list[PostRecord]]:
     """``steps`` one after the other from ``media``, the last one writing ``dest``: each its own phase of ``job``,
     its record timed (the first naming ``source``, the earlier output it read, if any); the files between them are
-    removed, whatever happens."""
+    removed, and the step's model let go of the device's cache, whatever happens."""
     import time
 
     records, current, between = [], media, []
@@ -246,4 +246,8 @@ def run_steps(job, runner: StepRunner, steps: tuple[PostStep, ...], media: Media
     finally:
         for path in between:
             path.unlink(missing_ok=True)
+        if runner.device != "cpu":
+            from engine.device.runtime import free_device_memory
+
+            free_device_memory()
     return current, records

@@ -208,6 +208,12 @@ def predict_job(spec, ref: str, settings, plan, calibration, runs: dict, loaded:
     return learn(times, runs.get(family_key(ref, plan, s), []))
 
 
+def videos_seconds(first: PhaseTimes, loaded: PhaseTimes, count: int) -> float:
+    """A job of ``count`` videos (Settings.count): the first as predicted (``first``), each of the others as on
+    the loaded model (``loaded``) less the prompt's encoding, which is done once for them all."""
+    return first.total + (count - 1) * (loaded.total - loaded.seconds.get("text_encode", 0.0))
+
+
 def _machine(calibration) -> list:
     return [calibration.device_name, calibration.backend, calibration.torch_version]
 

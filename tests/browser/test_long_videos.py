@@ -1,4 +1,5 @@
-"""A long video on the page: the window boxes, and the window counter inside each step."""
+"""A long video on the page (the window boxes, the window counter inside each step), and the steps after a run
+(Smoother, Larger) chosen in the form."""
 from __future__ import annotations
 
 from tests.browser.test_pages import _open_tab, _set_number, _set_text, _start_long_job, _status
@@ -21,3 +22,30 @@ def test_a_long_video_shows_its_windows_inside_each_step(page, shot: Screenshots
     _set_number(page, "t2v-steps", 4)
     _set_number(page, "t2v-width", 64)
     _set_number(page, "t2v-height", 64)
+
+
+def _choose(page, elem_id: str, option: str) -> None:
+    page.locator(f"#{elem_id} input").click()
+    page.get_by_role("option", name=option).click()
+
+
+def test_smoother_and_larger_chosen_in_the_form_run_after_the_video_as_their_own_phases(page, shot: Screenshots):
+    from playwright.sync_api import expect
+
+    _open_tab(page, "Text to Video")
+    _set_text(page, "t2v-model", "selftest-t2v")
+    page.locator("#t2v-prompt textarea").fill("a kite over a hill")
+    for name, value in (("frames", 9), ("steps", 4), ("width", 64), ("height", 64)):
+        _set_number(page, f"t2v-{name}", value)
+    _choose(page, "t2v-interpolate", "2x frames")
+    _choose(page, "t2v-upscale", "2x size")
+    page.locator("#t2v-generate").click()
+    timings = page.locator("#t2v-timings")
+    expect(timings).to_contain_text("Larger (upscale)", timeout=120_000)
+    expect(timings).to_contain_text("Smoother (frames between)")
+    expect(page.locator("#t2v-status")).to_contain_text("Done")
+    expect(page.locator("#t2v-status")).to_contain_text("minterpolate")   # no RIFE file: the fallback, said so
+    shot(page, "t2v-smoother-larger-run")
+    _choose(page, "t2v-interpolate", "Off")
+    _choose(page, "t2v-upscale", "Off")
+

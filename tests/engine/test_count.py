@@ -50,3 +50,12 @@ def test_a_count_out_of_range_is_refused_with_its_sentence():
     for count in (0, 17, 2.5):
         with pytest.raises(InputError, match="(?i)count (.* is out of range|must be a whole number)"):
             check_settings(base.changed(count=count))
+
+
+def test_a_job_of_several_videos_is_predicted_as_the_first_then_each_other_on_the_loaded_model():
+    from engine.planning.timing import PhaseTimes
+    from engine.run.time_plan import videos_seconds
+
+    first = PhaseTimes({"load": 5.0, "text_encode": 2.0, "denoise": 10.0}, {}, 1.0, 10, 2, 1, 1, 17.0)
+    loaded = PhaseTimes({"text_encode": 1.0, "denoise": 10.0}, {}, 1.0, 10, 2, 1, 1, 11.0, loaded=True)
+    assert videos_seconds(first, loaded, 1) == 17.0 and videos_seconds(first, loaded, 3) == 17.0 + 2 * 10.0

@@ -319,3 +319,9 @@ def test_the_steps_after_the_video_are_phases_of_the_plan_with_their_measured_me
         rife = mem.RIFE_GB_PER_MEGAPIXEL * 832 * 480 / 1e6 * nbytes / 2
         got = (phases["interpolate"].peak_vram_gb if hw.device != "cpu" else phases["interpolate"].peak_ram_gb) - held
         assert abs(got - rife - mem.RUN_OVERHEAD_GB) < 0.02
+
+
+def test_a_frame_smaller_than_an_upscaler_tile_is_counted_as_its_own_tile():
+    from engine.planning import memory as mem
+
+    assert mem.post_step_gb("upscale", 64, 64, 4) < 0.1 < mem.post_step_gb("upscale", 832, 480, 2) == mem.UPSCALE_TILE_GB

@@ -223,6 +223,9 @@ def test_with_this_machine_measured_the_plan_says_how_long_the_video_takes(ctx, 
     measured.save(outputs)
     text = panel_markdown(ctx, CPU, "t2v", "selftest-t2v", "selftest-t2v", 64, 64, 9)
     assert "**About " in text and "when the model is already loaded" in text
+    several = plan_panel.form_plan_markdown(ctx, CPU, "t2v", {"preset": "selftest-t2v", "model": "selftest-t2v",
+                                                              "width": 64, "height": 64, "frames": 9, "count": 3})
+    assert "to make these 3 videos (the first" in several and "the prompt encoded once" in several, several
 
 
 def test_the_transformer_dropdowns_list_the_models_folder_s_transformers(presets, selftest_models_dir, outputs,

@@ -134,7 +134,7 @@ def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: Hardwar
     """'**About 41 s**' for these settings, from this machine's measured rates (none before they are measured:
     the first run measures them)."""
     from engine.device.calibrate import Calibration
-    from engine.run.time_plan import kept_runs, predict_job
+    from engine.run.time_plan import kept_runs, predict_job, videos_seconds
 
     calibration = Calibration.load(Path(ctx.outputs_dir), hardware)
     if calibration is None or not plan.fits:
@@ -143,6 +143,11 @@ def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: Hardwar
     runs = kept_runs(ctx.outputs_dir, calibration)   # the engine's runs on this machine: one prediction everywhere
     first, loaded = (predict_job(spec, settings.model, settings, plan, calibration, runs, loaded=state)
                      for state in (False, True))
+    count = settings.count if isinstance(settings.count, int) and settings.count > 1 else 1
+    if count > 1:
+        return (f"**About {_secs(videos_seconds(first, loaded, count))}** to make these {count} videos (the first "
+                f"{_secs(first.total)}, each other one {_secs(videos_seconds(loaded, loaded, 2) - loaded.total)} on "
+                "the loaded model, the prompt encoded once), predicted from this machine's measured speed.\n\n")
     return (f"**About {_secs(first.total)}** to make this video ({_secs(loaded.total)} when the model is already "
             f"loaded; denoising {_secs(first.seconds.get('denoise', 0))}, decoding "
             f"{_secs(first.seconds.get('vae_decode', 0))}), predicted from this machine's measured speed.\n\n")
