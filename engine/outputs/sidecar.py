@@ -210,7 +210,8 @@ class Sidecar:
     def _decoded_json(self) -> dict:
         return {"file": self.file, "decoded_from": self.decoded.latents, "decoded": self.decoded.how,
                 "prompt": self.prompt, "seed": self.seed, "model": self.model_details,
-                "parameters": self.parameters, "timings": self.timings}
+                "parameters": self.parameters, "timings": self.timings} \
+            | ({"output": self.output} if self.output is not None else {})   # made smoother or larger since
 
     # ----- reading ----------------------------------------------------------------
     @classmethod

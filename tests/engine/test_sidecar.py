@@ -194,3 +194,13 @@ def test_a_sidecar_is_a_runs_or_a_decode_agains():
         replace(sidecar, run=None)
     with pytest.raises(ValueError, match="a run's"):
         replace(sidecar, decoded=_decoded_sidecar().decoded)
+
+
+def test_a_decoded_again_output_made_larger_keeps_what_its_file_holds():
+    from dataclasses import replace
+
+    step = {"step": "upscale", "factor": 2, "method": "Lanczos", "seconds": 0.1, "frames": 5, "width": 128,
+            "height": 96, "fps": 16, "source": "a.mp4"}
+    larger = replace(_decoded_sidecar(), output={"frames": 5, "height": 96, "width": 128, "fps": 16}, post=[step])
+    back = Sidecar.from_json(json.loads(json.dumps(larger.to_json())))
+    assert back == larger and back.output["width"] == 128 and back.post == [step]
