@@ -26,7 +26,7 @@ def test_a_long_video_shows_its_windows_inside_each_step(page, shot: Screenshots
 
 def _choose(page, elem_id: str, option: str) -> None:
     page.locator(f"#{elem_id} input").click()
-    page.get_by_role("option", name=option).click()
+    page.locator(f"#{elem_id}").get_by_role("option", name=option, exact=True).click()
 
 
 def test_smoother_and_larger_chosen_in_the_form_run_after_the_video_as_their_own_phases(page, shot: Screenshots):

@@ -411,7 +411,7 @@ def test_a_two_expert_preset_fills_the_guidance_2_box_and_another_resets_it(page
     shot(page, "guidance-2")
     page.locator("#t2v-preset input").click()
     page.get_by_role("option", name="Self-test T2V - tiny offline model").click()
-    expect(box).to_have_count(0)
+    expect(box).to_have_count(0, timeout=20_000)
 
 
 def test_a_guided_preset_shows_the_official_negative_prompt_and_a_distilled_one_none(page, shot: Screenshots):
