@@ -101,7 +101,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     _common(serve)
 
     gen = sub.add_parser("generate", help="generate one video or image without the page")
-    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--prompt", help="what the video shows (with --extend: the extended output's, when not given)")
     gen.add_argument("--preset", help="preset name (see the Presets tab or presets/)")
     gen.add_argument("--model", help="repo id, local diffusers folder, selftest-t2v or selftest-i2v")
     _field_options(gen, "generate")
@@ -118,7 +118,7 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     plan.add_argument("--preset", required=True)
     plan.add_argument("--model", help="another model than the preset's")
     plan.add_argument("--hardware", help="a hardware JSON file (as 'doctor --json' prints under 'hardware')")
-    plan.add_argument("--mode", choices=("t2v", "i2v", "t2i"), help="default: the preset's")
+    plan.add_argument("--mode", choices=("t2v", "i2v", "t2i", "v2v"), help="default: the preset's")
     _field_options(plan, "plan")
     plan.add_argument("--json", action="store_true", help="one JSON object instead of the table")
     plan.add_argument("--user-presets", default=str(DEFAULT_USER_PRESETS), metavar="DIR",
@@ -165,12 +165,23 @@ def _pick_preset(presets, args):
 
     if args.preset:
         return get_preset(presets, args.preset)
-    mode = "i2v" if getattr(args, "image", None) else "t2v"
+    mode = "i2v" if getattr(args, "image", None) or getattr(args, "extend", None) else "t2v"
     if args.model:
         for preset in presets.values():
             if preset.settings.model == args.model and preset.settings.mode == mode:
                 return preset
+    if getattr(args, "extend", None):
+        return _extension_preset(presets, args)
     return get_preset(presets, "wan21-i2v-14b" if mode == "i2v" else "wan21-t2v-1.3b")
+
+
+def _extension_preset(presets, args):
+    """The preset an extension starts from (engine/post/sources.py), else the usual image-to-video one."""
+    from engine.post.sources import extension_preset
+    from engine.settings.presets import get_preset
+
+    name = extension_preset(presets, Path(args.extend), Path(args.outputs))
+    return get_preset(presets, name or "wan21-i2v-14b")
 
 
 def _settings(args):
@@ -190,11 +201,26 @@ def _typed(args):
     from engine.settings.fields import cli_fields
 
     preset = _pick_preset(_presets_with_user_folder(args.user_presets)[0], args)
-    image = getattr(args, "image", None)
-    mode = getattr(args, "mode", None) or ("i2v" if image else ("t2i" if args.frames == 1 else preset.settings.mode))
+    image, extend, video = (getattr(args, name, None) for name in ("image", "extend", "video"))
+    mode = getattr(args, "mode", None) or ("i2v" if image or extend else "v2v" if video else
+                                           ("t2i" if args.frames == 1 else preset.settings.mode))
     typed = {field.name: getattr(args, field.option.dest_of(field)) for field in cli_fields(args.command)}
     typed["model"] = args.model
-    return preset, {name: value for name, value in typed.items() if value is not None}, mode
+    typed = {name: value for name, value in typed.items() if value is not None}
+    return preset, {**_from_video(args, preset), **typed}, mode
+
+
+def _from_video(args, preset) -> dict:
+    """What a run from a video (--extend, --video) takes from it where no option is typed (engine/post/sources.py);
+    VideoError when it is no video."""
+    from engine.post.sources import extension_start, remake_start
+
+    extend, video = getattr(args, "extend", None), getattr(args, "video", None)
+    if extend:
+        return extension_start(Path(extend), Path(args.outputs), preset.settings).values
+    if video:
+        return remake_start(Path(video), Path(args.outputs), preset.settings).values
+    return {}
 
 
 def _cli_paths(args):
@@ -219,7 +245,9 @@ def _build_request(args):
     from engine.settings.draft import prepare_request
 
     preset, values, mode = _typed(args)
-    return prepare_request({"prompt": args.prompt, **values}, preset, mode, _cli_paths(args), lambda ref: None,
+    prompt = args.prompt if args.prompt is not None else values.pop("prompt", None)
+    values = {name: value for name, value in values.items() if name != "prompt"}
+    return prepare_request({"prompt": prompt, **values}, preset, mode, _cli_paths(args), lambda ref: None,
                            args.outputs, drop_unused_guidance_2=False, keep_latents=getattr(args, "keep_latents", False))
 
 

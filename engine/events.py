@@ -32,6 +32,7 @@ class Phase(Named):
     LORA = "lora"
     TEXT_ENCODE = "text_encode"
     IMAGE_ENCODE = "image_encode"
+    VIDEO_ENCODE = "video_encode"   # video to video: the input video through the VAE's encoder
     DENOISE = "denoise"
     EXPERT_SWAP = "expert_swap"
     SAVE_LATENTS = "save_latents"   # never timed: named so that a failure while the latents are written is its own
@@ -39,6 +40,7 @@ class Phase(Named):
     EXPORT = "export"
     INTERPOLATE = "interpolate"     # smoother: frames made between the video's (engine/post/)
     UPSCALE = "upscale"             # larger: the frames upscaled (engine/post/)
+    JOIN = "join"                   # an extension: its new part colour-matched and joined after its video
 
 
 PHASES = tuple(Phase)

@@ -370,3 +370,32 @@ def test_post_makes_an_output_smoother_beside_it_and_refuses_a_still_in_a_senten
     refused = subprocess.run(app_command("post", str(image), "--interpolate", "2"), capture_output=True, text=True,
                              timeout=60, env=app_env(), cwd=ROOT)
     assert still.returncode == 0 and refused.returncode == 2 and "a still has no frames" in refused.stderr.lower()
+
+
+def test_extend_continues_an_output_with_its_prompt_and_video_remakes_one_by_a_strength(selftest_models_dir,
+                                                                                          outputs):
+    done = generate("--model", "selftest-t2v", "--prompt", "a slow river", "--frames", "9", "--steps", "2",
+                    models_dir=selftest_models_dir, outputs=outputs)
+    assert done.returncode == 0, done.stderr
+    video = next(outputs.rglob("*.mp4"))
+    # No prompt, no preset, no model: the output's own prompt and the self-test's image-to-video preset.
+    extended = subprocess.run(app_command("generate", "--extend", str(video), "--frames", "5", "--steps", "2",
+                                          "--outputs", str(outputs), "--models-dir", str(selftest_models_dir)),
+                              capture_output=True, text=True, timeout=300, env=app_env(), cwd=ROOT)
+    assert extended.returncode == 0, extended.stderr
+    joined = Path(next(line.split(" ", 1)[1] for line in extended.stdout.splitlines() if line.startswith("Wrote ")))
+    sidecar = json.loads(joined.with_suffix(".json").read_text())
+    assert sidecar["prompt"] == "a slow river" and sidecar["model"]["ref"] == "selftest-i2v"
+    assert sidecar["output"]["frames"] == 9 + 5 - 1 and "It extends" in extended.stdout
+    assert "Join (the new part after the video)" in extended.stdout + extended.stderr
+    remade = generate("--video", str(video), "--model", "selftest-t2v", "--strength", "0", "--prompt", "the same river",
+                      "--steps", "2",
+                      models_dir=selftest_models_dir, outputs=outputs)
+    assert remade.returncode == 0, remade.stderr
+    made = Path(next(line.split(" ", 1)[1] for line in remade.stdout.splitlines() if line.startswith("Wrote ")))
+    data = json.loads(made.with_suffix(".json").read_text())
+    assert data["mode"] == "v2v" and data["parameters"]["strength"] == 0 and data["output"]["frames"] == 9
+    assert "video_encode" in data["timings"] and "denoise" not in data["timings"]   # strength 0: the input back
+    refused = generate("--video", str(outputs / "missing.mp4"), "--prompt", "x", models_dir=selftest_models_dir,
+                       outputs=outputs)
+    assert refused.returncode == 2 and "does not exist" in refused.stderr and "Traceback" not in refused.stderr

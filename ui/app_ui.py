@@ -15,6 +15,7 @@ from ui.tabs import image_to_video as i2v_tab
 from ui.tabs import models as models_tab
 from ui.tabs import presets as presets_tab
 from ui.tabs import text_to_video as t2v_tab
+from ui.tabs import video_to_video as v2v_tab
 from ui.tabs.ids import TAB_IDS
 
 # Jobs waiting beyond this are refused with a "queue full" message (serve --max-queue N changes it).
@@ -43,7 +44,7 @@ PAGE_JS = """
 }
 """
 PAGE_CSS = """
-#t2v-video video, #i2v-video video, #decode-video video, #history-video video,
+#t2v-video video, #i2v-video video, #v2v-video video, #decode-video video, #history-video video,
 #t2i-image img { width: auto !important; height: auto !important; max-width: 100%; max-height: 100%;
                  margin: 0 auto; display: block; object-fit: contain; }
 .wan-status:not(:empty) { border-left: 3px solid var(--color-accent); padding-left: 10px; }
@@ -68,10 +69,12 @@ def build_app(ctx: AppContext) -> gr.Blocks:
                 t2v_form = t2v_tab.build(ctx, after_job)
             with gr.Tab("Image to Video", id=TAB_IDS["i2v"]):
                 i2v_form = i2v_tab.build(ctx, after_job)
+            with gr.Tab("Video to Video", id=TAB_IDS["v2v"]):
+                v2v_form = v2v_tab.build(ctx, after_job)
             with gr.Tab("Presets", id=TAB_IDS["presets"]):
                 presets_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form})
             with gr.Tab("History", id=TAB_IDS["history"]):
-                history_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form})
+                history_tab.build(ctx, tabs, {"t2v": t2v_form, "i2v": i2v_form, "v2v": v2v_form})
             with gr.Tab("Decode again", id=TAB_IDS["decode"]) as decode:
                 decode_tab.build(ctx, decode.select)
             with gr.Tab("Models", id=TAB_IDS["models"]) as models:

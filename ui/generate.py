@@ -17,7 +17,7 @@ from engine.errors import ModelError
 from engine.run.failures import failure_event
 from engine.service.jobqueue import QueueFull
 from engine.settings.draft import prepare_request
-from engine.settings.fields import by_field
+from engine.settings.fields import api_fields, by_field
 from engine.settings.request import GenerationRequest
 from engine.settings.values import InputError
 from ui.context import AppContext
@@ -45,6 +45,7 @@ class EngineWork:
     start: Callable[[tuple[int, ...]], Iterator[Event]]
     engines: int = 1            # how many engines it runs on at once (split across GPUs: more than one)
     model: str | None = None    # the model it uses (the queue prefers an engine that holds it)
+    videos: int = 1             # how many videos it makes (the settings' count): the queue's estimate counts each
 
 
 def owner_of(session: gr.Request | None) -> str | None:
@@ -62,9 +63,16 @@ def owner_of(session: gr.Request | None) -> str | None:
     return f"{token}:{session_hash}"
 
 
-def upload_path(payload, name: str) -> str | None:
-    """The file of an image as the page or an API client sent it (gradio's upload record, whose path gradio
-    has checked is an upload), or None for no image; InputError for anything else."""
+# What to upload instead of something that is no uploaded file, by the kind of file a field takes.
+UPLOAD_HINTS = {"image": "upload a PNG, JPEG or WebP image", "video": "upload an MP4, WebM or MOV video"}
+# The request fields that take an upload, and the kind of file each is.
+UPLOAD_FIELDS = {"image": "image", "last_image": "image", "video": "video", "extend": "video"}
+
+
+def upload_path(payload, name: str, kind: str = "image") -> str | None:
+    """The file of an image (or a video: ``kind``) as the page or an API client sent it (gradio's upload record,
+    whose path gradio has checked is an upload, or a file of the outputs folder), or None for none; InputError for
+    anything else."""
     if payload is None or payload == "":
         return None
     if isinstance(payload, dict):
@@ -73,7 +81,7 @@ def upload_path(payload, name: str) -> str | None:
             return path
         if str(payload.get("url") or "").startswith("data:"):
             raise InputError(f"the {name} came as inline data: upload it as a file")
-    raise InputError(f"the {name} is not an uploaded file: upload a PNG, JPEG or WebP image")
+    raise InputError(f"the {name} is not an uploaded file: {UPLOAD_HINTS[kind]}")
 
 
 def _preset(ctx: AppContext, name, mode: str):
@@ -96,16 +104,22 @@ def build_request(ctx: AppContext, mode: str, values: dict) -> GenerationRequest
     Raises InputError or ModelError saying what to change."""
     values = dict(values)
     preset = _preset(ctx, values.pop("preset", None), mode)
-    for name in ("image", "last_image"):
+    for name, kind in UPLOAD_FIELDS.items():
         if name in values:
-            values[name] = upload_path(values[name], name.replace("_", " "))
+            words = {"extend": "video to extend", "video": "input video"}.get(name, name.replace("_", " "))
+            values[name] = upload_path(values[name], words, kind)
     return prepare_request(values, preset, mode, ctx.paths, ctx.client.catalog.limits, ctx.outputs_dir)
 
 
 def generation(ctx: AppContext, mode: str, what: str, show: Show):
     """The handler of a generation endpoint of ``mode``: the values by API parameter name (gradio's keyword
     inputs, in the field table's order), the job streamed as ``show``'s page updates."""
-    def generate(session: gr.Request = None, **values):
+    videos = {field.name for field in api_fields(mode) if field.name in ("extend", "video")}
+
+    # The videos are parameters of their own, defaulting to none: an API caller of an older signature (before the
+    # video to extend was added last) leaves them out, and one who forgets the input video hears this app's sentence.
+    def generate(session: gr.Request = None, extend=None, video=None, **values):
+        values |= {name: given for name, given in (("extend", extend), ("video", video)) if name in videos}
         yield from run_job(ctx, session, what, engine_job(ctx, lambda: build_request(ctx, mode, by_field(values))),
                            show)
     return generate
@@ -140,7 +154,7 @@ def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Cal
     owner = owner_of(session)
     try:
         work = prepare()
-        ticket = ctx.jobs.join(owner, what, work.engines, work.model)
+        ticket = ctx.jobs.join(owner, what, work.engines, work.model, work.videos)
     except (InputError, ModelError) as exc:
         error = _fail(view, failure_event("refused", exc, None))
         yield show(view, None)
@@ -155,7 +169,7 @@ def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Cal
                 yield show(view.withdrawn(), None)
                 return
             yield show(view.waiting(ctx.jobs.place(ticket), ctx.jobs.estimate(ticket)), None)
-        view = JobView()   # the wait is over: what the page shows from now on is the job
+        view = JobView(videos=work.videos)   # the wait is over: what the page shows from now on is the job
         events = work.start(ticket.slots)
         # A closed page cancels the job (the engine is free once it has ended).
         batches = paced(events, PAGE_UPDATE_S, lambda: ctx.client.cancel(ticket.slots))
@@ -163,7 +177,7 @@ def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Cal
             for batch in batches:
                 for event in batch:
                     view.apply(event)
-                ctx.jobs.report(ticket, view.status, view.eta)
+                ctx.jobs.report(ticket, view.status, view.seconds_left(), view.video[0] if view.video else 1)
                 yield _shown(show, view, batch)
                 failed = next((event for event in batch if isinstance(event, JobFailed)), None)
                 if failed is not None:
@@ -191,7 +205,7 @@ def engine_job(ctx: AppContext, make: Callable[[], GenerationRequest]) -> Callab
     def prepare():
         request, notes = ctx.client.check(make())
         return EngineWork(lambda slots: ctx.client.run(request, notes, slots=slots),
-                          ctx.client.engines_for(request), request.settings.model)
+                          ctx.client.engines_for(request), request.settings.model, request.settings.count)
     return prepare
 
 

@@ -128,13 +128,16 @@ def plan_snapshot(repo: str, endpoint: str | None = None, cache_dir: Path | None
     return DownloadPlan(repo, tuple((i.filename, i.file_size or 0) for i in infos if i.will_download), cache, commit)
 
 
-def _bytes_progress(on_progress: Progress, total: int):
-    """A tqdm class for snapshot_download that reports the bytes written so far (its bytes bar), out of ``total``."""
+def bytes_progress(on_progress: Progress, total: int | None = None):
+    """A tqdm class for huggingface_hub's downloads that prints nothing and reports the bytes written so far (its
+    bytes bars; a Xet download's second bar, of the bytes on the wire, is not said), out of ``total`` (None: the
+    bar's own size)."""
     from huggingface_hub.utils import tqdm as hub_tqdm
 
     class Reporting(hub_tqdm):
         def __init__(self, *args, **kwargs):
-            self.reports = kwargs.get("unit") == "B" and not str(kwargs.get("name", "")).endswith(".transfer")
+            self.reports = kwargs.get("unit") == "B" and not str(kwargs.get("name") or "").endswith(".transfer")
+            self.size = total or kwargs.get("total")
             self.done = int(kwargs.get("initial") or 0)
             kwargs["disable"] = True    # counted here: a disabled bar counts nothing and prints nothing
             super().__init__(*args, **kwargs)
@@ -142,7 +145,7 @@ def _bytes_progress(on_progress: Progress, total: int):
         def update(self, n=1):
             self.done += int(n or 0)
             if self.reports:
-                on_progress(min(self.done, total), total)
+                on_progress(min(self.done, self.size) if self.size else self.done, self.size)
             return super().update(n)
 
     return Reporting
@@ -179,7 +182,7 @@ def download_snapshot(repo: str, on_progress: Progress | None = None, free_bytes
                     on_progress(start + done, total)
             _prefetch_blob(plan, path, endpoint, said)
             before += size
-    progress = _bytes_progress(lambda done, _: on_progress(min(before + done, total), total), total) \
+    progress = bytes_progress(lambda done, _: on_progress(min(before + done, total), total), total) \
         if on_progress else None
     try:
         folder = snapshot_download(plan.repo, cache_dir=plan.target, endpoint=endpoint, tqdm_class=progress,

@@ -5,7 +5,9 @@ A run that starts at ``<outputs>/<day>/<stem>`` (``export.output_stem``) may lea
 - ``<stem>.mp4`` (a video) or ``<stem>.png`` (a still): the media file;
 - ``<stem>.json``: the sidecar that describes it (``sidecar.Sidecar``);
 - ``<stem>.latents.safetensors``: the denoised latents, kept so a failed decode can be done again;
-- ``<stem>.first.png`` / ``<stem>.last.png``: the input images of an image-to-video run.
+- ``<stem>.first.png`` / ``<stem>.last.png``: the input images of an image-to-video run;
+- ``<stem>.input.mp4``: the input video of a video-to-video run; ``<stem>.source.mp4``: the video an extension
+  continued, when it was no output of the outputs folder (an upload).
 
 Every module that needs one of these paths asks a ``Bundle`` for it, so a suffix is written
 down here and nowhere else; ``listed`` is the one walk of the outputs folder that finds them.
@@ -28,6 +30,8 @@ SIDECAR_SUFFIX = ".json"
 LATENTS_SUFFIX = ".latents.safetensors"
 # The request field each kept input image came from -> the suffix of its file.
 INPUT_SUFFIXES = {"image": ".first.png", "last_image": ".last.png"}
+# The same for the kept input videos (copies of the files as they came).
+VIDEO_INPUT_SUFFIXES = {"video": ".input.mp4", "extend": ".source.mp4"}
 
 
 def media_kind(path: Path | str) -> str | None:
@@ -124,8 +128,8 @@ class Bundle:
         return self._file(LATENTS_SUFFIX)
 
     def input(self, field: str) -> Path:
-        """The kept input image of the request field ``field`` ("image" or "last_image")."""
-        return self._file(INPUT_SUFFIXES[field])
+        """The kept input of the request field ``field`` ("image", "last_image", "video" or "extend")."""
+        return self._file({**INPUT_SUFFIXES, **VIDEO_INPUT_SUFFIXES}[field])
 
     def media_named(self, name) -> Path | None:
         """The media file called ``name``, when that is this output's video or image name; else None."""
@@ -133,7 +137,8 @@ class Bundle:
 
     def paths(self) -> tuple[Path, ...]:
         """Every file this output may have, the media first."""
-        return (self.video, self.image, self.sidecar, self.latents, *(self.input(f) for f in INPUT_SUFFIXES))
+        return (self.video, self.image, self.sidecar, self.latents,
+                *(self.input(f) for f in (*INPUT_SUFFIXES, *VIDEO_INPUT_SUFFIXES)))
 
     # ----- which exist ------------------------------------------------------------
     def existing(self) -> list[Path]:

@@ -21,7 +21,7 @@ import numpy as np
 from engine.atomic import temporary_path, write_atomically
 from engine.folders import day_folder, inside
 from engine.outputs.bundle import Bundle
-from engine.outputs.mp4_boxes import video_frame_count
+from engine.mp4_boxes import video_frame_count
 
 _SLUG = re.compile(r"[^a-z0-9]+")
 

@@ -61,6 +61,11 @@ class HistoryEntry:
     # {"frames", "width", "height"}; and those steps as the sidecar records them.
     made: dict | None = None
     post: list = field(default_factory=list)
+    # Video to video: its kept input video; an extension: the video it continued (its kept copy, or the output it
+    # names, while that is there) and the sidecar's record of the join and the parts (engine/post/extend.py).
+    input_video: str | None = None
+    extends: str | None = None
+    extend: dict | None = None
 
     def to_dict(self) -> dict:
         """What the history API returns: the entry's own fields and the settings the page shows."""
@@ -81,7 +86,7 @@ SHOWN_SETTINGS = ("mode", "model", "width", "height", "frames", "steps", "guidan
 @dataclass(frozen=True)
 class ReuseValues:
     """What to put back in a generation form to run an output again."""
-    tab: str                    # "t2v" (text-to-video and text-to-image) or "i2v"
+    tab: str                    # "t2v" (text-to-video and text-to-image), "i2v" or "v2v"
     settings: Settings
     preset: str | None
     prompt: str
@@ -89,6 +94,9 @@ class ReuseValues:
     seed: int                   # the seed actually used, so the same output comes again
     image: str | None = None
     last_image: str | None = None
+    video: str | None = None    # video to video: the input video
+    extend: str | None = None   # an extension: the video it continued (its first frame is that video's last)
+    extended: bool = False      # an extension's output (even when the video it continued is gone)
 
     @property
     def keep(self) -> tuple[str, ...]:
@@ -98,10 +106,13 @@ class ReuseValues:
 
 def reuse_values(entry: HistoryEntry) -> ReuseValues:
     """The form values that make ``entry`` again (its seed included)."""
+    mode = entry.settings.mode
+    extension = entry.extend is not None
     return ReuseValues(
-        tab="i2v" if entry.settings.mode == "i2v" else "t2v", settings=entry.settings, preset=entry.preset,
-        prompt=entry.prompt, negative_prompt=entry.negative_prompt, seed=entry.seed, image=entry.first_image,
-        last_image=entry.last_image)
+        tab=mode if mode in ("i2v", "v2v") else "t2v", settings=entry.settings, preset=entry.preset,
+        prompt=entry.prompt, negative_prompt=entry.negative_prompt, seed=entry.seed,
+        image=None if extension else entry.first_image, last_image=entry.last_image, video=entry.input_video,
+        extend=entry.extends, extended=extension)
 
 
 @dataclass(frozen=True)
@@ -172,7 +183,24 @@ def _entry(sidecar: Path, bundle: Bundle, media: Path, record: Sidecar) -> Histo
         peak_vram_gb=record.peak_vram_gb, peak_ram_gb=record.peak_ram_gb,
         first_image=_kept_input(bundle, "image", record.inputs),
         last_image=_kept_input(bundle, "last_image", record.inputs), note=note,
-        made=_made(record) if record.post else None, post=list(record.post))
+        made=_made(record) if record.post or record.extend else None, post=list(record.post),
+        input_video=_kept_input(bundle, "video", record.inputs), extends=_extended(bundle, record),
+        extend=record.extend)
+
+
+def _extended(bundle: Bundle, record: Sidecar) -> str | None:
+    """The video an extension continued: its copy kept beside the output, else the output its record names by key
+    (in the same outputs folder, while it is there); None for any other output."""
+    if record.extend is None:
+        return None
+    kept = _kept_input(bundle, "extend", record.inputs)
+    if kept is not None:
+        return kept
+    try:
+        media = _media_path(bundle.stem.parent.parent, record.extend.get("source"))
+    except HistoryError:
+        return None
+    return str(media) if media.is_file() else None
 
 
 def _made(record: Sidecar) -> dict | None:

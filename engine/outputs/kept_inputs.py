@@ -1,22 +1,24 @@
-"""The input images of an image-to-video run, kept beside its output so the run can be repeated.
+"""The inputs of a run, kept beside its output so the run can be repeated.
 
 An upload is a temporary file that is gone after the run. The first frame (and the optional
 last frame) is saved next to the output as ``<stem>.first.png`` / ``<stem>.last.png``, written
 atomically: the upright 8-bit RGB first frame at full size, exactly what the engine scales and
-crops, so running again from the copy gives the same pixels as the upload did.
+crops, so running again from the copy gives the same pixels as the upload did. A video-to-video
+input is copied as it came (``<stem>.input.mp4``), and so is the video an extension continued
+(``<stem>.source.mp4``), unless it is an output in the outputs folder, which the extension names instead.
 """
 from __future__ import annotations
 
 from pathlib import Path
 
 from engine.folders import inside
-from engine.outputs.bundle import INPUT_SUFFIXES, Bundle
+from engine.outputs.bundle import INPUT_SUFFIXES, VIDEO_INPUT_SUFFIXES, Bundle
 from engine.outputs.export import copy_file, write_png
 from engine.settings.images import upright_rgb
 from engine.settings.values import InputError
 
 # The request fields whose images are kept (bundle.INPUT_SUFFIXES names their files), as the user reads them.
-INPUT_NAMES = {"image": "image", "last_image": "last image"}
+INPUT_NAMES = {"image": "image", "last_image": "last image", "video": "input video", "extend": "video extended"}
 
 
 def keep_inputs(request, stem: Path) -> tuple[dict[str, str | None], list[str]]:
@@ -42,7 +44,23 @@ def keep_inputs(request, stem: Path) -> tuple[dict[str, str | None], list[str]]:
                             "Reuse settings in the History tab will leave its slot empty.")
             continue
         kept[field] = path.name
+    for field in VIDEO_INPUT_SUFFIXES:
+        source = getattr(request, field, None)
+        if not source or (field == "extend" and in_outputs(source, request.outputs_dir)):
+            continue
+        kept[field] = None
+        try:
+            kept[field] = copy_file(Path(source), bundle.input(field)).name
+        except OSError as exc:
+            problems.append(f"The {INPUT_NAMES[field]} could not be kept beside the output ({exc}); "
+                            "Reuse settings in the History tab will leave its slot empty.")
     return kept, problems
+
+
+def in_outputs(path, outputs_dir) -> bool:
+    """Whether ``path`` is a plain file of the outputs folder (an output, which keeps itself)."""
+    path = Path(path)
+    return not path.is_symlink() and inside(path, Path(outputs_dir), below=True)
 
 
 def carry_inputs(kept: dict, folder: Path, stem: Path) -> dict[str, str | None]:

@@ -68,12 +68,14 @@ def _made_with(request: GenerationRequest, parameters: dict, model: dict | None,
 def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: dict, step_downs, latents,
                decode_fallback, timings: dict, step_seconds, peak_ram_gb: float, hardware: dict,
                inputs: dict | None = None, note: str = "", speed: dict | None = None,
-               experts: dict | None = None, windows: dict | None = None, post: list | None = None) -> Sidecar:
+               experts: dict | None = None, windows: dict | None = None, post: list | None = None,
+               extend: dict | None = None) -> Sidecar:
     """The sidecar of a finished run: everything needed to understand it and to make it again.
 
     ``frames``: the frames written, or only their shape (frames, height, width, ...): a streamed video
     keeps no frames. ``inputs``: the input images kept beside it ({field: file name or None}; None: the run had none).
-    ``post``: the steps after the decode (engine/post/steps.py's records), which made the file ``frames`` describes."""
+    ``post``: the steps after the decode (engine/post/steps.py's records), which made the file ``frames`` describes;
+    ``extend``: an extension's join (engine/post/extend.py), which made it the video extended and the new part."""
     count, height, width = (int(n) for n in getattr(frames, "shape", frames)[:3])
     fps = request.settings.fps if request.settings.mode != "t2i" else None
     if post:
@@ -89,7 +91,8 @@ def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: 
         run=RunDetails(step_downs=_as_json(list(step_downs)), latents=latents, decode_fallback=decode_fallback,
                        model_reused="load" not in timings, step_seconds=list(step_seconds),
                        experts=_as_json(experts) if experts is not None else None, windows=windows),
-        inputs=inputs, note=note, speed=_as_json(speed) if speed is not None else None, post=list(post or []))
+        inputs=inputs, note=note, speed=_as_json(speed) if speed is not None else None, post=list(post or []),
+        extend=_as_json(extend) if extend is not None else None)
 
 
 def redecode_record(request: GenerationRequest, media: Path, latents: Path, how: str, model: dict | None,

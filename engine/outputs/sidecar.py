@@ -124,6 +124,8 @@ class Sidecar:
     speed: dict | None = None           # a run's speed: {"decoder", "approximate", "step_cache", "predicted_seconds"...}
     # The steps after the video was written (smoother, larger), in order: engine/post/steps.py's PostRecord.to_dict.
     post: list = field(default_factory=list)
+    # An extension: the video it continued, how the parts were joined, and every part (engine/post/extend.py).
+    extend: dict | None = None
     note: str = ""
     app_version: str | None = None
     schema: int = SCHEMA
@@ -140,9 +142,9 @@ class Sidecar:
 
     @property
     def made_frames(self) -> tuple[int, int | None]:
-        """(frames, fps) as the run made them, before any step after it (smoother) changed them: what Reuse
-        settings asks for again, the steps coming back with the settings."""
-        if not self.post:
+        """(frames, fps) as the run made them, before any step after it (smoother, an extension's join) changed them:
+        what Reuse settings asks for again, the steps coming back with the settings."""
+        if not self.post and not self.extend:
             return self.frames, self.fps
         fps = self.parameters.get("fps")
         return (_number(self.parameters["frames"], int, "frames"),
@@ -192,6 +194,8 @@ class Sidecar:
             tail["speed"] = self.speed
         if self.post:
             tail["post"] = self.post
+        if self.extend is not None:
+            tail["extend"] = self.extend
         if self.note:
             tail["note"] = self.note
         return head | body | tail
@@ -229,7 +233,7 @@ class Sidecar:
                 peak_ram_gb=_optional_float(data.get("peak_ram_gb")),
                 versions=data.get("versions"), hardware=data.get("hardware"),
                 inputs=_dict_or_none(data.get("inputs")), speed=_dict_or_none(data.get("speed")),
-                post=_post(data.get("post")),
+                post=_post(data.get("post")), extend=_dict_or_none(data.get("extend")),
                 note=data["note"] if isinstance(data.get("note"), str) else "",
                 run=None if decoded else _run_details(data),
                 decoded=DecodeDetails(str(decoded), data.get("decoded_from")) if decoded else None,

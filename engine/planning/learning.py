@@ -1,11 +1,13 @@
 """A prediction of the time model (engine/planning/timing.py) corrected by the runs this machine really made for
-the same model and plan: each phase takes the nearest run's measured seconds, scaled to the new request."""
+the same model and plan: each phase takes the nearest run's measured seconds, scaled to the new request. The steps
+after the video (smoother, larger) do not depend on the model: they learn from any run that used the same method."""
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Sequence
 
+from engine.planning.post_time import method_fixed
 from engine.planning.timing import PhaseTimes
 
 # How a pass's time grows with its tokens when only one run is known: between 1 (linear layers) and 2
@@ -32,6 +34,8 @@ class MeasuredRun:
     loaded: bool = False               # the pipeline was already loaded (no load, no first-use costs)
     model_step: float | None = None    # the time model's step for this run (all its passes), before any learning
     prompts: int = 0                   # prompts encoded; 0: as many as ``passes`` (a run from before windows)
+    # The steps after the video it ran, as the time model counts them: phase -> PostWork.to_dict()
+    post: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -118,6 +122,34 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     return replace(prediction, seconds=seconds, how=how, step_seconds=round(step, 4),
                    total=round(sum(seconds.values()), 2))
+
+
+def learn_post(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
+    """``prediction``'s steps after the video (smoother, larger) from the runs that ran the same method (of any model
+    and plan: a step reads the written file alone): the one nearest in work, its seconds beyond the method's fixed
+    cost scaled by the work. A step no run made by that method keeps the model's figure."""
+    seconds, how = dict(prediction.seconds), dict(prediction.how)
+    for phase, counted in prediction.post.items():
+        source = _nearest_post(runs, phase, counted) if counted["megapixels"] > 0 else None
+        if source is None or phase not in seconds:
+            continue
+        measured, then = source.seconds[phase], source.post[phase]["megapixels"]
+        fixed = min(method_fixed(counted["method"]), measured)
+        seconds[phase] = fixed + (measured - fixed) * counted["megapixels"] / then
+        how[phase] = (f"learned from a run of the same method ({counted['method']}): {measured:.2f} s for "
+                      f"{then:.1f} MP, scaled to {counted['megapixels']:.1f} MP beyond its {fixed:.2f} s fixed")
+    if seconds == prediction.seconds:
+        return prediction
+    seconds = {k: round(v, 3) for k, v in seconds.items()}
+    return replace(prediction, seconds=seconds, how=how, total=round(sum(seconds.values()), 2))
+
+
+def _nearest_post(runs: Sequence[MeasuredRun], phase: str, counted: dict) -> MeasuredRun | None:
+    """The run whose ``phase`` ran by ``counted``'s method with the work nearest to it (the newest among equals)."""
+    usable = [r for r in runs if phase in r.seconds and isinstance(r.post.get(phase), dict)
+              and r.post[phase].get("method") == counted["method"] and r.post[phase].get("megapixels", 0) > 0]
+    return min(reversed(usable), default=None,
+               key=lambda r: round(abs(math.log(r.post[phase]["megapixels"] / counted["megapixels"])), 6))
 
 
 def _affine_step(runs: Sequence[MeasuredRun], nearest: MeasuredRun, prediction: PhaseTimes):

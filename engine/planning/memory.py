@@ -162,6 +162,38 @@ def vae_decode_gb(spec: ModelSpec, width: int, height: int, frames: int, tile: i
     return peak / GIB
 
 
+# Encoding a video-to-video input, per pixel of a frame in float32 (half in bfloat16), on top of the clip itself:
+# measured on an H200 at 832x480x81 (bench/from_video_gpu.py, docs/data/from-video-h200.json): the Wan2.1 VAE
+# 6.77 GiB in float32 and 3.38 in bfloat16, Wan2.2 TI2V-5B's 1.95 in bfloat16 (its 2x2 patches halve the work).
+VAE21_ENCODE_PIXEL_BYTES = 17_300
+VAE22_ENCODE_PIXEL_BYTES = 9_500
+
+
+def vae_encode_gb(spec: ModelSpec, width: int, height: int, frames: int, tile: int | None,
+                  vae_bytes: int = 4) -> float:
+    """Peak extra device memory of encoding a video-to-video input: the clip on the device in the VAE's precision,
+    and the encoder's working set, which runs a few frames at a time with a cache (a tile of them when tiled)."""
+    clip = frames * width * height * 3 * vae_bytes
+    tiled = tile is not None and (tile < width or tile < height)
+    area = min(tile, width) * min(tile, height) if tiled else width * height
+    pixel = VAE22_ENCODE_PIXEL_BYTES if spec.wan22_vae else VAE21_ENCODE_PIXEL_BYTES
+    return (clip + pixel * area * vae_bytes / 4) / GIB
+
+
+def input_frames_ram_gb(width: int, height: int, frames: int) -> float:
+    """A video-to-video input's frames on the host as they are read: uint8, then as one float32 clip."""
+    return frames * width * height * 3 * (1 + 4) / GIB
+
+
+# An extension's join holds two frames at a time in float64 for the colour match (CIE Lab), and ffmpeg's buffers.
+JOIN_FRAME_BYTES = 3 * 8 * 4
+
+
+def join_ram_gb(width: int, height: int) -> float:
+    """The host memory of an extension's join: a few frames in Lab at the video's size; the rest streams."""
+    return width * height * JOIN_FRAME_BYTES / GIB
+
+
 def streamed_text_encoder_gb(spec: ModelSpec, bytes_per_param: float) -> float:
     """Device memory of the text encoder while it streams through the device (weights only)."""
     return STREAMED_TEXT_ENCODER_LEAVES * spec.text_encoder_largest_params * bytes_per_param / GIB

@@ -109,7 +109,7 @@ def phase_table(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
         return _cpu_phases(spec, req, hw, rung)
     held = _held(spec, req, hw, rung)
     places = _places(spec, req, rung)
-    phases = [*_load_phases(spec, hw, rung, held, places), *_encode_phases(spec, hw, rung, held, places),
+    phases = [*_load_phases(spec, hw, rung, held, places), *_encode_phases(spec, req, hw, rung, held, places),
               *_run_phases(spec, req, hw, rung, held, places)]
     return tuple(PhasePlan(p.phase, p.placement, round_up(p.peak_vram_gb), round_up(p.peak_ram_gb)) for p in phases)
 
@@ -128,6 +128,10 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
     phases = [("load", mem.staging_gb(spec)), ("text_encode", mem.text_encode_gb(spec))]
     if Component.IMAGE_ENCODER in places:
         phases.append(("image_encode", mem.IMAGE_ENCODE_ACT_GB))
+    if req.video_input:
+        phases.append(("video_encode", mem.vae_encode_gb(spec, req.width, req.height, req.frames, rung.vae_tile,
+                                                         rung.vae_bytes)
+                       + mem.input_frames_ram_gb(req.width, req.height, req.frames) + mem.RUN_OVERHEAD_GB))
     phases.append(("denoise", mem.denoise_activations_gb(spec, tokens, nbytes, False) / req.ranks
                    + mem.windowed_latents_gb(spec, req.width, req.height, req.frames, req.window) + mem.RUN_OVERHEAD_GB))
     if rung.swap and spec.experts > 1:
@@ -140,12 +144,20 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
     return tuple(PhasePlan(name, places, 0.0, round_up(weights + extra)) for name, extra in phases)
 
 
+def _join_phase(req: PlanRequest) -> list[tuple[str, float]]:
+    """An extension's join: on the host, a few frames at the size the video is (its part made larger, if so)."""
+    if not req.extends:
+        return []
+    return [("join", mem.join_ram_gb(req.width * req.upscale, req.height * req.upscale) + mem.RUN_OVERHEAD_GB)]
+
+
 def _post_phases(req: PlanRequest, nbytes: int) -> list[tuple[str, float]]:
     """(phase, working memory) of each step after the video is written: smoother on the video's frames, then
     larger (on the CPU as on the device, the frames stream through)."""
     steps = [("interpolate", req.interpolate)] if req.interpolate > 1 else []
     steps += [("upscale", req.upscale)] if req.upscale > 1 else []
-    return [(name, mem.post_step_gb(name, req.width, req.height, nbytes) + mem.RUN_OVERHEAD_GB) for name, _ in steps]
+    return [(name, mem.post_step_gb(name, req.width, req.height, nbytes) + mem.RUN_OVERHEAD_GB)
+            for name, _ in steps] + _join_phase(req)
 
 
 @dataclass(frozen=True)
@@ -238,8 +250,10 @@ def _load_phases(spec: ModelSpec, hw: HardwareProfile, rung: Rung, held: _Held, 
     return phases
 
 
-def _encode_phases(spec: ModelSpec, hw: HardwareProfile, rung: Rung, held: _Held, places: dict) -> list[PhasePlan]:
-    """Encoding the prompt (text_encode) and, for image to video, the image (image_encode)."""
+def _encode_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung, held: _Held,
+                   places: dict) -> list[PhasePlan]:
+    """Encoding the prompt (text_encode) and, for image to video, the image (image_encode); for video to video,
+    its input (video_encode)."""
     _, nbytes = compute_dtype(hw)
     te, ie = held.text_encoder, held.image_encoder
     # What comes to the device to encode: the whole encoder, or the layers in flight of a streamed one.
@@ -257,6 +271,10 @@ def _encode_phases(spec: ModelSpec, hw: HardwareProfile, rung: Rung, held: _Held
         visits = rung.text_encoder in (TextEncoderPlace.OFFLOAD, TextEncoderPlace.STREAMED)
         img_dev = held.resident + (ie if visits else 0.0) + mem.IMAGE_ENCODE_ACT_GB
         phases.append(PhasePlan("image_encode", places, img_dev, held.idle_ram))
+    if req.video_input:   # the VAE stays on the device: the input's clip and the encoder's work join it there
+        encode = mem.vae_encode_gb(spec, req.width, req.height, req.frames, rung.vae_tile, rung.vae_bytes)
+        phases.append(PhasePlan("video_encode", places, held.resident + encode + mem.RUN_OVERHEAD_GB,
+                                held.idle_ram + mem.input_frames_ram_gb(req.width, req.height, req.frames)))
     return phases
 
 
@@ -285,5 +303,6 @@ def _run_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
     phases.append(PhasePlan("vae_decode", denoise_places, resident + decode + mem.RUN_OVERHEAD_GB,
                             idle_ram + frames_ram))
     phases.append(PhasePlan("export", denoise_places, resident, idle_ram + frames_ram))
-    phases += [PhasePlan(name, denoise_places, resident + gb, idle_ram) for name, gb in _post_phases(req, nbytes)]
+    phases += [PhasePlan(name, denoise_places, resident, idle_ram + gb) if name == "join" else
+               PhasePlan(name, denoise_places, resident + gb, idle_ram) for name, gb in _post_phases(req, nbytes)]
     return phases

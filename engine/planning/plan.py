@@ -27,6 +27,10 @@ class PlanRequest:
     # The steps after the video is written (engine/post/): smoother and larger, by these factors (1: off).
     interpolate: int = 1
     upscale: int = 1
+    # Video to video: its input video is encoded by the VAE first (video_encode); an extension: its new part is joined
+    # after the video it continues (join).
+    video_input: bool = False
+    extends: bool = False
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ def plan_request_for(settings) -> PlanRequest:
     return PlanRequest(settings.width, settings.height, settings.frames, settings.mode == "i2v",
                        SpeedRequest(settings.steps, settings.guidance, settings.step_cache),
                        window=settings.window, overlap=settings.overlap, interpolate=settings.interpolate,
-                       upscale=settings.upscale)
+                       upscale=settings.upscale,
+                       video_input=settings.mode == "v2v" and settings.denoise_steps < settings.steps)
 
 
 def override_for(settings) -> Override:

@@ -12,7 +12,9 @@ machine measured once (engine/device/calibrate.py). Every phase is an amount of 
 - vae_decode: the FLOPs of the Wan VAE decoder's convolutions, derived from its layer widths, over the
   measured conv3d rate at each width in the VAE's dtype, plus copying and converting the frames;
 - export: frame pixels over the measured H.264 rate; load: weight bytes over the disk's rate; transfer:
-  bytes to the device over the copy rate (and page-locking for streamed parts).
+  bytes to the device over the copy rate (and page-locking for streamed parts);
+- interpolate / upscale (the steps after the video is written): each by the method the users' files make it run,
+  its frames' megapixels over that method's measured rate (engine/planning/post_time.py).
 
 The rates are read from the calibration in engine/planning/rates.py, the VAE's work is counted in
 engine/planning/vae_time.py, and engine/planning/learning.py corrects a prediction with the runs this machine
@@ -24,7 +26,7 @@ docs/data/timing-h200.json) and are named beside the work they count, with where
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from engine.device.calibrate import Calibration
 from engine.device.hardware import DECIMAL_GB
@@ -33,6 +35,7 @@ from engine.models.windows import OVERLAP_FRAMES, model_windows
 from engine.planning.memory import FP8_KEPT_FRACTION, pass_frames
 from engine.planning.places import TransformerPlace
 from engine.planning.plan import Plan
+from engine.planning.post_time import PostFiles, post_seconds, post_works
 from engine.planning.rates import Rates, bytes_per, copy_gbps, device_rates
 from engine.planning.speed import DECODERS
 from engine.planning.vae_time import fast_decode_seconds, vae_decode_seconds, vae_encode_seconds
@@ -41,7 +44,8 @@ from engine.settings.choices import TextEncoderPlace
 
 # The phases predicted, in the order a run passes through them (engine/events.py PHASES, less those that are
 # not the run itself: the engine's start, a download, building a self-test model).
-PHASES = ("load", "transfer", "text_encode", "image_encode", "denoise", "expert_swap", "vae_decode", "export")
+PHASES = ("load", "transfer", "text_encode", "image_encode", "video_encode", "denoise", "expert_swap", "vae_decode",
+          "export", "interpolate", "upscale", "join")
 
 # ----- the transformer ----------------------------------------------------------------------------------
 # Norms, modulation, RoPE, gates and residual adds read and write the activations many times: per pass their
@@ -130,6 +134,8 @@ class PhaseTimes:
     # measured step is compared with.
     model_step_seconds: float | None = None
     prompts: int = 0         # prompts encoded (2 with guidance); 0: as many as ``passes`` (before windows)
+    # The steps after the video, as the time model counted them: phase -> PostWork.to_dict() (how, how much).
+    post: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -375,12 +381,42 @@ def _export(pixels: int, cal: Calibration) -> tuple[float, str]:
     return pixels / (rate * 1e6) + fixed, f"{pixels / 1e6:.0f} megapixels of H.264 at {rate:.1f} MP/s ({source}) + {fixed:.2f} s"
 
 
+# Encoding a video-to-video input takes this share of decoding the same frames: measured on an H200 at 832x480x81
+# (bench/from_video_gpu.py, docs/data/from-video-h200.json): the Wan2.1 VAE 0.72 in float32 and 0.77 in bfloat16,
+# Wan2.2 TI2V-5B's 0.48 (on this project's 2-core CPU the Wan2.1 VAE's was 0.56, at 17x256x256).
+VIDEO_ENCODE_SHARE = 0.75
+VIDEO_ENCODE_SHARE_WAN22 = 0.48
+# An extension's colour match, per megapixel of its part on the CPU (engine/post/extend.py, measured on the 2-core
+# CPU: 15 MP/s at 832x480); the part is read, matched and encoded again, the video's own streams copied.
+COLOUR_MATCH_MPS = 15.0
+# Its ffmpeg processes (the video's last frame read, the part read, the new frames encoded, the streams joined) and
+# their files, whatever the length: a 9-frame 64x64 join took 0.68 s on that CPU.
+JOIN_FIXED_S = 0.6
+
+
+def _video_encode(spec: ModelSpec, width: int, height: int, frames: int, plan: Plan,
+                  cal: Calibration) -> tuple[float, str]:
+    decode, _ = vae_decode_seconds(spec, width, height, frames, plan.vae_dtype, plan.vae_tile, cal, plan.conv)
+    share = VIDEO_ENCODE_SHARE_WAN22 if spec.wan22_vae else VIDEO_ENCODE_SHARE
+    return decode * share, f"the input's {frames} frames through the VAE's encoder: x{share} of decoding as many"
+
+
+def _join(frames: int, width: int, height: int, cal: Calibration) -> tuple[float, str]:
+    pixels = (frames - 1) * width * height
+    encode, _ = _export(pixels, cal)
+    match = pixels / (COLOUR_MATCH_MPS * 1e6)
+    return encode + match + JOIN_FIXED_S, (
+        f"the part's {frames - 1} new frames colour-matched ({match:.2f} s at {COLOUR_MATCH_MPS:g} MP/s) and encoded "
+        f"again ({encode:.2f} s), + {JOIN_FIXED_S} s for ffmpeg's processes; the video's streams copied")
+
+
 # ----- the prediction ------------------------------------------------------------------------------------
 
 def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: int, guidance: float, plan: Plan,
                   calibration: Calibration, decoder: str = "vae", *, image_to_video: bool = False,
                   loaded: bool = False, compiled: bool = False, weight_bytes: int | None = None,
-                  window: int = 0, overlap: int = OVERLAP_FRAMES) -> PhaseTimes:
+                  window: int = 0, overlap: int = OVERLAP_FRAMES, interpolate: int = 1, upscale: int = 1,
+                  post_files: PostFiles = PostFiles(), video_input: bool = False, extends: bool = False) -> PhaseTimes:
     """Seconds of each phase of one run under ``plan`` on the calibrated machine.
 
     ``loaded``: the pipeline is already loaded under this plan (no load or transfer phase, no first-use cost
@@ -389,6 +425,9 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
     dtype). The plan's ``attention_backend``, ``compile`` and ``conv`` are read with defaults, so a plan from
     before they existed still predicts. ``window``, ``overlap``: a longer video's windows (engine/models/windows.py;
     window 0: the model's own): each pass runs the transformer once per window, on one window's tokens.
+    ``interpolate``, ``upscale``: the steps after the video (1: none), run by the methods ``post_files`` (what the
+    models folder holds) make them use, on the plan's device. ``video_input``: a video-to-video run encodes its input
+    first (``steps``: the steps it runs); ``extends``: an extension joins its part after the video it continues.
     """
     if decoder not in DECODERS:
         raise ValueError(f"unknown decoder {decoder!r}; one of {', '.join(DECODERS)}")
@@ -405,6 +444,8 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
     seconds["text_encode"], how["text_encode"] = _text_encode(spec, plan, calibration, prompts, loaded)
     if image_to_video and spec.image_encoder_params:
         seconds["image_encode"], how["image_encode"] = _image_encode(spec, plan, calibration)
+    if video_input:
+        seconds["video_encode"], how["video_encode"] = _video_encode(spec, width, height, frames, plan, calibration)
     seconds["denoise"], step, how["denoise"] = _denoise(spec, (width, height, frames), tokens, image_to_video, steps,
                                                         passes, plan, calibration, compiled)
     if _swaps_experts(spec, plan):
@@ -423,7 +464,22 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
     if streamed:   # the encoder works while the decoder does: only its tail is left after the last frame
         seconds["export"] *= STREAMED_EXPORT_SHARE
         how["export"] += f"; streamed beside the decode, x{STREAMED_EXPORT_SHARE} left after the last frame"
+    after = _steps_after(width, height, frames, interpolate, upscale, plan, calibration, post_files, seconds, how)
+    if extends:
+        made = (frames - 1) * interpolate + 1, width * upscale, height * upscale
+        seconds["join"], how["join"] = _join(*made, calibration)
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     return PhaseTimes(seconds, how, round(step, 4), steps, passes, tokens, pixels, round(sum(seconds.values()), 2),
-                      loaded, model_step_seconds=step, prompts=prompts)
+                      loaded, model_step_seconds=step, prompts=prompts, post=after)
+
+
+def _steps_after(width: int, height: int, frames: int, interpolate: int, upscale: int, plan: Plan, cal: Calibration,
+                 files: PostFiles, seconds: dict, how: dict) -> dict:
+    """The smoother's and the larger's seconds and how put in ``seconds`` and ``how``; what each counted (phase ->
+    PostWork.to_dict()), for learning from the run."""
+    counted = {}
+    for work in post_works(width, height, frames, interpolate, upscale, plan.device, files):
+        seconds[work.phase], how[work.phase] = post_seconds(work, cal)
+        counted[work.phase] = work.to_dict()
+    return counted
 

@@ -1,10 +1,12 @@
 """Running the steps after a video is written: each reads the file before it, frame by frame, and streams what it
 makes to the encoder, so RAM holds a few frames whatever the video's length.
 
-Smoother: RIFE 4.x (engine/post/rife.py) when an interpolator file is in ``models/interpolators/``, else ffmpeg's
-``minterpolate`` filter (motion-compensated, no file needed, softer), said so. Larger: an upscaler model file in
-``models/upscalers/`` read by spandrel (engine/post/upscale.py), else Lanczos. Each step is its own phase of the
-job, timed, with its frames counted as it goes; a cancel stops it between frames and leaves no partial file.
+Smoother: RIFE 4.x (engine/post/rife.py) when an interpolator file is in ``models/interpolators/``, put there by hand
+or fetched once from the Hugging Face Hub (its own download phase, before the step's); offline, or when the fetch
+fails, ffmpeg's ``minterpolate`` filter (motion-compensated, no file needed, softer), said so. Larger: an upscaler
+model file in ``models/upscalers/`` read by spandrel (engine/post/upscale.py), else Lanczos. Each step is its own
+phase of the job, timed, with its frames counted as it goes; a cancel stops it between frames and leaves no partial
+file.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from typing import Iterator
 
 import numpy as np
 
+from engine.events import DownloadProgress, Phase
 from engine.outputs.export import Mp4Stream, ensure_room, expected_bytes, write_png
 from engine.post.steps import INTERPOLATORS_FOLDER, UPSCALERS_FOLDER, PostRecord, PostStep
 
@@ -26,9 +29,9 @@ PROGRESS_EVERY = 4
 UPSCALE_TILE = 512
 MINTERPOLATE = "ffmpeg minterpolate"
 LANCZOS = "Lanczos"
-# What the page says when a step has no model file of the user's and uses its fallback.
-MINTERPOLATE_NOTE = ("Smoother with ffmpeg's minterpolate: there is no RIFE file in models/interpolators/ (put a RIFE "
-                     "4.x file, such as rife49.pth, there for sharper frames between).")
+# What the page says when a step has no model file and uses its fallback (the smoother's: why none was fetched).
+MINTERPOLATE_NOTE = ("Smoother with ffmpeg's minterpolate: there is no RIFE file in models/interpolators/ and {why}; "
+                     "put a RIFE 4.x file, such as rife49.pth, there by hand for sharper frames between.")
 LANCZOS_NOTE = ("Larger with Lanczos: there is no upscaler model in models/upscalers/ (put an ESRGAN-type file, such "
                 "as RealESRGAN_x4plus.pth, there for sharper detail).")
 
@@ -55,7 +58,7 @@ class Media:
 
             with Image.open(path) as image:
                 return cls(path, 1, image.width, image.height, None)
-        from engine.outputs.mp4_boxes import video_frame_count
+        from engine.mp4_boxes import video_frame_count
         import imageio_ffmpeg
 
         reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
@@ -67,12 +70,70 @@ class Media:
         return cls(path, int(video_frame_count(path) or 0), width, height, round(float(meta["fps"])))
 
 
+@dataclass(frozen=True)
+class Interpolator:
+    """What the smoother runs with: a RIFE file, or none and the sentence that says why ffmpeg's minterpolate."""
+    path: Path | None
+    note: str = ""
+
+
 class StepRunner:
     """Runs post steps for one job (engine/run/job.py's Job: its progress, cancel and notes): ``models_dir`` holds
     the users' interpolator and upscaler files, ``device`` runs them."""
 
     def __init__(self, models_dir: Path, device: str, job):
         self.models_dir, self.device, self.job = Path(models_dir), device, job
+        self._interpolator: Interpolator | None = None    # looked for (and fetched) once, before the smoother's phase
+
+    def prepare(self, step: PostStep) -> None:
+        """What ``step`` needs before its own phase: the smoother's RIFE file, found or fetched."""
+        if step.kind == "interpolate":
+            self.interpolator()
+
+    def interpolator(self) -> Interpolator:
+        """The smoother's RIFE file: the one in models/interpolators/, else RIFE_HUB_FILE fetched once from the Hub into
+        that folder (a download phase of its own, its bytes said as they come); none when the app is offline or the
+        fetch fails, with the sentence saying why. Looked for once per runner."""
+        if self._interpolator is None:
+            self._interpolator = self._find_or_fetch()
+        return self._interpolator
+
+    def _find_or_fetch(self) -> Interpolator:
+        from engine.models.refs import hub_offline
+        from engine.post.rife import RIFE_HUB_FILE, RIFE_HUB_REPO, find_rife
+
+        folder = self.models_dir / INTERPOLATORS_FOLDER
+        found = find_rife(folder)
+        if found is not None:
+            return Interpolator(found)
+        if hub_offline():
+            return Interpolator(None, MINTERPOLATE_NOTE.format(
+                why=f"the app is offline (HF_HUB_OFFLINE=1), so {RIFE_HUB_FILE} was not fetched from {RIFE_HUB_REPO}"))
+        return self._fetched(folder)
+
+    def _fetched(self, folder: Path) -> Interpolator:
+        """RIFE_HUB_FILE fetched into ``folder`` as the job's download phase; the fallback's sentence when that fails
+        (a cancel while it downloads stops the job)."""
+        from engine.models.download import size_words
+        from engine.post.rife import RIFE_HUB_FILE, RIFE_HUB_REPO, fetch_rife
+
+        with self.job.in_phase(Phase.DOWNLOAD) as note:
+            try:
+                path = fetch_rife(folder, self._download_progress)
+            except Exception as exc:  # noqa: BLE001 - no network, no such file, another layout: the fallback runs
+                self.job.check_cancel()
+                note.detail = f"{RIFE_HUB_FILE} not fetched"
+                return Interpolator(None, MINTERPOLATE_NOTE.format(
+                    why=f"{RIFE_HUB_FILE} could not be fetched from {RIFE_HUB_REPO} on the Hugging Face Hub "
+                        f"({_fetch_failure(exc)})"))
+            note.detail = f"{RIFE_HUB_FILE}, {size_words(path.stat().st_size)} from {RIFE_HUB_REPO}"
+        self.job.info(f"Smoother with RIFE: {RIFE_HUB_FILE} was fetched from {RIFE_HUB_REPO} into "
+                      f"models/{INTERPOLATORS_FOLDER}/, where later runs read it.")
+        return Interpolator(path)
+
+    def _download_progress(self, done: int, total: int | None) -> None:
+        self.job.check_cancel()
+        self.job.emit(DownloadProgress(self.job.id, done, total, "B"))
 
     def run(self, step: PostStep, media: Media, dest: Path) -> tuple[Media, PostRecord]:
         """``step`` on ``media`` into ``dest`` (complete or absent): what it made, and its record (its seconds
@@ -106,19 +167,17 @@ class StepRunner:
     # ----- smoother -----------------------------------------------------------------
     def _interpolated(self, step: PostStep, media: Media, total: int) -> tuple[str, Iterator[np.ndarray]]:
         """(how, the frames): RIFE between each pair when there is a file for it, else ffmpeg's minterpolate."""
-        from engine.post.rife import find_rife
-
-        found = find_rife(self.models_dir / INTERPOLATORS_FOLDER)
-        if found is None:
+        interpolator = self.interpolator()
+        if interpolator.path is None:
             fps = media.fps * step.factor
             # minterpolate needs a frame after the last to reach it: the last is repeated, the count cut to size.
             options = ["-vf", f"tpad=stop_mode=clone:stop=2,minterpolate=fps={fps}:mi_mode=mci:mc_mode=aobmc:"
                        "me_mode=bidir:vsbmc=1", "-frames:v", str(total)]
-            self.job.info(MINTERPOLATE_NOTE)
+            self.job.info(interpolator.note)
             return MINTERPOLATE, video_frames(media.path, options)
         from engine.post.rife import load_rife
 
-        rife = load_rife(found, self.device, _dtype(self.device))
+        rife = load_rife(interpolator.path, self.device, _dtype(self.device))
         return rife.name, _rife_frames(video_frames(media.path), step.factor, rife)
 
     # ----- larger -------------------------------------------------------------------
@@ -158,6 +217,23 @@ def check_step_files(models_dir: Path, steps: tuple[PostStep, ...]) -> None:
         except ValueError as exc:
             raise InputError(f"{exc} Take it out of the folder (the step then uses its fallback), or put a file "
                              "this app reads there.") from None
+
+
+def _fetch_failure(exc: Exception) -> str:
+    """Why a fetch failed, in a few words: the Hub not reached, no such file there, its answer, a file of another
+    layout, or the error's kind."""
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    from engine.post.rife import FetchedFileRefused
+
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    if isinstance(exc, LocalEntryNotFoundError):   # how huggingface_hub says the Hub did not answer
+        return "it could not be reached"
+    if isinstance(exc, (EntryNotFoundError, RepositoryNotFoundError)):
+        return "it has no such file now"
+    if isinstance(exc, FetchedFileRefused):
+        return "the file it gave is not a RIFE 4.x file this app reads"
+    return f"it answered {status}" if status else type(exc).__name__
 
 
 def _dtype(device: str):
@@ -237,6 +313,7 @@ def run_steps(job, runner: StepRunner, steps: tuple[PostStep, ...], media: Media
         for number, step in enumerate(steps, 1):
             target = dest if number == len(steps) else work_path(dest, number)
             between += [target] if target != dest else []
+            runner.prepare(step)
             with job.in_phase(step.phase) as note:
                 started = time.monotonic()
                 current, record = runner.run(step, current, target)

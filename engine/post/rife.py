@@ -19,14 +19,20 @@ the published v4.x inference passes it. The ensemble pass (each block run again 
 made: Practical-RIFE's inference runs without it; ComfyUI's node turns it on by default, so its frames differ a
 little from these.
 
+When ``models/interpolators/`` has no file, one is fetched once from the Hugging Face Hub (``fetch_rife``: the
+published rife49.pth, RIFE_HUB_REPO below) and read as a file put there by hand before it takes its place.
+
 The weights live in plain torch containers; the computation is the functions below (no nn.Module subclasses),
 so torch is imported inside functions only and the page starts without it.
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +51,22 @@ LAST_CHANNELS = 4 * 6
 PAD_MULTIPLE = 64
 # Random test weights are drawn this small, so the flows stay near zero and every output finite.
 RANDOM_STD = 0.02
+# The file fetched when models/interpolators/ has none: rife49.pth (RIFE 4.9, the v4.7-4.9 layout, V4_7 below) from
+# marduk191/rife on the Hugging Face Hub, at the repo's top. Why this one: ComfyUI-Frame-Interpolation names that
+# repo first among the Hub mirrors of rife49.pth, its RIFE node's default checkpoint, and loads the file strictly
+# (load_state_dict's default) into its IFNet of arch "4.7" (its table maps rife47.pth and rife49.pth to "4.7"):
+# block0 an IFBlock of 7 + 8 inputs and 192 wide, block1 to block3 of 8 + 4 + 8 inputs and 128, 96, 64 wide, each
+# conv0 (two stride-2 convs), convblock (8 ResConv: conv and beta), lastconv (ConvTranspose2d to 4 * 6, then
+# PixelShuffle(2)), and encode = Sequential(Conv2d(3, 16, 3, 2, 1), ConvTranspose2d(16, 4, 4, 2, 1)), the keys bare:
+# V4_7's keys and shapes, one for one (its IFNet built for "4.7" has V4_7's 124 tensors exactly). Projects that fetch
+# it list 21,345,274 bytes: V4_7's 5,325,012 float32 values and the pickle around them. (Wan2GP's files in
+# DeepBeepMeep/Wan2.1 do not fit: its flownet.pkl is the older HDv3 network, conv1 and conv2 heads 90 wide, and its
+# rife4.26.pkl has five blocks and a four-conv encoder.)
+RIFE_HUB_REPO = "marduk191/rife"
+RIFE_HUB_FILE = "rife49.pth"
+# A fetch waits in a hidden folder of its own inside the interpolators folder (the same disk, so the file is renamed
+# into place whole); find_rife reads neither hidden names nor folders.
+FETCHING_PREFIX = ".fetching-"
 
 
 @dataclass(frozen=True)
@@ -67,14 +89,50 @@ V4_6 = Layout("4.6", features=0, mask_adds_up=True)
 LAYOUTS = (V4_7, V4_6)
 
 
+class FetchedFileRefused(ValueError):
+    """A fetched file that is not a RIFE 4.x file this app reads; it is not kept."""
+
+
 def find_rife(folder: Path) -> Path | None:
     """The first RIFE weights file in ``folder`` by name (any of RIFE_SUFFIXES); None when there is none or
-    the folder is missing."""
+    the folder is missing. Hidden names are no user's file (a file being written or fetched waits under one)."""
     folder = Path(folder)
     if not folder.is_dir():
         return None
-    found = sorted(path for path in folder.iterdir() if path.suffix.lower() in RIFE_SUFFIXES and path.is_file())
+    found = sorted(path for path in folder.iterdir()
+                   if path.suffix.lower() in RIFE_SUFFIXES and not path.name.startswith(".") and path.is_file())
     return found[0] if found else None
+
+
+def fetch_rife(folder: Path, on_progress: Callable[[int, int | None], None] | None = None,
+               endpoint: str | None = None) -> Path:
+    """RIFE_HUB_FILE fetched from RIFE_HUB_REPO on the Hugging Face Hub (``endpoint``: another Hub's address) into
+    ``folder``, and its path there; ``on_progress(bytes so far, bytes in all)`` as they come. The download waits in a
+    hidden folder of its own, removed whatever happens, and the file is read as load_rife reads one put there by
+    hand before it is renamed into place: a cut, failed or refused fetch leaves nothing find_rife would pick up.
+    huggingface_hub's error as it came, or FetchedFileRefused when the file is not one this app reads."""
+    from huggingface_hub import hf_hub_download
+
+    from engine.models.download import bytes_progress
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    waiting = Path(tempfile.mkdtemp(prefix=FETCHING_PREFIX, dir=folder))
+    try:
+        got = Path(hf_hub_download(RIFE_HUB_REPO, RIFE_HUB_FILE, local_dir=waiting, endpoint=endpoint,
+                                   tqdm_class=bytes_progress(on_progress) if on_progress else None))
+        try:
+            load_rife(got)
+        except ValueError:
+            raise FetchedFileRefused(f"the {RIFE_HUB_FILE} fetched from {RIFE_HUB_REPO} is not a RIFE 4.x file this "
+                                     "app reads; it was not kept") from None
+        target = folder / RIFE_HUB_FILE
+        os.replace(got, target)
+        return target
+    finally:
+        shutil.rmtree(waiting, ignore_errors=True)
+
+
 
 
 def build_ifnet(layout: Layout = V4_7):

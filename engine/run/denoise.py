@@ -98,10 +98,30 @@ class Denoiser:
                 embeds = clip_image_embeds(self.pipe, [image] if last is None else [image, last], self.loaded.plan.device)
         return ImageInputs(image, last, embeds)
 
-    def denoise(self, embeds: tuple, image: ImageInputs):
-        """The latents of the request's steps; Cancelled when a cancel (agreed by every rank of a split job)
-        stopped them first."""
+    def encode_video(self):
+        """A video-to-video run's input as latents, in its own timed phase (None for the other modes, and when
+        every step runs: strength 1 makes a new video from the noise alone, as text to video does)."""
+        settings = self.request.settings
+        if settings.mode != "v2v" or settings.denoise_steps >= settings.steps:
+            if settings.mode == "v2v":
+                self.job.info("Strength 1 makes a new video from the prompt: the input video is not used.")
+            return None
+        from engine.run.video_input import encode_video
+
+        with self.job.in_phase(Phase.VIDEO_ENCODE) as phase:
+            encoded = encode_video(self.pipe, self.request, self.loaded.plan.device)
+            phase.detail = f"{settings.frames} frames at {settings.fps} fps, {settings.width}x{settings.height}"
+        return encoded
+
+    def denoise(self, embeds: tuple, image: ImageInputs, video=None):
+        """The latents of the request's steps (from ``video``'s, a video-to-video input's encoding, when given);
+        Cancelled when a cancel (agreed by every rank of a split job) stopped them first."""
         total, switch = self._prepare()
+        if video is not None and total == 0:   # no step to run: the input comes back through the VAE
+            self.job.info(f"Strength {self.request.settings.strength:g} of {self.request.settings.steps} steps runs "
+                          "none: the input video comes back as it is.")
+            return video
+        start = self._start(video)
         step_clock = StepClock(self.job.device)
         leads = self.scope.leads
         previews = LivePreview(self.job.id, total, self.preview_seconds if leads else -1,
@@ -123,7 +143,7 @@ class Denoiser:
                 with reusing_image_embeds(self.pipe, image.embeds), self._step_cache(), \
                         windowed(transformers_of(self.pipe), windows, lambda i, n: self.job.window_done(i, n, total)), \
                         prepared.watching(transformers_of(self.pipe)):
-                    output = self._call_pipe(embeds, image, callbacks)
+                    output = self._call_pipe(embeds, image, callbacks, start)
             finally:
                 previews.close()   # the last preview belongs to the denoising, before anything after it
         if len(self.job.step_seconds) < total or self.scope.stops(self.job, last=True):
@@ -137,8 +157,8 @@ class Denoiser:
 
         settings, pipe = self.request.settings, self.pipe
         pipe.scheduler = make_scheduler(self.loaded.scheduler_config, settings.shift, settings.sigmas,
-                                        settings.scheduler, self.request.seed)
-        total = settings.steps
+                                        settings.scheduler, self.request.seed, settings.steps, settings.denoise_steps)
+        total = settings.denoise_steps
         counts = steps_per_transformer(pipe, total)
         switch = switch_step(counts, total)
         if TRANSFORMERS[1] in counts:
@@ -146,7 +166,18 @@ class Denoiser:
                                   "boundary_ratio": pipe.config.boundary_ratio})
         return total, switch
 
-    def _call_pipe(self, embeds: tuple, image: ImageInputs, callbacks):
+    def _start(self, video):
+        """The latents the denoise starts from: a video-to-video input noised to its first kept step (None: the
+        pipeline's own noise)."""
+        if video is None:
+            return None
+        from engine.run.schedulers import first_sigma
+        from engine.run.video_input import starting_latents
+
+        settings = self.request.settings
+        return starting_latents(self.pipe, self.request, video, first_sigma(self.pipe.scheduler, settings.steps))
+
+    def _call_pipe(self, embeds: tuple, image: ImageInputs, callbacks, latents=None):
         import torch
 
         settings = self.request.settings
@@ -158,7 +189,7 @@ class Denoiser:
             **({"guidance_scale_2": settings.guidance_2} if settings.guidance_2 is not None else {}),
             generator=torch.Generator("cpu").manual_seed(self.request.seed),
             max_sequence_length=TEXT_TOKENS, output_type="latent", callback_on_step_end=callbacks,
-            **image.pipe_inputs())
+            **({"latents": latents} if latents is not None else {}), **image.pipe_inputs())
 
     def _bring_expert(self, name: str) -> None:
         """With one expert on the device at a time: expert ``name`` there, the other back in RAM, in the timed

@@ -210,7 +210,8 @@ class Engine:
         settings = request.settings
         override = replace(override_for(settings), strategy=strategy or settings.strategy)
         hardware = replace(self.hardware, disk_free_gb=disk_room_gb(self.models_dir))
-        return plan_memory(spec, replace(plan_request_for(settings), ranks=ranks), hardware, override)
+        wanted = replace(plan_request_for(settings), ranks=ranks, extends=bool(request.extend))
+        return plan_memory(spec, wanted, hardware, override)
 
     # ----- jobs ---------------------------------------------------------------
     def run(self, request: GenerationRequest, job_id: str, emit: Emit,
@@ -222,7 +223,7 @@ class Engine:
         process to start), counted in its total and its sidecar. ``group``: this engine's rank in a job split
         across GPUs (engine/run/parallel.py); ranks other than 0 end with RankDone after the denoise."""
         mode = request.settings.mode
-        job = Job(job_id, emit, should_cancel, self.faults, timings, steps=request.settings.steps)
+        job = Job(job_id, emit, should_cancel, self.faults, timings, steps=request.settings.denoise_steps)
         scope: JobScope = WholeJob() if group is None else SplitJob(group, self.hardware.device)
 
         def generate() -> Event:

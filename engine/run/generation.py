@@ -9,6 +9,7 @@ What lives across jobs (the loaded model, the prompt encodings, the time plan, t
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
@@ -94,8 +95,24 @@ class Generation:
             raise InputError(plan.refusal)
         request = replace(request, seed=request.seed if request.seed >= 0 else self.scope.seed())
         request = self._find_files(resolved, request)
-        loaded, latents = self._denoise_stepping_down(resolved, plan, request)
-        return self.scope.outcome(job, lambda: self._finish(loaded, request, latents))
+        with self._extension_start(request) as request:
+            loaded, latents = self._denoise_stepping_down(resolved, plan, request)
+            return self.scope.outcome(job, lambda: self._finish(loaded, request, latents))
+
+    @contextmanager
+    def _extension_start(self, request: GenerationRequest):
+        """An extension's request with the video's last frame as its first frame (a temporary PNG, removed after
+        the run, which keeps its own copy as any image-to-video run does); any other request as it is."""
+        if not request.extend:
+            yield request
+            return
+        from engine.post.extend import start_image
+
+        start = start_image(Path(request.extend), Path(request.outputs_dir))
+        try:
+            yield replace(request, image=str(start))
+        finally:
+            start.unlink(missing_ok=True)
 
     def _find_files(self, resolved: ResolvedModel, request: GenerationRequest) -> GenerationRequest:
         """Before any heavy work: the fast decoder found (or fetched), the smoother's and larger's files read, and
@@ -159,9 +176,10 @@ class Generation:
             with job.in_phase(Phase.TEXT_ENCODE):
                 embeds = host.prompts.encode(loaded, request, job)
             image = denoiser.encode_image()
+            video = denoiser.encode_video()
             job.check_cancel()
             with self.scope.denoising(transformers_of(denoiser.pipe), loaded.plan, job):
-                latents = denoiser.denoise(embeds, image)
+                latents = denoiser.denoise(embeds, image, video)
         return loaded, latents
 
     # ----- finish: save, decode, export, record ----------------------------------------
@@ -175,13 +193,19 @@ class Generation:
             job.removed_latents()
         sidecar = self._write_sidecar(loaded, request, bundle, media, shape)   # kept as it is if a step fails
         steps = post_steps(request.settings.interpolate, request.settings.upscale)
+        post, note = None, SELFTEST_NOTE if loaded.model.selftest else ""
         if steps:
             shape, post = self._post_steps(loaded, request, media, shape, steps)
             sidecar = self._write_sidecar(loaded, request, bundle, media, shape, post)
+        if request.extend:
+            shape, joined = self._join(request, media)
+            sidecar = self._write_sidecar(loaded, request, bundle, media, shape, post, joined)
+            note = (f"It extends {joined['source']}: its {joined['source_frames']} frames and "
+                    f"{joined['part_frames']} new ({joined['frames']} in all). {note}").strip()
         self.host.timing.finished(loaded, request, job.timings, job.step_seconds, "load" not in job.timings,
                                   job.decoder, job.predicted.model_step_seconds if job.predicted else None)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
-                           job.ram.peak_gb, SELFTEST_NOTE if loaded.model.selftest else "")
+                           job.ram.peak_gb, note)
 
     def _save_latents(self, loaded: LoadedModel, request: GenerationRequest, latents) -> Bundle:
         """The output's bundle, its latents written (and an image-to-video run's inputs kept) before the decode."""
@@ -189,7 +213,7 @@ class Generation:
         cleanup_latents(Path(request.outputs_dir), self.host.latents_hours)
         bundle = Bundle(output_stem(Path(request.outputs_dir), request.settings.mode, request.prompt, request.seed))
         with job.in_phase(Phase.SAVE_LATENTS, timed=False):
-            if request.settings.mode == "i2v":
+            if request.settings.mode in ("i2v", "v2v"):
                 # The upload is a temporary file: keep a copy (before the decode, which may fail) so the run
                 # can be repeated from the History tab, also after Decode again.
                 job.kept_inputs(*keep_inputs(request, bundle.stem))
@@ -209,8 +233,23 @@ class Generation:
         replace_file(made.path, media)
         return (made.frames, made.height, made.width, 3), [record.to_dict() for record in records]
 
+    def _join(self, request: GenerationRequest, media: Path) -> tuple[tuple, dict]:
+        """An extension's part (the file at ``media``) joined after its video, taking that file's place: (the joined
+        video's shape, the sidecar's "extend")."""
+        from engine.post.extend import join, parts_of, source_of
+
+        source, video, sidecar = source_of(Path(request.extend), Path(request.outputs_dir))
+        dest = work_path(media, "join")
+        try:
+            made = join(self.job, video, media, dest, source, [])
+            record = replace(made, parts=parts_of(source, video, sidecar, request, made.part_frames))
+            replace_file(dest, media)
+        finally:
+            dest.unlink(missing_ok=True)
+        return (record.frames, video.height, video.width, 3), record.to_dict()
+
     def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, bundle: Bundle, media: Path,
-                       shape: tuple, post: list | None = None) -> Path:
+                       shape: tuple, post: list | None = None, extend: dict | None = None) -> Path:
         job = self.job
         sidecar = run_record(request, media, shape, model=loaded.model, plan=loaded.plan.to_dict(),
                              step_downs=job.step_downs, latents=job.latents, decode_fallback=job.decode_fallback,
@@ -218,7 +257,7 @@ class Generation:
                              hardware=self.host.hardware.to_dict(), inputs=job.inputs,
                              note=SELFTEST_NOTE if loaded.model.selftest else "",
                              speed=speed_record(loaded.plan, request, job), experts=job.experts,
-                             windows=job.windows, post=post)
+                             windows=job.windows, post=post, extend=extend)
         return write_sidecar(sidecar, bundle.sidecar)
 
 

@@ -195,8 +195,9 @@ class Job:
         self.emit(WindowDone(self.id, len(self.step_seconds) + 1, total, window, windows))
 
     def post_progress(self, step, done: int, total: int) -> None:
-        """A step after the video is written (engine/post/steps.py's PostStep) has made ``done`` of ``total`` frames."""
-        self.emit(PostProgress(self.id, step.kind, done, total))
+        """A step after the video is written (engine/post/steps.py's PostStep, or the name of its phase: "join") has
+        made ``done`` of ``total`` frames."""
+        self.emit(PostProgress(self.id, getattr(step, "kind", step), done, total))
 
     def stepped_down(self, strategy: str, lower: str) -> None:
         """Out of memory in the current phase with ``strategy``: said, recorded, the steps so far forgotten."""

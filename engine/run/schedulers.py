@@ -9,6 +9,10 @@ Kinds (the ``scheduler`` setting):
   seed, so a seed gives the same video every time, on every GPU of a split job.
 
 Fixed ``sigmas`` are warped by ``shift`` as diffusers' flow-match scheduler warps any schedule.
+
+Video to video runs the last steps of a schedule only (``kept``): the scheduler computes its whole schedule and keeps
+its tail, the timesteps and their sigmas, so the pipeline loops over those and each step is the step it would be in
+the whole schedule (diffusers' video-to-video pipeline cuts the timesteps the same way).
 """
 from __future__ import annotations
 
@@ -37,23 +41,64 @@ def _flow_match_class():
     return FlowMatchScheduler
 
 
+def _tail_class(base):
+    """``base`` made to run only the last steps of its schedule."""
+
+    class TailScheduler(base):
+        """``base``'s schedule of ``whole_steps`` steps (whatever the pipeline asks), of which only the last
+        ``kept_steps`` are given to the pipeline."""
+
+        whole_steps = 0
+        kept_steps = 0
+
+        def set_timesteps(self, num_inference_steps=None, device=None, **kwargs):
+            super().set_timesteps(self.whole_steps or num_inference_steps, device=device, **kwargs)
+            kept = self.kept_steps
+            if 0 < kept < len(self.timesteps):
+                self.timesteps = self.timesteps[-kept:]
+                self.sigmas = self.sigmas[-(kept + 1):]   # each step's sigma and the next one's, to the last
+                self.num_inference_steps = kept
+
+    TailScheduler.__name__ = f"Tail{base.__name__}"
+    return TailScheduler
+
+
+def first_sigma(scheduler, steps: int) -> float:
+    """The noise level the first step of ``scheduler``'s ``steps``-step run starts from (its tail's first, when it
+    keeps only the last steps), read from a copy."""
+    import copy
+
+    probe = copy.deepcopy(scheduler)
+    probe.set_timesteps(steps, device="cpu")
+    return float(probe.sigmas[0])
+
+
 def make_scheduler(original_config, shift: float, sigmas: tuple[float, ...] | None, kind: str = "unipc",
-                   seed: int | None = None):
+                   seed: int | None = None, steps: int | None = None, kept: int | None = None):
     """A fresh scheduler for one run of the ``kind`` asked for (fixed ``sigmas`` imply flow-match), built from
-    the model's own scheduler config; ``seed``: the run's, for a stochastic step's fresh noise."""
+    the model's own scheduler config; ``seed``: the run's, for a stochastic step's fresh noise. With ``kept`` of its
+    ``steps`` (video to video), it runs only the last ``kept`` steps of its ``steps``-step schedule."""
     import torch
     from diffusers import UniPCMultistepScheduler
 
+    tail = kept is not None and steps is not None and kept < steps
+
+    def made(base):
+        return _tail_class(base) if tail else base
+
     train_steps = original_config.get("num_train_timesteps", 1000)
     if sigmas or kind in ("flow_euler", "flow_dmd"):
-        scheduler = _flow_match_class()(shift=shift, num_train_timesteps=train_steps,
-                                        stochastic_sampling=kind == "flow_dmd")
+        scheduler = made(_flow_match_class())(shift=shift, num_train_timesteps=train_steps,
+                                              stochastic_sampling=kind == "flow_dmd")
         scheduler.fixed_sigmas = tuple(sigmas or ())
         if kind == "flow_dmd":
             scheduler.noise_generator = torch.Generator("cpu").manual_seed(
                 ((seed if seed is not None else 0) + RENOISE_SEED_OFFSET) % 2**63)
-        return scheduler
-    if original_config.get("_class_name") == "UniPCMultistepScheduler":
-        return UniPCMultistepScheduler.from_config(original_config, flow_shift=shift)
-    return UniPCMultistepScheduler(
-        prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=shift, num_train_timesteps=train_steps)
+    elif original_config.get("_class_name") == "UniPCMultistepScheduler":
+        scheduler = made(UniPCMultistepScheduler).from_config(original_config, flow_shift=shift)
+    else:
+        scheduler = made(UniPCMultistepScheduler)(prediction_type="flow_prediction", use_flow_sigmas=True,
+                                                  flow_shift=shift, num_train_timesteps=train_steps)
+    if tail:
+        scheduler.whole_steps, scheduler.kept_steps = steps, kept
+    return scheduler

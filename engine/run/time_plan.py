@@ -3,7 +3,9 @@
 The prediction itself is a pure function (engine/planning/timing.py); this keeps what it needs between jobs:
 the calibration (measured once per machine and torch version, kept as ``.calibration.json`` beside the
 outputs; the disk's rate learned from the first real load) and the recent runs of each model and plan, which
-correct the next prediction (``learn``).
+correct the next prediction (``learn``; the steps after the video from any model's runs: ``learn_post``). It also
+says which of the users' files the steps after the video will find (``post_files``), which the pure time model
+takes as data.
 """
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from typing import Callable
 from engine.models.single_file import read_bytes
 from engine.models.windows import window_count
 from engine.planning.memory import denoise_tokens
-from engine.planning.learning import MeasuredRun, learn
+from engine.planning.learning import MeasuredRun, learn, learn_post
+from engine.planning.post_time import PostFiles, post_works
 from engine.planning.timing import PhaseTimes, predict_times
 
 # A first step this many times the others' mean paid a one-off cost (compiling, warming up): a learned
@@ -145,7 +148,8 @@ class TimePlanner:
         s = request.settings
         compiled = plan.compile and self._shape(resolved.ref, s) in self._compiled
         return predict_job(resolved.spec, resolved.ref, s, plan, calibration, self._known_runs(calibration), loaded,
-                           compiled, None if loaded else read_bytes(resolved) or None)
+                           compiled, None if loaded else read_bytes(resolved) or None, post_files(self.models_dir),
+                           extends=bool(request.extend))
 
     def _known_runs(self, calibration) -> dict:
         """The runs seen on this machine: this process's, else those kept beside the outputs by earlier ones."""
@@ -167,10 +171,10 @@ class TimePlanner:
                 seconds["denoise"] -= step_seconds[0] - step
         # A pass's tokens and the passes a step makes: a longer video's windows each count as a pass.
         run = MeasuredRun({str(k): v for k, v in seconds.items()}, denoise_tokens(spec, s.width, s.height, s.frames,
-                                                                                 s.window), s.steps,
+                                                                                 s.window), s.denoise_steps,
                           (2 if s.guidance > 1.0 else 1) * window_count(spec, s), s.width * s.height * s.frames, step,
                           loaded=was_loaded, prompts=2 if s.guidance > 1.0 else 1,
-                          model_step=model_step)
+                          model_step=model_step, post=self._post_counted(s, plan.device, seconds))
         runs = self._known_runs(self._calibration).setdefault(family_key(ref, plan, s), [])
         runs.append(run)
         del runs[:-KEPT_RUNS]
@@ -178,6 +182,13 @@ class TimePlanner:
             self._compiled.add(self._shape(ref, s))
         if self._folder is not None and self._calibration is not None:
             keep_runs(self._folder, self._calibration, self._runs)
+
+    def _post_counted(self, settings, device: str, seconds: dict) -> dict:
+        """The steps after the video a finished run went through, as the time model counts them (the files found
+        now: the run looked a moment ago)."""
+        works = post_works(settings.width, settings.height, settings.frames, settings.interpolate, settings.upscale,
+                           device, post_files(self.models_dir))
+        return {work.phase: work.to_dict() for work in works if work.phase in seconds}
 
     @staticmethod
     def _shape(ref: str, settings) -> tuple:
@@ -197,15 +208,34 @@ def family_key(ref: str, plan, settings) -> str:
 
 
 def predict_job(spec, ref: str, settings, plan, calibration, runs: dict, loaded: bool, compiled: bool = False,
-                weight_bytes: int | None = None) -> PhaseTimes:
+                weight_bytes: int | None = None, files: PostFiles = PostFiles(), extends: bool = False) -> PhaseTimes:
     """The one prediction of a job's phases: the time model's (engine/planning/timing.py) corrected by this
-    machine's runs of the same model and plan (engine/planning/learning.py). The engine's status, its chart
-    and the page's plan all say this."""
+    machine's runs of the same model and plan (engine/planning/learning.py), the steps after the video by any run
+    of the same method. ``files``: what the models folder holds for those steps (``post_files``); ``extends``: the
+    job is an extension, joined after its video. The engine's status, its chart and the page's plan all say this."""
     s = settings
-    times = predict_times(spec, s.width, s.height, s.frames, s.steps, s.guidance, plan, calibration, s.decoder,
-                          image_to_video=s.mode == "i2v", loaded=loaded, compiled=compiled, weight_bytes=weight_bytes,
-                          window=s.window, overlap=s.overlap)
-    return learn(times, runs.get(family_key(ref, plan, s), []))
+    times = predict_times(spec, s.width, s.height, s.frames, s.denoise_steps, s.guidance, plan, calibration,
+                          s.decoder, image_to_video=s.mode == "i2v", loaded=loaded, compiled=compiled,
+                          weight_bytes=weight_bytes, window=s.window, overlap=s.overlap, interpolate=s.interpolate,
+                          upscale=s.upscale, post_files=files, video_input=s.mode == "v2v" and s.denoise_steps < s.steps,
+                          extends=extends)
+    learned = learn(times, runs.get(family_key(ref, plan, s), []))
+    return learn_post(learned, [run for kept in runs.values() for run in kept])
+
+
+def post_files(models_dir: Path | str) -> PostFiles:
+    """What the steps after the video will find in ``models_dir`` (engine/post/apply.py looks in the same folders):
+    a RIFE file in interpolators/, and the size of the upscaler file in upscalers/ (0: none or unreadable)."""
+    from engine.post.rife import find_rife
+    from engine.post.steps import INTERPOLATORS_FOLDER, UPSCALERS_FOLDER
+    from engine.post.upscale import find_upscaler
+
+    upscaler = find_upscaler(Path(models_dir) / UPSCALERS_FOLDER)
+    try:
+        size = upscaler.stat().st_size if upscaler is not None else 0
+    except OSError:
+        size = 0
+    return PostFiles(find_rife(Path(models_dir) / INTERPOLATORS_FOLDER) is not None, size)
 
 
 def videos_seconds(first: PhaseTimes, loaded: PhaseTimes, count: int) -> float:

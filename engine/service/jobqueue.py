@@ -3,7 +3,9 @@
 A machine with several GPUs runs one engine per GPU (engine/service/pool.py): the job at the head of the queue
 goes to a free engine as soon as there is one (a job split across several GPUs waits for that many), and a
 free engine that already holds the job's model is preferred, so it need not load it again. A waiting job
-knows its place and an estimate of its wait, and its owner can take it out; each running job says what it is
+knows its place and an estimate of its wait, and its owner can take it out; a job of several videos (the settings'
+``count``) counts as that many in the estimate: the running one says what is left of all of them, and the recent jobs'
+lengths are kept per video; each running job says what it is
 doing, for every visitor's system panel. The page and the API put every engine job through one JobQueue
 (ui/generate.py); the engine processes never see a waiting job. Threads only: no gradio, no torch.
 """
@@ -22,7 +24,7 @@ from engine.events import Ending, JobEnding
 # least SOON_S): a queue never says "0 s" while a job runs ahead.
 OVERRUN_SHARE = 0.25
 SOON_S = 1.0
-# How many finished jobs' durations the estimate averages.
+# How many finished jobs' durations (each per video it made) the estimate averages.
 RECENT_JOBS = 5
 # A cancel this soon after the owner's job ended is answered "it had already finished".
 RECENTLY_ENDED_S = 30.0
@@ -44,7 +46,9 @@ class Ticket:
     started: float | None = None      # when its turn came
     withdrawn: bool = False           # its owner took it out before it ran
     doing: str = ""                   # what it does now, once it runs (for every visitor: no user text)
-    left: tuple[float, float] | None = None   # (seconds left, when that was said) while it runs
+    left: tuple[float, float] | None = None   # (seconds left of all its videos, when that was said) while it runs
+    videos: int = 1                   # how many videos it makes (the settings' count), one after the other
+    video: int = 1                    # the one it makes now, once it runs
 
 
 @dataclass(frozen=True)
@@ -82,14 +86,16 @@ class JobQueue:
             self._changed.notify_all()
 
     # ----- joining, waiting, leaving ---------------------------------------
-    def join(self, owner: str | None, what: str, engines: int = 1, model: str | None = None) -> Ticket:
+    def join(self, owner: str | None, what: str, engines: int = 1, model: str | None = None,
+             videos: int = 1) -> Ticket:
         """A place at the back of the queue for a job that runs on ``engines`` engines at once (more than the
-        queue has: all of them) and uses ``model``; QueueFull when ``max_waiting`` jobs wait already."""
+        queue has: all of them), uses ``model`` and makes ``videos`` videos; QueueFull when ``max_waiting`` jobs wait
+        already."""
         with self._changed:
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(f"The queue is full: {len(self._waiting)} jobs are waiting for the engine. "
                                 "Try again when one of them has finished.")
-            ticket = Ticket(owner, what, self._clock(), max(1, engines), model)
+            ticket = Ticket(owner, what, self._clock(), max(1, engines), model, videos=max(1, videos))
             self._waiting.append(ticket)
             self._changed.notify_all()
             return ticket
@@ -138,8 +144,8 @@ class JobQueue:
             if ticket in self._running:
                 now = self._clock()
                 self._running.remove(ticket)
-                if ticket.started is not None:
-                    self._durations.append(now - ticket.started)
+                if ticket.started is not None:   # per video it reached (the last perhaps cut short)
+                    self._durations.append((now - ticket.started) / max(1, min(ticket.video, ticket.videos)))
                 self._last = _Ended(ending or JobEnding(Ending.STOPPED), ticket.owner, now)
             elif ticket in self._waiting:
                 self._waiting.remove(ticket)
@@ -176,12 +182,15 @@ class JobQueue:
             self.leave(ticket, JobEnding(Ending.DONE, what=what))
 
     # ----- what the running job says -----------------------------------------
-    def report(self, ticket: Ticket, doing: str, seconds_left: float | None = None) -> None:
-        """What the running ``ticket`` is doing now, and how long it expects to take still."""
+    def report(self, ticket: Ticket, doing: str, seconds_left: float | None = None, video: int | None = None) -> None:
+        """What the running ``ticket`` is doing now, how long it expects to take still (all its videos), and which of
+        its videos it makes now."""
         with self._changed:
             ticket.doing = doing
             if seconds_left is not None:
                 ticket.left = (seconds_left, self._clock())
+            if video is not None:
+                ticket.video = video
 
     # ----- what the page shows ----------------------------------------------------
     def place(self, ticket: Ticket) -> int:
@@ -195,8 +204,9 @@ class JobQueue:
         """Seconds until ``ticket``'s turn, from the running jobs' own estimates and recent jobs' durations;
         None when nothing has finished yet to estimate from.
 
-        Each engine is free at some time from now (a running job's time left; now for an idle one); the jobs
-        ahead take the engines that free up first, in order, for a typical job's length each."""
+        Each engine is free at some time from now (a running job's time left, all its videos; now for an idle one);
+        the jobs ahead take the engines that free up first, in order, each for a typical video's length times its
+        videos."""
         with self._changed:
             if ticket not in self._waiting:
                 return 0.0
@@ -208,7 +218,7 @@ class JobQueue:
                     left, said = running.left
                     ends = left - (now - said)
                 elif typical is not None and running.started is not None:
-                    ends = typical - (now - running.started)
+                    ends = typical * running.videos - (now - running.started)
                 else:
                     return None
                 if running.started is not None and ends <= 0:   # past its estimate and still running: not done yet
@@ -222,7 +232,7 @@ class JobQueue:
                 taken = sorted(free_at, key=free_at.get)[:min(ahead.engines, self._engines)]
                 starts = max(free_at[slot] for slot in taken)
                 for slot in taken:
-                    free_at[slot] = starts + typical
+                    free_at[slot] = starts + typical * ahead.videos
             return sorted(free_at.values())[min(ticket.engines, self._engines) - 1]
 
     @property

@@ -80,7 +80,7 @@ def prepare_request(values: dict, preset: Preset, mode: str, paths: Paths, limit
                     outputs_dir: str, drop_unused_guidance_2: bool = True, keep_latents: bool = False
                     ) -> GenerationRequest:
     """The request ``values`` make (settings and the request's own fields by name: prompt, negative_prompt, seed,
-    image, last_image as paths), unchecked: the run's request check lists every problem, its prompts' and images'
+    image, last_image, video, extend as paths), unchecked: the run's request check lists every problem, its prompts' and images'
     with its settings'. A negative prompt not given (or None) is the preset's, no seed (or None) is random."""
     own = {name: values[name] for name in values if name in FIELD and FIELD[name].group is Group.REQUEST}
     settings = prepare({name: value for name, value in values.items() if name not in own}, preset.settings, mode,
@@ -90,7 +90,7 @@ def prepare_request(values: dict, preset: Preset, mode: str, paths: Paths, limit
     return GenerationRequest(
         settings, own.get("prompt"), negative_prompt=preset.negative_prompt if negative is None else negative,
         seed=-1 if seed is None else seed, image=own.get("image"), last_image=own.get("last_image"),
-        preset=preset.name, outputs_dir=outputs_dir, keep_latents=keep_latents)
+        video=own.get("video"), extend=own.get("extend"), preset=preset.name, outputs_dir=outputs_dir, keep_latents=keep_latents)
 
 
 def _guidance_2(value, guidance, ref: str, limits_of):

@@ -18,6 +18,10 @@ from engine.models.loras import Lora
 from engine.settings.choices import ATTENTION_BACKENDS, DECODERS, LADDER, STEP_CACHES, TEXT_ENCODER_PLACES, VAE_DTYPES
 from engine.settings.loras import parse_lora_lines
 
+# Video to video's strength when none is given: most of the steps run, so the input's layout and motion stay while
+# its look follows the prompt (diffusers' video-to-video pipeline starts at 0.8).
+DEFAULT_VIDEO_STRENGTH = 0.7
+
 # The page's words for "leave it to the planner", "none" and "no file: the model's own transformer".
 AUTO = "Auto"
 OFF = "Off"
@@ -52,6 +56,7 @@ class Parse(str, Enum):
 class Place(str, Enum):
     """Where the page shows a field."""
     IMAGES = "images"      # the Image to Video tab's uploads
+    VIDEOS = "videos"      # a video the run starts from: the one an extension continues, a video-to-video input
     PROMPTS = "prompts"    # the preset, the prompt and the negative prompt
     FORM = "form"          # the settings boxes a preset fills
     PLAN = "plan"          # the memory plan panel's dropdowns, LoRA box and transformer files
@@ -84,7 +89,7 @@ class Field:
     start: object = None                        # what the page's box starts at (and an API caller leaving it out)
     place: Place | None = None                  # where the page shows it; None: not on the page
     api: str | None = None                      # its name as the page API's parameter (default: ``name``)
-    modes: tuple[str, ...] = ("t2v", "t2i", "i2v")   # the tabs whose form has it
+    modes: tuple[str, ...] = ("t2v", "t2i", "i2v", "v2v")   # the tabs whose form has it
     option: Option | None = None
 
     @property
@@ -186,6 +191,22 @@ FIELDS: tuple[Field, ...] = (
           option=Option("--upscale", int, metavar="N",
                         help="after the video is written, N times its width and height (2 or 4; 1: off): an upscaler "
                              "model file from models/upscalers/, else Lanczos")),
+    # The videos a run starts from (after the settings above, so that older callers of the image-to-video API keep
+    # working), and how much of a video-to-video input is made anew.
+    Field("extend", "Video to extend", Group.REQUEST, place=Place.VIDEOS, modes=("i2v",),
+          option=Option("--extend", metavar="VIDEO", commands=("generate",),
+                        help="continue this mp4 (an output, or any video): a new part that starts from its last "
+                             "frame, made with an image-to-video model, its colours matched, joined after it into one "
+                             "mp4 (--frames: the new part's frames, the one it shares with the video included)")),
+    Field("video", "Input video", Group.REQUEST, place=Place.VIDEOS, modes=("v2v",),
+          option=Option("--video", metavar="VIDEO", commands=("generate",),
+                        help="make this video again (video to video) with a text-to-video model, as the prompt "
+                             "says: read at the model's fps, scaled and cropped to the size, its first --frames "
+                             "frames")),
+    Field("strength", "Strength", Group.RUN, _NUMBER, start=DEFAULT_VIDEO_STRENGTH, place=Place.FORM, modes=("v2v",),
+          option=Option("--strength", float, metavar="S",
+                        help=f"video to video: how much is made anew, 0 (the input back) to 1 (a new video from "
+                             f"the prompt; default {DEFAULT_VIDEO_STRENGTH})")),
     Field("mode", "Mode", Group.REQUIRED, (str,)),
     Field("fps", "FPS", Group.REQUIRED, (int,), option=Option("--fps", int, commands=("generate",))),
     Field("scheduler", "Scheduler", Group.RUN, (str,)),

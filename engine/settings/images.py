@@ -223,9 +223,14 @@ def fit_image(path: str | Path, width: int, height: int, name: str = "image"):
     Always an RGB image of exactly ``width`` x ``height``: the first frame of an animation,
     transparency on white, CMYK and 16-bit converted. Raises ImageError for an unusable file.
     """
+    return fit_rgb(upright_rgb(path, name), width, height)
+
+
+def fit_rgb(rgb, width: int, height: int):
+    """An RGB PIL image scaled to cover ``width`` x ``height`` and centre-cropped to exactly that (fit_image's
+    fitting, for an image already in memory: a video's frame)."""
     from PIL import Image
 
-    rgb = upright_rgb(path, name)
     # Resample only the centred source region that covers the target: never an intermediate image
     # larger than the source (a 8000x1 strip scaled to cover 2048x2048 would be 16 gigapixels).
     scale = max(width / rgb.width, height / rgb.height)

@@ -30,6 +30,9 @@ def check_model_kind(spec: ModelSpec, ref: str, mode: str, last_image: bool | No
     if mode == "i2v" and not spec.takes_image:
         raise InputError(f"{ref} is a text-to-video model and cannot start from an image; pick an image-to-video "
                          "model (or leave the image out)")
+    if mode == "v2v" and spec.image_to_video:
+        raise InputError(f"{ref} is an image-to-video model; video to video makes a video again with a text-to-video "
+                         "model (Wan2.1 T2V, Wan2.2 TI2V-5B or T2V A14B): pick one of their presets")
     if mode != "i2v" and spec.image_to_video:
         raise InputError(f"{ref} is an image-to-video model and needs a first frame: use the Image to Video tab "
                          "(or --image)")

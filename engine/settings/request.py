@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.settings.presets import Preset
-from engine.settings.values import MODES, InputError, Settings, as_int, settings_problems, show, split_values
+from engine.settings.values import MAX_FPS, MODE_NAMES, MODES, InputError, Settings, as_int, settings_problems, show, split_values
 from engine.words import plural
 
 if TYPE_CHECKING:
@@ -91,6 +91,8 @@ class GenerationRequest:
     preset: str | None = None
     outputs_dir: str = "outputs"
     keep_latents: bool = False        # keep the denoised latents after a successful decode
+    video: str | None = None          # path of the video to make again (v2v)
+    extend: str | None = None         # path of a video this run continues from its last frame (i2v)
     # Set by check_request: the engine process runs a checked request without checking it again.
     checked: bool = field(default=False, compare=False, repr=False)
 
@@ -208,6 +210,7 @@ def check_request_with_notes(request: GenerationRequest,
         problems.append(f"seed {show(seed)} is out of range: use -1 for random or 0 to {MAX_SEED}")
     size = (settings.width, settings.height) if settings else (None, None)
     _check_images(request, size, problems, notes)
+    settings = _check_videos(request, settings, problems, notes)
     if not isinstance(request.outputs_dir, (str, os.PathLike)) or not str(request.outputs_dir).strip():
         problems.append("no outputs folder given: choose one with --outputs")
     else:
@@ -220,9 +223,16 @@ def check_request_with_notes(request: GenerationRequest,
 
 
 def _check_images(request: GenerationRequest, size: tuple, problems: list[str], notes: list[str]) -> None:
-    """An image-to-video run needs its first frame (the last is optional); the other modes take none."""
+    """An image-to-video run needs its first frame (the last is optional), or a video to extend, which gives it;
+    the other modes take none."""
     if request.settings.mode == "i2v":
-        if not request.image:
+        if request.extend:
+            if request.image:
+                problems.append("a first frame and a video to extend were both given: an extension starts from the "
+                                "video's last frame; remove the image, or the video")
+            if request.last_image:
+                _check_image("last image", request.last_image, problems, notes, *size)
+        elif not request.image:
             problems.append("image-to-video needs an image: upload one, or use the Text to Video tab")
         else:
             _check_image("image", request.image, problems, notes, *size)
@@ -230,5 +240,75 @@ def _check_images(request: GenerationRequest, size: tuple, problems: list[str], 
             _check_image("last image", request.last_image, problems, notes, *size)
     elif request.image or request.last_image:
         which = "an image" if request.image else "a last image"
-        kind = "text-to-image" if request.settings.mode == "t2i" else "text-to-video"
+        kind = MODE_NAMES[request.settings.mode].replace(" ", "-")
         problems.append(f"{which} was given but the mode is {kind}; use image-to-video")
+
+
+def _check_videos(request: GenerationRequest, settings: Settings | None, problems: list[str],
+                  notes: list[str]) -> Settings | None:
+    """A video-to-video run needs its input video, holding the frames asked for; an extension's video must be one
+    the new part can follow (check_extension); no other run takes a video. The settings as the run makes them
+    (an extension written at its video's frame rate)."""
+    mode = request.settings.mode
+    if mode == "v2v" and not request.video:
+        problems.append("video to video needs an input video: upload one (or pick an output in the History tab)")
+    for name, given, wanted in (("video", request.video, "v2v"), ("extend", request.extend, "i2v")):
+        if given and mode != wanted:
+            kind = MODE_NAMES[mode].replace(" ", "-")
+            use = "the Video to Video tab (--video)" if name == "video" else "the Image to Video tab (--extend)"
+            problems.append(f"a {'video to make again' if name == 'video' else 'video to extend'} was given but the "
+                            f"mode is {kind}; use {use}")
+            return settings
+    path = request.video if mode == "v2v" else request.extend if mode == "i2v" else None
+    if not path:
+        return settings
+    if not isinstance(path, (str, os.PathLike)):
+        problems.append(f"the video must be a file path, got {type(path).__name__}; upload the video again")
+        return settings
+    from engine.settings.videos import check_video, read_video
+
+    try:
+        if mode == "v2v":
+            shape = (settings.width, settings.height, settings.fps, settings.frames) if settings else ()
+            found = check_video(path, "video", *shape)[1]
+            notes.extend(f"video {Path(path).name!r}: {note}" for note in found)
+            return settings
+        return check_extension(read_video(path, "video to extend"), settings, problems, notes)
+    except InputError as exc:
+        problems.append(str(exc))
+        return settings
+
+
+# How far an extension's shape may be from its video's before the new part would be cropped out of shape.
+EXTEND_ASPECT_TOLERANCE = 0.1
+
+
+def check_extension(video, settings: Settings | None, problems: list[str], notes: list[str]) -> Settings | None:
+    """The settings of an extension's new part, which joins ``video`` as more frames of it: written at the video's
+    frame rate (its fps divided by the smoother factor); of about its shape (the part is scaled to the video's size
+    when they are joined). Problems for a rate the factor cannot make, or a shape far from the video's."""
+    if settings is None:
+        return None
+    name = Path(video.path).name
+    rate = round(video.fps)
+    if rate % settings.interpolate or not 1 <= rate // settings.interpolate <= MAX_FPS:
+        problems.append(f"the video to extend ({name}) runs at {video.fps:g} fps, which the new part cannot match "
+                        f"made {settings.interpolate}x smoother: set Smoother to Off, or 2x for an even rate")
+        return settings
+    fps = rate // settings.interpolate
+    if fps != settings.fps:
+        notes.append(f"the new part is made at {fps} fps{' before it is made smoother' if settings.interpolate > 1 else ''}"
+                     f", so that it runs at the video's {video.fps:g} fps")
+    made_w, made_h = settings.width * settings.upscale, settings.height * settings.upscale
+    aspect, wanted = made_w / made_h, video.width / video.height
+    if abs(aspect / wanted - 1) > EXTEND_ASPECT_TOLERANCE:
+        from engine.settings.images import size_for_aspect
+
+        width, height = size_for_aspect((video.width, video.height), settings.width, settings.height)
+        problems.append(f"the video to extend ({name}) is {video.width}x{video.height}, another shape than the new "
+                        f"part's {settings.width}x{settings.height}: set the size to {width}x{height} (its shape), "
+                        "so the parts join without cropping")
+    elif (made_w, made_h) != (video.width, video.height):
+        notes.append(f"the new part is made at {made_w}x{made_h} and scaled to the video's {video.width}x"
+                     f"{video.height} to join it")
+    return replace(settings, fps=fps)

@@ -23,16 +23,19 @@ from engine.models.windows import OVERLAP_FRAMES, SHORTEST_WINDOW_FRAMES
 from engine.post.steps import post_problems
 from engine.models.loras import LORA_EXPERTS, Lora, as_lora, lora_file_problem
 from engine.models.single_file import TRANSFORMER_FILE_NAMES, TRANSFORMER_FILE_SUFFIXES
-from engine.settings.fields import SETTING_TYPES, Group, names_in
+from engine.settings.fields import DEFAULT_VIDEO_STRENGTH, SETTING_TYPES, Group, names_in
 from engine.settings.choices import ATTENTION_BACKENDS, DECODERS, LADDER, STEP_CACHES, TEXT_ENCODER_PLACES, VAE_DTYPES
 
 if TYPE_CHECKING:
     from engine.models.limits import Limits
 
-MODES = ("t2v", "i2v", "t2i")
-MODE_NAMES = {"t2v": "text to video", "i2v": "image to video", "t2i": "text to image"}
-# A preset belongs to a generation tab: text to video (text to image is its 1-frame mode) or image to video.
+MODES = ("t2v", "i2v", "t2i", "v2v")
+MODE_NAMES = {"t2v": "text to video", "i2v": "image to video", "t2i": "text to image", "v2v": "video to video"}
+# A preset belongs to a generation tab: text to video (text to image is its 1-frame mode, and video to video
+# re-makes a video with its model) or image to video.
 PRESET_MODES = ("t2v", "i2v")
+# The preset tab whose presets a mode uses.
+PRESET_TAB = {"t2v": "t2v", "t2i": "t2v", "v2v": "t2v", "i2v": "i2v"}
 SCHEDULERS = ("unipc", "flow_euler", "flow_dmd")   # engine/run/schedulers.py
 MAX_STEPS = 200
 MAX_GUIDANCE = 30.0
@@ -43,6 +46,7 @@ MAX_GPUS = 16   # one engine process per GPU; more than a machine of 16 is a typ
 MAX_LORA_STRENGTH = 4.0
 # Outputs one request may make (more is a typing error; the queue takes more requests).
 MAX_COUNT = 16
+
 
 
 @dataclass(frozen=True)
@@ -88,6 +92,17 @@ class Settings:
     # ``upscale`` times the width and height (larger: 1 is off, 2 or 4).
     interpolate: int = 1
     upscale: int = 1
+    # Video to video: how much of the input video is made anew (0: the input back, 1: a new video from the prompt);
+    # the denoise runs the last ``strength`` part of the steps (denoise_steps), from the input noised to their start.
+    strength: float = DEFAULT_VIDEO_STRENGTH
+
+    @property
+    def denoise_steps(self) -> int:
+        """The steps the denoise runs: all of them, or for video to video the last ``strength`` part of them
+        (rounded down, as diffusers' video-to-video pipeline counts them: 0 gives the input back)."""
+        if self.mode != "v2v":
+            return self.steps
+        return min(self.steps, int(self.steps * self.strength))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -261,8 +276,11 @@ def _numbers(settings: Settings, problems: list[str]) -> dict:
             problems.append(f"a low-noise guidance of {guidance_2} needs guidance above 1: guidance {guidance} turns "
                             "classifier-free guidance off for both experts; raise guidance, or leave the low-noise "
                             "guidance empty")
+    strength = as_float("strength", settings.strength, problems)
+    if strength is not None and not 0 <= strength <= 1:
+        problems.append(f"strength {strength} is out of range: use 0 (the input video back) to 1 (a new video)")
     return {"steps": steps, "fps": fps, "guidance": guidance, "shift": shift, "guidance_2": guidance_2,
-            "count": count}
+            "count": count, "strength": strength}
 
 
 def check_experts(settings: Settings, limits: Limits | None) -> None:

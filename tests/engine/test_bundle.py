@@ -31,7 +31,7 @@ def _make(folder: Path, *suffixes: str) -> Bundle:
 def test_a_bundle_names_every_file_of_its_output(tmp_path):
     bundle = Bundle(tmp_path / STEM)
     assert [p.name for p in bundle.paths()] == [f"{STEM}{s}" for s in (
-        ".mp4", ".png", ".json", ".latents.safetensors", ".first.png", ".last.png")]
+        ".mp4", ".png", ".json", ".latents.safetensors", ".first.png", ".last.png", ".input.mp4", ".source.mp4")]
     assert (bundle.video.name, bundle.image.name, bundle.sidecar.name) == (f"{STEM}.mp4", f"{STEM}.png", f"{STEM}.json")
     assert bundle.latents.name == f"{STEM}.latents.safetensors"
     assert (bundle.input("image").name, bundle.input("last_image").name) == (f"{STEM}.first.png", f"{STEM}.last.png")

@@ -135,7 +135,7 @@ def test_a_process_killed_mid_stream_leaves_nothing_under_the_final_name(tmp_pat
 def test_the_frame_count_comes_from_the_files_index_and_a_cut_file_has_none(tmp_path):
     import imageio_ffmpeg
 
-    from engine.outputs.mp4_boxes import video_frame_count
+    from engine.mp4_boxes import video_frame_count
 
     rng = np.random.default_rng(0)
     path = write_mp4(rng.integers(0, 256, (13, 32, 48, 3), dtype=np.uint8), tmp_path / "clip.mp4", fps=16)

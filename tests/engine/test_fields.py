@@ -18,7 +18,7 @@ def test_every_setting_has_one_line_and_every_line_is_a_setting_or_a_part_of_a_r
     settings = {field.name for field in fields(Settings)}
     assert {field.name for field in FIELDS if field.group is not Group.REQUEST} == settings == set(SETTING_TYPES)
     assert {field.name for field in FIELDS if field.group is Group.REQUEST} == {
-        "image", "last_image", "preset", "prompt", "negative_prompt", "seed"}
+        "image", "last_image", "preset", "prompt", "negative_prompt", "seed", "extend", "video"}
     assert set(REQUIRED_SETTINGS) == {"model", "mode", "width", "height", "frames", "steps", "guidance", "shift",
                                       "fps"}
     assert MEMORY_CHOICES == names_in(Group.MEMORY) == ("strategy", "text_encoder", "vae_tiling", "gpus")
@@ -65,7 +65,8 @@ def test_a_lora_line_that_does_not_read_is_refused_with_its_sentence_and_an_unkn
 def test_the_page_api_s_order_is_the_table_s_and_its_names_map_back_to_fields():
     text = [field.name for field in api_fields("t2v")]
     assert text == [field.name for field in api_fields("t2i")]
-    assert [field.name for field in api_fields("i2v")] == ["image", "last_image", *text]
+    assert [field.name for field in api_fields("i2v")] == ["image", "last_image", *text, "extend"]
+    assert [field.name for field in api_fields("v2v")] == [*text, "video", "strength"]
     # What was added later comes last, in the order it was added, so that older callers keep working.
     assert text[-6:] == ["guidance_2", "window", "overlap", "count", "interpolate", "upscale"] and text.index("seed") < text.index("strategy")
     assert by_field({"vae_precision": "float32", "width": 64}) == {"vae_dtype": "float32", "width": 64}

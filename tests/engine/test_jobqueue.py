@@ -208,3 +208,45 @@ def test_a_long_job_within_its_estimate_counts_what_it_said_is_left_not_a_share_
     assert queue.estimate(waiting) == pytest.approx(20.0)
     clock.now += 30   # 10 s past what it said: still running, a share of its time is what it may still take
     assert queue.estimate(waiting) == pytest.approx(0.25 * 430)
+
+
+def test_a_job_of_several_videos_counts_each_of_them_in_the_wait_behind_it():
+    clock = Clock()
+    queue = JobQueue(clock=clock)
+    single = queue.join("a", "text to video")
+    assert queue.wait_turn(single, 0)
+    clock.now += 10
+    queue.leave(single, DONE)                                  # a video takes 10 s here
+    four = queue.join("b", "text to video", videos=4)
+    assert queue.wait_turn(four, 0) and four.videos == 4
+    behind = queue.join("c", "text to video")
+    clock.now += 5
+    assert queue.estimate(behind) == pytest.approx(4 * 10 - 5)     # not 10 - 5: four videos, not one
+    three = queue.join("d", "text to video", videos=3)
+    last = queue.join("e", "text to video")
+    assert queue.estimate(last) == pytest.approx(35 + 10 + 3 * 10)  # the four-video job, then one, then three
+    # Once it says what is left (of all its videos), that counts: here 50 s, in video 2 of 4.
+    queue.report(four, "Video 2 of 4: Denoising", seconds_left=50.0, video=2)
+    assert queue.estimate(behind) == pytest.approx(50.0) and four.video == 2
+    assert queue.estimate(three) == pytest.approx(50.0 + 10)
+
+
+def test_the_typical_length_is_kept_per_video_whatever_the_count_of_the_jobs_that_made_it():
+    clock = Clock()
+    queue = JobQueue(clock=clock)
+    four = queue.join("a", "text to video", videos=4)
+    assert queue.wait_turn(four, 0)
+    queue.report(four, "Video 4 of 4", video=4)
+    clock.now += 40
+    queue.leave(four, DONE)                                    # 4 videos in 40 s: 10 s a video
+    running, waiting = queue.join("b", "text to video"), queue.join("c", "text to video", videos=2)
+    assert queue.wait_turn(running, 0)
+    after = queue.join("d", "text to video")
+    assert queue.estimate(waiting) == pytest.approx(10.0)      # a one-video job ahead: 10 s, not 40
+    assert queue.estimate(after) == pytest.approx(10.0 + 2 * 10.0)
+    clock.now += 10
+    queue.report(running, "Video 1 of 1", video=1)
+    queue.leave(running, JobEnding(Ending.CANCELLED, "denoise", 2, 4))
+    # A job cancelled in its first video: its 10 s count as one video's (the mean of 10 and 10).
+    assert queue.wait_turn(waiting, 0)
+    assert queue.estimate(after) == pytest.approx(2 * 10.0)

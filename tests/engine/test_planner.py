@@ -7,7 +7,7 @@ import pytest
 
 from engine.device.hardware import HardwareProfile
 from engine.models.spec import KNOWN_MODELS
-from engine.planning.planner import LADDER, Override, PlanRequest, budgets, plan_memory
+from engine.planning.planner import LADDER, Override, PlanRequest, budgets, plan_memory, plan_request_for
 
 HARDWARE = {
     # 64 GB unified memory split 48/16 by the BIOS (seed 002): RAM left to Windows is tiny.
@@ -325,3 +325,25 @@ def test_a_frame_smaller_than_an_upscaler_tile_is_counted_as_its_own_tile():
     from engine.planning import memory as mem
 
     assert mem.post_step_gb("upscale", 64, 64, 4) < 0.1 < mem.post_step_gb("upscale", 832, 480, 2) == mem.UPSCALE_TILE_GB
+
+
+def test_video_to_video_plans_its_input_s_encode_as_measured_and_an_extension_its_join():
+    """The encode's memory against bench/from_video_gpu.py's H200 run (docs/data/from-video-h200.json)."""
+    import json
+    from dataclasses import replace
+
+    from engine.planning import memory
+    from engine.settings.values import Settings
+    from tests.conftest import ROOT
+
+    measured = json.loads((ROOT / "docs" / "data" / "from-video-h200.json").read_text())["encode"]
+    specs = {"wan21": KNOWN_MODELS[T2V_13], "wan22-5b": KNOWN_MODELS["Wan-AI/Wan2.2-TI2V-5B-Diffusers"]}
+    for row in measured:
+        planned = memory.vae_encode_gb(specs[row["vae"]], 832, 480, 81, None, 4 if row["dtype"] == "float32" else 2)
+        assert planned == pytest.approx(row["peak_gib_above_weights"], rel=0.1), row
+    settings = Settings(T2V_13, "v2v", 832, 480, 81, 50, 5.0, 3.0, strength=0.6)
+    request = plan_request_for(settings)
+    assert request.video_input and not plan_request_for(replace(settings, strength=1.0)).video_input
+    plan = plan_memory(KNOWN_MODELS[T2V_13], replace(request, extends=True), HARDWARE["rtx3060-12-32"])
+    phases = [phase.phase for phase in plan.phases]
+    assert phases.index("video_encode") < phases.index("denoise") and phases[-1] == "join"

@@ -32,6 +32,13 @@ def one_thread():
         yield
 
 
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    """Offline, as the app's own tests run it (tests/conftest.py app_env): without a RIFE file the smoother would
+    fetch one from the Hub (tests/engine/test_rife_fetch.py fetches it from a stand-in)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
 @pytest.fixture
 def models_with_files(tmp_path) -> Path:
     """A models folder with a RIFE file and a 2x ESRGAN file (random weights, published layouts)."""
@@ -75,7 +82,8 @@ def test_minterpolate_without_a_rife_file_doubles_the_frames_less_one_and_the_fp
     frames, fps = read_video(made.path)
     assert (made.frames, made.fps) == (len(frames), fps) == (9, 32)
     assert records[0].method == "ffmpeg minterpolate" and records[0].seconds > 0
-    assert "interpolate" in job.timings and any("no RIFE file" in getattr(e, "message", "") for e in events)
+    assert "interpolate" in job.timings and any("no RIFE file" in getattr(e, "message", "") and "offline" in
+                                                getattr(e, "message", "") for e in events)
     assert [(e.done, e.total) for e in events if isinstance(e, PostProgress)][-1] == (9, 9)
     original, _ = read_video(media.path)
     assert np.abs(frames[0].astype(int) - original[0]).mean() < 3      # the video's own frames stay

@@ -161,5 +161,6 @@ def test_find_rife_takes_the_first_file_by_name_and_none_without_one(tmp_path):
     (folder / "zz.pth").write_bytes(b"")
     (folder / "rife49.safetensors").write_bytes(b"")
     (folder / "rife47.pkl").mkdir()   # a folder with a weights suffix is no file
+    (folder / ".rife49.partial.pth").write_bytes(b"")   # hidden: a file being written, or a fetch's
     assert find_rife(folder) == folder / "rife49.safetensors"
     assert set(RIFE_SUFFIXES) == {".pth", ".pkl", ".safetensors", ".ckpt"}

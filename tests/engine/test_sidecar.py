@@ -80,7 +80,8 @@ def test_a_run_writes_every_key_it_always_wrote_and_the_schema_first():
     old = OLD_RUN["parameters"]   # every value it always wrote, no prompts, no folder (the order is free)
     assert {key: data["parameters"][key] for key in old} == old
     assert set(data["parameters"]) - set(old) == {*SPEED_CHOICES, *SOURCE_CHOICES, "gpus", "window", "overlap", "count",
-                                                          "interpolate", "upscale"}   # came later
+                                                          "interpolate", "upscale", "strength", "video",
+                                                          "extend"}   # came later
     assert data["model_reused"] is False and data["latents"] == "/l.latents.safetensors"
     plain = _run_sidecar().to_json()
     assert "inputs" not in plain and "note" not in plain   # only when there are some
@@ -152,7 +153,7 @@ def test_an_old_sidecar_reads_the_same_as_a_new_one(old, tmp_path):
 @pytest.mark.parametrize("change, why", [
     ({"app": {"name": "another-app"}}, "not a sidecar of this app"),
     ({"app": "wan-studio"}, "not a sidecar of this app"),
-    ({"mode": "v2v", "parameters": dict(OLD_RUN["parameters"], mode="v2v")}, "needs the file name, the mode"),
+    ({"mode": "x2v", "parameters": dict(OLD_RUN["parameters"], mode="x2v")}, "needs the file name, the mode"),
     ({"prompt": 5}, "needs the file name, the mode"),
     ({"file": None}, "needs the file name, the mode"),
     ({"seed": None, "parameters": {k: v for k, v in OLD_RUN["parameters"].items() if k != "seed"}}, "not a number"),

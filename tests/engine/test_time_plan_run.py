@@ -98,3 +98,46 @@ def test_the_page_s_plan_the_status_and_the_chart_predict_the_same_within_2x_of_
     assert said.predicted_total == page.total and said.predicted_seconds == page.seconds
     took = sum(second.timings[phase] for phase in said.predicted_seconds)
     assert 0.5 <= said.predicted_total / took <= 2.0, (said.predicted_seconds, second.timings)
+
+
+def test_the_steps_after_the_video_are_predicted_by_the_files_found_and_learned_from_the_runs(
+        model_dirs, presets, tmp_path, monkeypatch):
+    """Smoother and larger are predicted phases of the run: by their fallbacks with the folders empty, from the last
+    run of the same method once one ran, and by the upscaler file once one is dropped in."""
+    from dataclasses import replace
+
+    import pytest
+
+    from engine.device.calibrate import Calibration
+    from engine.models.catalog import ModelCatalog
+    from engine.planning.post_time import PostFiles
+    from engine.post.upscale import write_random_esrgan
+    from engine.run.time_plan import kept_runs, post_files, predict_job
+    from engine.service.ahead import plan_settings
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")        # no RIFE file fetched: the smoother's fallback runs
+    models, outputs = tmp_path / "models", tmp_path / "out"
+    engine = Engine(models, hardware=CPU, preview_seconds=-1, calibrate=True)
+    request = tiny_request(presets, "selftest-t2v", outputs, interpolate=2, upscale=2)
+    first, events = run_engine(engine, request)
+    assert isinstance(first, JobFinished), first
+    assert {"interpolate", "upscale"} <= set(_predicted(events).predicted_seconds) & set(first.timings)
+    calibration = Calibration.load(outputs, CPU)
+    kept = [run for runs in kept_runs(outputs, calibration).values() for run in runs]
+    assert [run.post["interpolate"]["method"] for run in kept] == ["minterpolate"]
+    assert kept[0].post["upscale"]["method"] == "lanczos"
+
+    second, events = run_engine(engine, replace(request, seed=7))
+    said = _predicted(events).predicted_seconds
+    for phase in ("interpolate", "upscale"):   # the same work as the first run's: what that one took
+        assert said[phase] == pytest.approx(first.timings[phase], abs=2e-3), phase
+
+    (models / "upscalers").mkdir(parents=True, exist_ok=True)
+    upscaler = write_random_esrgan(models / "upscalers" / "small.pth", scale=2)
+    assert post_files(models) == PostFiles(False, upscaler.stat().st_size)
+    catalog = ModelCatalog()
+    page = predict_job(catalog.spec("selftest-t2v"), "selftest-t2v", request.settings,
+                       plan_settings(request.settings, CPU, catalog), calibration, kept_runs(outputs, calibration),
+                       loaded=True, files=post_files(models))
+    assert page.post["upscale"]["method"] == f"upscaler/cpu/{upscaler.stat().st_size}"
+    assert "upscaler file" in page.how["upscale"] and "learned" in page.how["interpolate"]

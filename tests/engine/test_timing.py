@@ -8,15 +8,17 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
 from engine.device.calibrate import CALIBRATION_FILE, Calibration
 from engine.device.hardware import HardwareProfile
 from engine.models.spec import KNOWN_MODELS
-from engine.planning import timing
+from engine.planning import post_time, timing
 from engine.planning.learning import STEP_TOKEN_EXPONENT, MeasuredRun, learn, token_exponent
 from engine.planning.planner import PlanRequest, plan_memory
+from engine.planning.post_time import PostFiles
 from engine.planning.rates import device_rates
 from engine.planning.timing import predict_times, transformer_pass
 from engine.planning.vae_time import VAE21, VAE22, decoder_flops, vae_decode_seconds
@@ -215,13 +217,20 @@ def test_speed_choices_change_the_figures_they_should():
 
 def test_the_phases_are_those_a_run_goes_through():
     times = predict_times(I2V_14, 480, 480, 33, 20, 5.0, plan_for(I2V_14, 480, 480, 33, True), H200_CALIBRATION,
-                          image_to_video=True)
-    assert tuple(times.seconds) == tuple(phase for phase in timing.PHASES if phase != "expert_swap")
+                          image_to_video=True, interpolate=2, upscale=4, extends=True)
+    assert tuple(times.seconds) == tuple(phase for phase in timing.PHASES if phase not in ("expert_swap", "video_encode"))
     assert set(times.how) == set(times.seconds) and all(times.how.values())
     assert times.total == pytest.approx(sum(times.seconds.values()), abs=0.02)
     loaded = predict_times(T2V_13, 832, 480, 81, 10, 5.0, plan_for(T2V_13), H200_CALIBRATION, loaded=True)
     assert tuple(loaded.seconds) == ("text_encode", "denoise", "vae_decode", "export")
     assert json.loads(json.dumps(loaded.to_dict()))["seconds"] == loaded.seconds
+    # Video to video: its input encoded first, at about half the decode of as many frames; the steps it runs.
+    remade = predict_times(T2V_13, 832, 480, 81, 7, 5.0, plan_for(T2V_13), H200_CALIBRATION, loaded=True,
+                           video_input=True)
+    assert tuple(remade.seconds)[:2] == ("text_encode", "video_encode")
+    assert remade.seconds["video_encode"] == pytest.approx(timing.VIDEO_ENCODE_SHARE * loaded.seconds["vae_decode"],
+                                                           rel=0.05)
+    assert remade.seconds["denoise"] == pytest.approx(loaded.seconds["denoise"] * 7 / 10, rel=0.02)
 
 
 def test_image_to_video_encodes_its_condition_inside_the_denoise_phase():
@@ -407,3 +416,127 @@ def test_a_small_run_s_fixed_costs_are_not_scaled_up_as_work():
     runs = [MeasuredRun({"denoise": 1.0}, t, 20, 2, t * 16, step_seconds=2 * (1.5 * m / 2 + 0.01), model_step=m)
             for t, m in ((144, 0.001), (8448, 0.05))]
     assert learn(prediction(4000, 0.02), runs).step_seconds == pytest.approx(2 * (1.5 * 0.01 + 0.01))
+
+
+# ----- the steps after the video (engine/planning/post_time.py) ----------------------------------------------------
+
+X4PLUS = PostFiles(interpolator=True, upscaler_bytes=67_004_607)   # bench/post_gpu.py's files: rife47, ESRGAN x4plus
+
+
+def _after(spec=T2V_13, width=832, height=480, frames=81, interpolate=1, upscale=1, files=X4PLUS, device="cuda",
+           calibration=H200_CALIBRATION):
+    plan = plan_for(spec, width, height, frames, device=device)
+    return predict_times(spec, width, height, frames, 4, 5.0, plan, calibration, interpolate=interpolate,
+                         upscale=upscale, post_files=files)
+
+
+@pytest.mark.parametrize("size, interpolate, upscale, phase, measured", [
+    ((832, 480, 81), 2, 1, "interpolate", 1.673),    # RIFE 4.7, float16
+    ((1280, 720, 17), 2, 1, "interpolate", 0.78),
+    ((832, 480, 81), 1, 2, "upscale", 29.936),       # ESRGAN of x4plus's size, float16, tiles of 512
+])
+def test_the_steps_after_the_video_on_a_gpu_are_about_the_h200s(size, interpolate, upscale, phase, measured):
+    """docs/data/post-h200.json, the model files in the folders: within 25% of what the H200 took."""
+    times = _after(T2V_13, *size, interpolate=interpolate, upscale=upscale)
+    assert within(times.seconds[phase], measured), times.how[phase]
+    assert times.total == pytest.approx(sum(times.seconds.values()), abs=0.02)
+
+
+def test_without_files_the_steps_are_predicted_as_their_fallbacks_on_the_cpu():
+    with_files, without = _after(interpolate=2, upscale=2), _after(interpolate=2, upscale=2, files=PostFiles())
+    assert (with_files.post["interpolate"]["method"], with_files.post["upscale"]["method"]) == \
+        ("rife/gpu", "upscaler/gpu/67004607")
+    assert (without.post["interpolate"]["method"], without.post["upscale"]["method"]) == ("minterpolate", "lanczos")
+    assert "minterpolate" in without.how["interpolate"] and "Lanczos" in without.how["upscale"]
+    # The H200 found RIFE 11 times quicker than minterpolate, and Lanczos 8 times quicker than the ESRGAN.
+    assert without.seconds["interpolate"] > 5 * with_files.seconds["interpolate"]
+    assert with_files.seconds["upscale"] > 4 * without.seconds["upscale"]
+    # Everything before the steps is the same prediction; the steps add to the total.
+    assert {p: s for p, s in without.seconds.items() if p not in post_time.POST_PHASES} == \
+        {p: s for p, s in with_files.seconds.items() if p not in post_time.POST_PHASES}
+    plain = _after()
+    assert "interpolate" not in plain.seconds and "upscale" not in plain.seconds and plain.post == {}
+    assert without.total == pytest.approx(plain.total + without.seconds["interpolate"] + without.seconds["upscale"],
+                                          abs=0.02)
+
+
+def test_the_steps_grow_with_the_frames_and_pixels_they_work_on():
+    short, long_ = _after(frames=41, interpolate=2), _after(frames=81, interpolate=2)
+    assert long_.seconds["interpolate"] / short.seconds["interpolate"] == pytest.approx(161 / 81, rel=0.01)
+    small, large = (_after(width=w, height=h, upscale=2, files=PostFiles()) for w, h in ((416, 240), (832, 480)))
+    assert 3.0 < large.seconds["upscale"] / small.seconds["upscale"] <= 4.0     # 4 times the pixels, a fixed cost
+    twice, four = (_after(upscale=f, files=PostFiles()) for f in (2, 4))
+    assert 3.0 < four.seconds["upscale"] / twice.seconds["upscale"] <= 4.0      # Lanczos: the pixels it writes
+    # The upscaler sees the frames the smoother made: 161 frames, not 81.
+    after = _after(interpolate=2, upscale=2)
+    assert after.seconds["upscale"] / _after(upscale=2).seconds["upscale"] == pytest.approx(161 / 81, rel=0.01)
+    assert after.post["upscale"]["written"] == pytest.approx(161 * 1664 * 960 / 1e6, rel=1e-3)
+
+
+def test_an_upscaler_s_work_follows_its_file_s_size_and_is_never_quicker_than_lanczos():
+    big = _after(upscale=2, files=PostFiles(upscaler_bytes=67_000_000))
+    small = _after(upscale=2, files=PostFiles(upscaler_bytes=3_494_575))       # bench/post_cpu.py's small ESRGAN
+    assert small.seconds["upscale"] < big.seconds["upscale"] / 3
+    tiny = _after(upscale=4, files=PostFiles(upscaler_bytes=1_000))
+    lanczos = _after(upscale=4, files=PostFiles())
+    assert tiny.seconds["upscale"] >= lanczos.seconds["upscale"] - 0.2 and "no quicker than" in tiny.how["upscale"]
+
+
+def test_a_model_step_on_the_cpu_follows_the_cpu_s_measured_matrix_rate_and_on_a_gpu_the_device_s():
+    slow = replace(H200_CALIBRATION, cpu_matmul_tflops=post_time.BENCH_CPU_TFLOPS)
+    fast = replace(slow, cpu_matmul_tflops=4 * post_time.BENCH_CPU_TFLOPS)
+    on_cpu = [_after(frames=17, interpolate=2, upscale=2, device="cpu", calibration=c) for c in (slow, fast)]
+    assert [t.post["interpolate"]["method"] for t in on_cpu] == ["rife/cpu", "rife/cpu"]
+    for phase in ("interpolate", "upscale"):
+        fixed = post_time.method_fixed(on_cpu[0].post[phase]["method"])
+        assert (on_cpu[0].seconds[phase] - fixed) / (on_cpu[1].seconds[phase] - fixed) == pytest.approx(4, rel=0.01)
+    # On a GPU, RIFE is paced by the frames it writes (the same on a slower CPU); the upscaler by the device.
+    gpu = [_after(interpolate=2, upscale=2, calibration=c) for c in (slow, fast)]
+    assert gpu[0].seconds == gpu[1].seconds
+    half = replace(H200_CALIBRATION, matmul_tflops=tuple((d, r / 2) for d, r in H200_CALIBRATION.matmul_tflops))
+    assert _after(upscale=2, calibration=half).seconds["upscale"] == \
+        pytest.approx(2 * _after(upscale=2).seconds["upscale"], rel=0.01)
+
+
+def test_the_cpu_rates_predict_what_bench_post_cpu_measured_here():
+    """Every run of docs/data/post-cpu.json (a 2-core CPU, the real StepRunner), predicted from its own calibration:
+    within 30%, minterpolate within 45% (its cost a pixel written varies with the factor and the size: 0.14 to 0.24 s
+    a megapixel there, its motion search)."""
+    data = json.loads((Path(__file__).parents[2] / "docs" / "data" / "post-cpu.json").read_text())
+    cpu = replace(H200_CALIBRATION, cpu_matmul_tflops=data["calibration"]["cpu_matmul_tflops"])
+    assert cpu.cpu_matmul_tflops == post_time.BENCH_CPU_TFLOPS
+    for run in data["runs"]:
+        kind = "interpolate" if run["step"] == "interpolate" else "upscale"
+        files = PostFiles(run["method"] == "rife", run.get("file_bytes", 0))
+        times = _after(T2V_13, run["width"], run["height"], run["frames"], device="cpu", calibration=cpu, files=files,
+                       **{kind: run["factor"]})
+        tolerance = 0.45 if run["method"] == "minterpolate" else 0.3
+        assert within(times.seconds[kind], run["seconds"], tolerance), (run, times.how[kind])
+
+
+def test_the_time_model_pads_as_rife_does():
+    from engine.post.rife import PAD_MULTIPLE
+
+    assert post_time.RIFE_PAD == PAD_MULTIPLE
+    work = post_time.post_works(832, 480, 5, 2, 1, "cpu", PostFiles(interpolator=True))[0]
+    assert work.megapixels == pytest.approx(4 * 832 * 512 / 1e6)     # 4 frames made, 480 padded to 512
+
+
+def test_a_step_after_the_video_learns_from_a_run_of_the_same_method_of_any_size():
+    from engine.planning.learning import learn_post
+
+    prediction = _after(interpolate=2, upscale=2, files=PostFiles())
+    half = _after(frames=41, interpolate=2, upscale=2, files=PostFiles())
+    measured = {"interpolate": 20.0, "upscale": 6.0}
+    run = MeasuredRun(measured, 1, 4, 2, 1, post=half.post)
+    learned = learn_post(prediction, [run])
+    fixed = post_time.method_fixed("lanczos")
+    assert learned.seconds["upscale"] == pytest.approx(fixed + (6.0 - fixed) * 161 / 81, rel=1e-3)
+    assert learned.seconds["interpolate"] == pytest.approx(20.0 * 161 / 81, rel=1e-3)
+    assert "learned from a run of the same method (minterpolate)" in learned.how["interpolate"]
+    assert learned.total == pytest.approx(sum(learned.seconds.values()), abs=0.02)
+    # A run by another method (a RIFE file was there then) says nothing of minterpolate's.
+    other = MeasuredRun(measured, 1, 4, 2, 1, post=_after(frames=41, interpolate=2, upscale=2).post)
+    assert learn_post(prediction, [other]) == prediction
+    # The run keeps its steps' work through the file of kept runs.
+    assert MeasuredRun.from_dict(json.loads(json.dumps(run.to_dict()))).post == half.post

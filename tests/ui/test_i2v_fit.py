@@ -5,7 +5,7 @@ import pytest
 from PIL import Image
 
 from engine.settings.images import size_for_aspect
-from ui.tabs.image_to_video import crop_preview
+from ui.tabs.image_to_video import NO_IMAGE, crop_preview
 
 
 @pytest.mark.parametrize("image, size, expected", [
@@ -32,7 +32,7 @@ def test_the_preview_is_the_exact_crop_with_its_final_size(tmp_path):
 
 
 def test_the_preview_explains_a_size_or_an_image_it_cannot_use(tmp_path):
-    assert crop_preview(None, 96, 64) == (None, "Upload a first frame to see it at the video's size.")
+    assert crop_preview(None, 96, 64) == (None, NO_IMAGE) and NO_IMAGE.startswith("Upload a first frame")
     image = tmp_path / "ok.png"
     Image.new("RGB", (64, 64)).save(image)
     fitted, note = crop_preview(str(image), 100, 64)
@@ -41,3 +41,19 @@ def test_the_preview_explains_a_size_or_an_image_it_cannot_use(tmp_path):
     broken.write_bytes(b"not an image")
     fitted, note = crop_preview(str(broken), 96, 64)
     assert fitted is None and note.startswith("**Cannot use this image:**")
+
+
+def test_a_video_to_extend_gives_the_start_its_last_frame_and_says_the_total(tmp_path):
+    import numpy as np
+
+    from engine.outputs.export import write_mp4
+
+    frames = np.zeros((9, 48, 64, 3), np.uint8)
+    frames[-1] = (10, 200, 30)   # the last frame green: what the new part starts from
+    video = write_mp4(frames, tmp_path / "walk.mp4", 16)
+    image, note = crop_preview(None, 96, 64, str(video), 5)
+    assert image.size == (96, 64) and abs(np.asarray(image)[32, 48].astype(int) - (10, 200, 30)).max() < 20
+    assert "Extending walk.mp4" in note and "9 frames and 4 new, 13 frames" in note
+    assert crop_preview(None, 97, 64, str(video), 5)[1].startswith("**Size:** 97x64 cannot be used")
+    (tmp_path / "not.mp4").write_text("text")
+    assert crop_preview(None, 96, 64, str(tmp_path / "not.mp4"), 5)[1].startswith("**Cannot extend this video:**")

@@ -194,3 +194,53 @@ def test_the_status_says_plan_once_with_its_reasons_under_it(presets):
     text = view.markdown()
     assert text.count("Plan:") == 1 and "- No GPU found: everything runs on the CPU." in text, text
     assert text.index("Plan:") < text.index("No GPU found") < text.index("Cleaned the prompt"), text
+
+
+def _planned(seconds: dict):
+    from engine.events import PlanReady
+    from engine.models.spec import KNOWN_MODELS
+    from engine.planning.planner import PlanRequest, plan_memory
+    from tests.ui.test_plan_panel import RTX_3060
+
+    plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"], PlanRequest(832, 480, 81), RTX_3060)
+    return PlanReady("j", plan, seconds, sum(seconds.values()))
+
+
+def test_the_time_left_of_a_job_of_several_videos_counts_the_ones_still_to_come():
+    """What the queue is told (ui/generate.py): the video under way, then each other one without the load and the
+    prompt's encoding, as planned until one has finished, then as the last one took."""
+    from engine.events import VideoStarted
+
+    view = JobView(videos=3)
+    assert view.seconds_left() is None                           # nothing says yet
+    first = {"load": 5.0, "text_encode": 1.0, "denoise": 10.0, "vae_decode": 2.0, "export": 0.5, "interpolate": 3.0}
+    for event in (JobStarted("j", "t2v"), _planned(first), PhaseStarted("j", "load"), PhaseFinished("j", "load", 4.0),
+                  PhaseStarted("j", "text_encode"), PhaseFinished("j", "text_encode", 1.0),
+                  PhaseStarted("j", "denoise"), StepFinished("j", 1, 4, 2.0, 6.0)):
+        view.apply(event)
+    each = 10.0 + 2.0 + 0.5 + 3.0
+    assert view.seconds_left() == pytest.approx(6.0 + 2.0 + 0.5 + 3.0 + 2 * each)
+    for event in (PhaseFinished("j", "denoise", 8.0), PhaseStarted("j", "vae_decode"),
+                  PhaseFinished("j", "vae_decode", 3.0), PhaseStarted("j", "export"), PhaseFinished("j", "export", 1.0), PhaseStarted("j", "interpolate"),
+                  PhaseFinished("j", "interpolate", 4.0), VideoStarted("j", 2, 3)):
+        view.apply(event)
+    took = 8.0 + 3.0 + 1.0 + 4.0                                 # the first video, less its load and encoding
+    loaded = {"text_encode": 0.1, "denoise": 10.0, "vae_decode": 2.0, "export": 0.5, "interpolate": 3.0}
+    view.apply(_planned(loaded))
+    assert view.seconds_left() == pytest.approx(10.0 + 2.0 + 0.5 + 3.0 + took)   # the prompt's kept: no encoding
+    view.apply(PhaseStarted("j", "denoise"))
+    view.apply(StepFinished("j", 3, 4, 2.0, 2.0))
+    assert view.seconds_left() == pytest.approx(2.0 + 2.0 + 0.5 + 3.0 + took)
+    assert view.status.startswith("Video 2 of 3")
+    view.apply(JobFinished("j", ("a.mp4", "b.mp4", "c.mp4"), "c.json", 3, {"denoise": 24.0}))
+    assert view.seconds_left() == 0.0
+
+
+def test_a_single_video_s_time_left_is_its_steps_then_the_phases_still_to_come():
+    view = JobView()
+    for event in (_planned({"denoise": 10.0, "vae_decode": 2.0, "export": 0.5, "upscale": 30.0}),
+                  PhaseStarted("j", "denoise"), StepFinished("j", 1, 4, 2.0, 6.0)):
+        view.apply(event)
+    assert view.seconds_left() == pytest.approx(6.0 + 2.0 + 0.5 + 30.0)   # the upscale counted, not the eta alone
+    unplanned = JobView().apply(PhaseStarted("j", "denoise")).apply(StepFinished("j", 1, 4, 2.0, 6.0))
+    assert unplanned.seconds_left() == 6.0                                # no prediction: the steps' own pace

@@ -1,6 +1,7 @@
 """The memory plan on the page: its markdown, the plan for the form's values, and the plan a run used."""
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
@@ -226,6 +227,18 @@ def test_with_this_machine_measured_the_plan_says_how_long_the_video_takes(ctx, 
     several = plan_panel.form_plan_markdown(ctx, CPU, "t2v", {"preset": "selftest-t2v", "model": "selftest-t2v",
                                                               "width": 64, "height": 64, "frames": 9, "count": 3})
     assert "to make these 3 videos (the first" in several and "the prompt encoded once" in several, several
+    assert "smoother" not in text and "larger" not in several
+    # The steps after the video are predicted too, their seconds in the total (each video's, for several).
+    after = plan_panel.form_plan_markdown(ctx, CPU, "t2v", {"preset": "selftest-t2v", "model": "selftest-t2v",
+                                                            "width": 64, "height": 64, "frames": 9, "interpolate": 2,
+                                                            "upscale": 4})
+    assert re.search(r"decoding [\d.]+ s, smoother [\d.]+ s, larger [\d.]+ s\)", after), after
+    total = lambda text: float(re.search(r"\*\*About ([\d.]+) s\*\*", text).group(1))
+    assert total(after) > total(text)
+    many = plan_panel.form_plan_markdown(ctx, CPU, "t2v", {"preset": "selftest-t2v", "model": "selftest-t2v",
+                                                           "width": 64, "height": 64, "frames": 9, "count": 2,
+                                                           "upscale": 2})
+    assert "the prompt encoded once; each video larger " in many, many
 
 
 def test_the_transformer_dropdowns_list_the_models_folder_s_transformers(presets, selftest_models_dir, outputs,

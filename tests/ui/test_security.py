@@ -289,7 +289,8 @@ def test_a_server_path_as_an_image_input_is_refused(app, secret_file, route):
         call = _queue_join if route == "queue" else _call_api
         for last in (False, True):   # as the first frame, then as the last frame
             image = {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "photo.png"}
-            data = [None, image, *I2V_TAIL, *OVERRIDES] if last else [image, None, *I2V_TAIL, *OVERRIDES]
+            # (the page's own protocol, /queue/join, sends every input: the video to extend, none, last)
+            data = [None, image, *I2V_TAIL, *OVERRIDES, None] if last else [image, None, *I2V_TAIL, *OVERRIDES, None]
             reply = call(app, "image_to_video", data)
             assert secret not in reply, (path, reply)
             assert '"success":true' not in reply.replace(" ", ""), (path, reply)
@@ -300,7 +301,7 @@ def test_a_server_path_as_an_image_input_is_refused(app, secret_file, route):
             app["log"].read_text()
         # A url instead of a path: file:// is not fetched either.
         image = {"path": "x.png", "url": "file://" + str(absolute), "meta": {"_type": "gradio.FileData"}}
-        reply = call(app, "image_to_video", [image, None, *I2V_TAIL, *OVERRIDES])
+        reply = call(app, "image_to_video", [image, None, *I2V_TAIL, *OVERRIDES, None])
         assert secret not in reply and '"success":true' not in reply.replace(" ", ""), (path, reply)
     assert _outputs_files(app) == before   # nothing ran
 

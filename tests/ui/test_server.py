@@ -29,14 +29,22 @@ def test_api_names_are_stable(client):
     # The plan's choices, the LoRAs, the transformer files, the GPUs, Guidance 2 and the windows are the last inputs
     # and default to the planner's, none, the model's own, automatic, the same guidance, the model's own window and
     # one video, so callers may leave them out.
-    for name in ("/text_to_video", "/text_to_image", "/image_to_video"):
-        last = endpoints[name]["parameters"][-18:]
+    for name in ("/text_to_video", "/text_to_image", "/image_to_video", "/video_to_video"):
+        tail = {"/image_to_video": 1, "/video_to_video": 2}.get(name, 0)   # the videos, added after these
+        parameters = endpoints[name]["parameters"]
+        last = parameters[len(parameters) - 18 - tail:len(parameters) - tail]
         assert [(p["parameter_name"], p["parameter_default"]) for p in last] == [
             ("strategy", "Auto"), ("text_encoder", "Auto"), ("vae_tiling", "Auto"), ("decoder", "vae"),
             ("step_cache", "Off"), ("compile", "Auto"), ("attention", "Auto"), ("vae_precision", "Auto"),
             ("loras", ""), ("transformer", "(the model's own)"), ("transformer_2", "(the model's own)"),
             ("gpus", "Auto"), ("guidance_2", 0), ("window", 0), ("overlap", 16), ("count", 1),
             ("interpolate", 1), ("upscale", 1)], name
+    # The videos come last and may be left out: none to extend; the input video's absence said in a sentence.
+    extend, = endpoints["/image_to_video"]["parameters"][-1:]
+    video, strength = endpoints["/video_to_video"]["parameters"][-2:]
+    assert (extend["parameter_name"], extend["parameter_has_default"], extend["parameter_default"]) == (
+        "extend", True, None)
+    assert (video["parameter_has_default"], strength["parameter_default"]) == (True, 0.7)
 
 
 def test_each_endpoint_s_signature_is_the_field_table_s_order(client):
@@ -53,7 +61,9 @@ def test_each_endpoint_s_signature_is_the_field_table_s_order(client):
     assert names("/text_to_video") == names("/text_to_image") == text
     assert text[:11] == ["preset", "prompt", "negative_prompt", "model", "width", "height", "frames", "steps",
                          "guidance", "shift", "seed"]
-    assert names("/image_to_video") == [f.api_name for f in api_fields("i2v")] == ["image", "last_image", *text]
+    assert names("/image_to_video") == [f.api_name for f in api_fields("i2v")] == ["image", "last_image", *text,
+                                                                                   "extend"]
+    assert names("/video_to_video") == [f.api_name for f in api_fields("v2v")] == [*text, "video", "strength"]
     assert names("/plan") == [f.api_name for f in plan_fields()]
     assert names("/plan")[:8] == ["preset", "model", "width", "height", "frames", "strategy", "text_encoder",
                                   "vae_tiling"]

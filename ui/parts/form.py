@@ -28,6 +28,8 @@ OVERLAP_INFO = "the frames neighbouring windows share at least (a multiple of 4)
 COUNT_INFO = "made one after the other, seeds seed, seed+1, ... (each random with -1)"
 SMOOTHER_INFO = "frames made between the video's once it is written: 16 fps becomes 32 or 64 (RIFE or ffmpeg)"
 LARGER_INFO = "the frames upscaled once written (an upscaler in models/upscalers/, else Lanczos)"
+STRENGTH_INFO = ("how much is made anew: 0 gives the input back, 1 a new video from the prompt; the denoise runs this "
+                 "part of the steps")
 # The settings the form shows, by their Settings names (the memory choices are the plan panel's).
 FORM_SETTINGS = tuple(field.name for field in on_page(Place.FORM))
 # The low-noise expert's guidance box (Wan2.2 A14B's second expert; 0 or empty: the same as Guidance; left out for
@@ -51,6 +53,12 @@ class Form:
     # The Image to Video tab's first and last frame (None on the Text to Video tab).
     image: gr.Image | None = None
     last_image: gr.Image | None = None
+    # The video a run starts from: the Image to Video tab's video to extend, the Video to Video tab's input.
+    extend: gr.Video | None = None
+    extend_box: gr.Accordion | None = None     # the Image to Video tab's accordion that holds it
+    video: gr.Video | None = None
+    # Video to Video: how much of the input is made anew.
+    strength: gr.Slider | None = None
     # The plan panel's LoRA box, once it is built (Reuse settings and Save as preset carry the LoRAs through it).
     loras: gr.Textbox | None = None
     # Wan2.2 A14B's low-noise expert's guidance (0: the same as Guidance); sent after the plan's choices.
@@ -155,6 +163,9 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
     preset_box = gr.Dropdown(choices=preset_choices(ctx, mode), value=chosen, label="Preset",
                              elem_id=f"{prefix}-preset")
     prompt = gr.Textbox(label="Prompt", lines=3, placeholder="Describe the video...", elem_id=f"{prefix}-prompt")
+    # Video to Video's own setting, beside its prompt: how much of the input is made anew.
+    strength = gr.Slider(0.0, 1.0, value=FIELD["strength"].start, step=0.05, label=FIELD["strength"].label,
+                         info=STRENGTH_INFO, elem_id=f"{prefix}-strength") if mode == "v2v" else None
     built = actions()
     with gr.Accordion("Settings", open=True, elem_id=f"{prefix}-settings"):
         model_box = gr.Textbox(value=model, label="Model (repo id, folder in models/, or selftest-t2v / selftest-i2v)",
@@ -184,7 +195,7 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
         interpolate, upscale = _after_row(preset.settings, prefix, mode)
     form = Form(preset_box, prompt, negative, model_box, width, height, frames, steps, guidance, shift, seed,
                 guidance_2=guidance_2, window=window, overlap=overlap, count=count, interpolate=interpolate,
-                upscale=upscale)
+                upscale=upscale, strength=strength)
     # preset_or_default: a user preset may have been deleted since the page loaded.
     # Only a person's choice fills the form: a preset set by code (history's Reuse, a saved preset)
     # comes with its own values.
@@ -291,6 +302,8 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
     # No triggers: runs on page load and whenever an input changes (a preset filling the form included).
     every = form.boxes()
     inputs = {f.api_name: every[f.name] for f in plan_fields()}
+    if form.strength is not None:   # video to video: the steps it runs, so the time it takes
+        inputs["strength"] = form.strength
     # The values as typed (preprocess=False): a number out of range gets the plan's own sentence, not an error.
     gr.on(None, show_plan, inputs_kwargs=inputs, outputs=plan, api_name=api_name,
           api_visibility="public" if api_name else "private", concurrency_id="plan", trigger_mode="always_last",

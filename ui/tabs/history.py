@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 from dataclasses import dataclass
+from pathlib import Path
 
 import gradio as gr
 
@@ -26,10 +27,17 @@ from engine.outputs.history import (
     scan_history,
 )
 from ui.context import AppContext, forget_served_copies
-from ui.parts.form import Form, preset_choices
+from ui.parts.form import Form, preset_choices, preset_values
 from ui.tabs.history_post import PostParts, post_layout, wire_post
 from ui.tabs.ids import TAB_IDS, tab_by_id
-from ui.views.history_view import NOTHING_CHOSEN, confirm_markdown, entry_markdown, reused_markdown, summary_markdown
+from ui.views.history_view import (
+    NOTHING_CHOSEN,
+    confirm_markdown,
+    entry_markdown,
+    reused_markdown,
+    started_markdown,
+    summary_markdown,
+)
 from ui.views.plan_panel import lora_text
 
 
@@ -60,12 +68,55 @@ def form_updates(ctx: AppContext, forms: dict[str, Form], values: ReuseValues) -
         warnings.append(f"The preset {html.escape(values.preset)} no longer exists: the form keeps its preset, "
                         "and the output's other settings are filled in.")
     if values.tab == "i2v":
-        for component, path in ((form.image, values.image), (form.last_image, values.last_image)):
+        for component, path in ((form.image, values.image), (form.last_image, values.last_image),
+                                (form.extend, values.extend)):
             if component is not None:
                 updates[component] = path
-        if values.image is None:
+        if values.extend is not None and form.extend_box is not None:
+            updates[form.extend_box] = gr.Accordion(open=True)
+        if values.extended and values.extend is None:
+            warnings.append("The video this output extended is no longer there: drop a video to extend again.")
+        elif values.image is None and not values.extended:
             warnings.append("The input image of this output was not kept (an older output): drop it in again.")
+    if values.tab == "v2v":
+        updates |= {form.video: values.video, form.strength: values.settings.strength}
+        if values.video is None:
+            warnings.append("The input video of this output was not kept: drop it in again.")
     return updates, warnings
+
+
+def extension_updates(ctx: AppContext, form: Form, entry: HistoryEntry) -> dict:
+    """{component: value} that put ``entry``'s video on the Image to Video tab to be extended: the video, no image,
+    the preset that continues it (engine/post/sources.py) with the output's prompts, size and factors."""
+    from engine.post.sources import extension_preset, extension_start
+
+    name = extension_preset(ctx.presets, Path(entry.media), Path(ctx.outputs_dir))
+    updates: dict = {}
+    base = ctx.presets[name].settings if name else entry.settings
+    if name:
+        updates |= {form.preset: gr.Dropdown(choices=preset_choices(ctx, "i2v"), value=name),
+                    **dict(zip(form.preset_fields(), preset_values(ctx.presets[name])))}
+        if form.loras is not None:
+            updates[form.loras] = lora_text(ctx.presets[name].settings.loras, ctx.models_dir or ctx.client.models_dir)
+    start = extension_start(Path(entry.media), Path(ctx.outputs_dir), base)
+    updates |= {getattr(form, field): value for field, value in start.values.items()
+                if getattr(form, field, None) is not None}
+    updates |= {form.extend: entry.media, form.image: None, form.last_image: None, form.seed: -1}
+    if form.extend_box is not None:
+        updates[form.extend_box] = gr.Accordion(open=True)
+    return updates
+
+
+def remake_updates(ctx: AppContext, form: Form, entry: HistoryEntry) -> dict:
+    """{component: value} that put ``entry``'s video on the Video to Video tab: the video, its prompts, and a size of
+    its shape with as many of its frames as the output's preset (or the tab's first) makes."""
+    from engine.post.sources import remake_start
+
+    base = ctx.preset_or_default(entry.preset if entry.preset in ctx.presets_for("v2v") else None, "v2v").settings
+    start = remake_start(Path(entry.media), Path(ctx.outputs_dir), base)
+    updates = {getattr(form, field): value for field, value in start.values.items()
+               if getattr(form, field, None) is not None}
+    return updates | {form.video: entry.media, form.seed: -1}
 
 
 @dataclass
@@ -79,6 +130,8 @@ class _Parts:
     video: gr.Video
     image: gr.Image
     reuse: gr.Button
+    extend: gr.Button       # the chosen video continued on the Image to Video tab
+    remake: gr.Button       # the chosen video made again on the Video to Video tab
     delete: gr.Button
     confirm_box: gr.Group
     confirm_text: gr.Markdown
@@ -89,7 +142,8 @@ class _Parts:
 
     def shown(self) -> list:
         """What choosing an output updates (``show``'s outputs, in order)."""
-        return [self.chosen, self.details, self.video, self.image, self.reuse, self.delete, self.confirm_box]
+        return [self.chosen, self.details, self.video, self.image, self.reuse, self.extend, self.remake, self.delete,
+                self.confirm_box]
 
     def listing(self) -> list:
         return [self.gallery, self.keys, self.summary]
@@ -111,6 +165,8 @@ def _layout() -> _Parts:
                              elem_id="history-image")
             with gr.Row():
                 reuse_btn = gr.Button("Reuse settings", variant="primary", interactive=False, elem_id="history-reuse")
+                extend_btn = gr.Button("Extend", interactive=False, elem_id="history-extend")
+                remake_btn = gr.Button("Video to Video", interactive=False, elem_id="history-remake")
                 delete_btn = gr.Button("Delete", variant="stop", interactive=False, elem_id="history-delete")
             with gr.Group(visible=False, elem_id="history-confirm") as confirm_box:
                 confirm_text = gr.Markdown(elem_id="history-confirm-text")
@@ -119,8 +175,8 @@ def _layout() -> _Parts:
                     keep_btn = gr.Button("Keep", elem_id="history-keep")
             post = post_layout()
             details = gr.Markdown(NOTHING_CHOSEN, elem_id="history-details")
-    return _Parts(keys, chosen, summary, refresh, gallery, video, image, reuse_btn, delete_btn, confirm_box,
-                  confirm_text, yes_btn, keep_btn, details, post)
+    return _Parts(keys, chosen, summary, refresh, gallery, video, image, reuse_btn, extend_btn, remake_btn, delete_btn,
+                  confirm_box, confirm_text, yes_btn, keep_btn, details, post)
 
 
 def _entry_for(ctx: AppContext, key) -> HistoryEntry:
@@ -164,13 +220,15 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
         if not 0 <= index < len(keys):
             raise gr.Error("That output is no longer listed; press Refresh.", title="History", print_exception=False)
         entry = _entry_for(ctx, keys[index])
+        video = entry.kind == "video"
         return (entry.key, entry_markdown(entry), *_shown(entry), gr.Button(interactive=True),
-                gr.Button(interactive=True), gr.Group(visible=False))
+                gr.Button(interactive=video), gr.Button(interactive=video), gr.Button(interactive=True),
+                gr.Group(visible=False))
 
     parts.gallery.select(show, parts.keys, parts.shown(), api_visibility="private", show_progress="hidden")
-    t2v, i2v = forms["t2v"], forms["i2v"]
-    reuse_targets = [tabs, *t2v.boxes().values(), *i2v.boxes().values(),
-                     *(form.status for form in (t2v, i2v) if form.status is not None)]
+    reuse_targets = [tabs, *(box for form in forms.values() for box in form.boxes().values()),
+                     *(form.extend_box for form in forms.values() if form.extend_box is not None),
+                     *(form.status for form in forms.values() if form.status is not None)]
 
     def reuse(key):
         """Fill the matching tab's form with the output's settings (its seed included) and switch to it."""
@@ -183,6 +241,22 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
         return {tabs: gr.Tabs(selected=TAB_IDS[values.tab]), **updates, **said}
 
     parts.reuse.click(reuse, parts.chosen, reuse_targets, api_visibility="private", show_progress="hidden")
+
+    def from_video(key, kind: str):
+        """The chosen video put on the tab that continues it (``kind`` "i2v") or makes it again ("v2v")."""
+        entry = _entry_for(ctx, key)
+        if entry.kind != "video":
+            raise gr.Error("Pick a video: a still has no frames to go on from.", title="History", print_exception=False)
+        form = forms[kind]
+        updates = (extension_updates if kind == "i2v" else remake_updates)(ctx, form, entry)
+        said = {form.status: started_markdown(entry, kind)} if form.status is not None else {}
+        return {tabs: gr.Tabs(selected=TAB_IDS[kind]), **updates, **said}
+
+    if "v2v" in forms:
+        parts.extend.click(lambda key: from_video(key, "i2v"), parts.chosen, reuse_targets, api_visibility="private",
+                           show_progress="hidden")
+        parts.remake.click(lambda key: from_video(key, "v2v"), parts.chosen, reuse_targets, api_visibility="private",
+                           show_progress="hidden")
     parts.delete.click(lambda key: (gr.Group(visible=True), confirm_markdown(_entry_for(ctx, key))), parts.chosen,
                        [parts.confirm_box, parts.confirm_text], api_visibility="private", show_progress="hidden")
     parts.keep.click(lambda: gr.Group(visible=False), None, parts.confirm_box, api_visibility="private",
@@ -191,7 +265,7 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
     def confirm_delete(key):
         removed = _delete_everywhere(ctx, key)
         gr.Info(f"Deleted {html.escape(removed[0])} and {len(removed) - 1} file(s) that belonged to it.")
-        return (None, NOTHING_CHOSEN, *_shown(None), gr.Button(interactive=False), gr.Button(interactive=False),
+        return (None, NOTHING_CHOSEN, *_shown(None), *(gr.Button(interactive=False) for _ in range(4)),
                 gr.Group(visible=False), *list_outputs())
 
     parts.yes.click(confirm_delete, parts.chosen, [*parts.shown(), *parts.listing()], api_visibility="private",

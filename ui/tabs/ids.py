@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-TAB_IDS = {"t2v": "t2v-tab", "i2v": "i2v-tab", "presets": "presets-tab", "history": "history-tab",
+TAB_IDS = {"t2v": "t2v-tab", "i2v": "i2v-tab", "v2v": "v2v-tab", "presets": "presets-tab", "history": "history-tab",
            "decode": "decode-tab", "models": "models-tab"}
 
 

@@ -46,6 +46,18 @@ def post_words(post: list) -> str:
     return "; ".join(words)
 
 
+def extend_words(record: dict, there: bool) -> str:
+    """An extension's record as a row says it: the video it continued, the frames of each part, how they were
+    joined, and whether that video is still there to extend again."""
+    parts = [part for part in record.get("parts") or [] if isinstance(part, dict)]
+    frames = " + ".join(str(part.get("frames", "?")) for part in parts)
+    joined = "its frames copied as they were" if str(record.get("how", "")).startswith("streams copied") else \
+        "encoded again"
+    gone = "" if there else " (no longer there: Reuse settings cannot extend it again)"
+    return (f"{record.get('source', '?')}{gone}: {len(parts)} parts, {frames} frames, joined with {joined}, its "
+            "colours matched")
+
+
 def _timings_table(timings: dict[str, float], device: str | None = None) -> list[str]:
     if not timings:
         return ["_No phase timings were recorded._"]
@@ -84,6 +96,12 @@ def entry_markdown(entry: HistoryEntry) -> str:
         rows.append(("After the run", escape_markdown(post_words(entry.post))))
     if images:
         rows.append(("Input images", images))
+    if entry.settings.mode == "v2v":
+        rows.append(("Strength", f"{entry.settings.strength:g} ({plural(entry.settings.denoise_steps, 'step')} of "
+                                 f"{entry.settings.steps} run)"))
+        rows.append(("Input video", "kept" if entry.input_video else "not kept: drop the video again to reuse it"))
+    if entry.extend is not None:
+        rows.append(("Extends", escape_markdown(extend_words(entry.extend, entry.extends is not None))))
     rows.append(("File", escape_markdown(Path(entry.media).name)))
     lines = [f"**Prompt:** {escape_markdown(entry.prompt) or '_(empty)_'}", ""]
     if entry.negative_prompt:
@@ -120,6 +138,16 @@ def reused_markdown(entry: HistoryEntry) -> str:
     """The tab's status once Reuse settings filled its form: what from (an earlier job's words would mislead)."""
     return (f"**Settings of {escape_markdown(Path(entry.media).name)} filled in** (its seed too): press Generate "
             "to make it again, or change them first.")
+
+
+def started_markdown(entry: HistoryEntry, kind: str) -> str:
+    """The tab's status once Extend or Video to Video put an output's video there."""
+    name = escape_markdown(Path(entry.media).name)
+    if kind == "i2v":
+        return (f"**Extending {name}:** the new part starts from its last frame, with its prompt, size and factors "
+                "filled in; set the frames and the prompt of what comes next, then press Generate.")
+    return (f"**{name} is the input video:** its prompt and shape are filled in; write what it should become, set the "
+            "strength, then press Generate.")
 
 
 def confirm_markdown(entry: HistoryEntry) -> str:

@@ -39,9 +39,10 @@ from ui.views.timing_chart import timing_chart_html
 PHASE_LABELS = {
     "engine_start": "Engine start (libraries)", "calibrate": "Measure this machine (once)", "download": "Download", "build_model": "Build self-test model",
     "load": "Load (disk to RAM)", "transfer": "Transfer (to device)", "lora": "LoRAs", "text_encode": "Text encode",
-    "image_encode": "Image encode", "denoise": "Denoise", "expert_swap": "Expert swap (high to low noise)",
+    "image_encode": "Image encode", "video_encode": "Video encode (the input)", "denoise": "Denoise", "expert_swap": "Expert swap (high to low noise)",
     "save_latents": "Saving latents", "vae_decode": "VAE decode", "export": "Export",
     "interpolate": "Smoother (frames between)", "upscale": "Larger (upscale)",
+    "join": "Join (the new part after the video)",
 }
 
 
@@ -127,6 +128,9 @@ def queue_status(place: int, estimate: float | None) -> str:
         "no estimate until a job has finished"
     return f"Waiting in the queue: {plural(place, 'job')} ahead of yours, {when}."
 TIMING_HEADERS = ["Phase", "Seconds", "Detail"]
+# The phases a job of several videos goes through once, or nearly (the engine and the model are ready, the prompt's
+# encoding kept): not counted again for each video after the first.
+ONCE_PHASES = ("engine_start", "calibrate", "download", "build_model", "load", "transfer", "lora", "text_encode")
 
 
 @dataclass
@@ -152,6 +156,10 @@ class JobView:
     left_queue: bool = False          # taken out of the queue before it ran
     window: tuple | None = None       # (window, windows) of a long video's step under way
     video: tuple | None = None        # (video, videos) of a job of several, once the second starts
+    videos: int = 1                   # how many videos the job makes (the request's count), known before it starts
+    done_here: set = field(default_factory=set)       # the phases finished in the video under way
+    video_began: dict = field(default_factory=dict)   # each phase's seconds over the videos before this one
+    last_video: dict = field(default_factory=dict)    # the last finished video's seconds by phase
 
     def apply(self, event: Event) -> "JobView":
         self._apply(event)
@@ -161,13 +169,12 @@ class JobView:
 
     def _apply(self, event: Event) -> None:
         if isinstance(event, VideoStarted):
-            self.video = (event.video, event.videos)
-            self.step, self.step_seconds, self.window = 0, [], None
-            self.status = "Starting..."
+            self._next_video(event)
         elif isinstance(event, JobStarted):
             self.status = "Started: " + event.description + "."
         elif isinstance(event, Info):
-            self.notes.append(event.message)
+            if event.message not in self.notes:   # the next video of a job says its plan's reasons again
+                self.notes.append(event.message)
         elif isinstance(event, PlanReady):
             self.planned = event
         elif isinstance(event, PhaseStarted):
@@ -179,6 +186,7 @@ class JobView:
                                                                if self.video else 0.0)
             if event.detail:
                 self.phase_details[event.phase] = event.detail
+            self.done_here.add(event.phase)
             self.running_phase = INSIDE.get(event.phase)   # a phase run inside another: that one goes on
         elif isinstance(event, DownloadProgress):
             total = f" of {event.total:,.0f}" if event.total else ""
@@ -217,6 +225,15 @@ class JobView:
         elif isinstance(event, JobFailed):
             self.failure = event
             self.status = failure_headline(self._ended(event))
+
+    def _next_video(self, event: VideoStarted) -> None:
+        """A job of several starts its next video: the last one's seconds by phase kept, the step count afresh."""
+        self.last_video = {phase: seconds - self.video_began.get(phase, 0.0)
+                           for phase, seconds in self.phase_seconds.items()}
+        self.video_began, self.done_here = dict(self.phase_seconds), set()
+        self.video = (event.video, event.videos)
+        self.step, self.step_seconds, self.window, self.eta = 0, [], None, None
+        self.status = "Starting..."
 
     def waiting(self, place: int, estimate: float | None) -> "JobView":
         self.status = queue_status(place, estimate)
@@ -266,6 +283,40 @@ class JobView:
         if "vae_decode" in self.phase_seconds:
             done = 0.97
         return done
+
+    def seconds_left(self) -> float | None:
+        """Seconds the job still needs, all its videos counted (what the queue tells the jobs behind it): what is left
+        of the video under way (its denoise at its steps' own pace, its phases still to come as planned), then each
+        other video as the last one took, or as planned, less what a job of several does once (loading, the prompt's
+        encoding); None when nothing says yet (the machine not measured, no step done)."""
+        if self.ended:
+            return 0.0
+        current, videos = self.video if self.video else (1, 1)
+        here = self._left_in_video(current)
+        others = max(self.videos, videos) - current
+        if others <= 0 or here is None:
+            return here
+        each = self._other_video_seconds()
+        return None if each is None else here + others * each
+
+    def _left_in_video(self, current: int) -> float | None:
+        """Seconds left of the video under way (number ``current``): None without a plan's prediction or a step."""
+        predicted = self.predicted()
+        denoising = self.running_phase == "denoise" and bool(self.step_seconds) and self.eta is not None
+        if not predicted:
+            return self.eta if denoising else None
+        to_come = [phase for phase in predicted if phase not in self.done_here and phase != self.running_phase
+                   and not (current > 1 and phase in ONCE_PHASES)]
+        left = sum(predicted[phase] for phase in to_come)
+        if denoising:
+            return left + self.eta
+        return left + predicted.get(self.running_phase, 0.0) if self.running_phase not in self.done_here else left
+
+    def _other_video_seconds(self) -> float | None:
+        """Seconds of each video after the one under way: as the last finished one took, else as planned, less the
+        phases a job of several does once."""
+        seconds = self.last_video or self.predicted()
+        return sum(s for phase, s in seconds.items() if phase not in ONCE_PHASES) if seconds else None
 
     def rate_text(self) -> str:
         """'0.52 s/step (1.92 steps/s)' from the mean of the steps so far."""

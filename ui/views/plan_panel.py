@@ -124,7 +124,7 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, va
         if len(problems) > 1:
             return "**No plan yet:**\n" + "\n".join(f"- {plain(problem)}" for problem in problems)
         return f"**No plan yet:** {plain(exc)}"
-    kind = "image to video" if mode == "i2v" else "video"
+    kind = {"i2v": "image to video", "v2v": "video to video"}.get(mode, "video")
     subject = (f"_For {code(settings.model)}, {kind} {settings.width}x{settings.height}, "
                f"{plural(settings.frames, 'frame')}, on {hardware.summary()}._")
     return subject + "\n\n" + time_line(ctx, settings, plan, hardware) + plan_markdown(plan)
@@ -134,23 +134,36 @@ def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: Hardwar
     """'**About 41 s**' for these settings, from this machine's measured rates (none before they are measured:
     the first run measures them)."""
     from engine.device.calibrate import Calibration
-    from engine.run.time_plan import kept_runs, predict_job, videos_seconds
+    from engine.run.time_plan import kept_runs, post_files, predict_job, videos_seconds
 
     calibration = Calibration.load(Path(ctx.outputs_dir), hardware)
     if calibration is None or not plan.fits:
         return ""
     spec = ctx.client.catalog.info(settings).spec
     runs = kept_runs(ctx.outputs_dir, calibration)   # the engine's runs on this machine: one prediction everywhere
-    first, loaded = (predict_job(spec, settings.model, settings, plan, calibration, runs, loaded=state)
+    files = post_files(ctx.client.models_dir)        # the files the engine's steps after the video will find
+    first, loaded = (predict_job(spec, settings.model, settings, plan, calibration, runs, loaded=state, files=files)
                      for state in (False, True))
     count = settings.count if isinstance(settings.count, int) and settings.count > 1 else 1
     if count > 1:
         return (f"**About {_secs(videos_seconds(first, loaded, count))}** to make these {count} videos (the first "
                 f"{_secs(first.total)}, each other one {_secs(videos_seconds(loaded, loaded, 2) - loaded.total)} on "
-                "the loaded model, the prompt encoded once), predicted from this machine's measured speed.\n\n")
+                f"the loaded model, the prompt encoded once{_after_words(first.seconds, '; each video ')}), predicted "
+                "from this machine's measured speed.\n\n")
     return (f"**About {_secs(first.total)}** to make this video ({_secs(loaded.total)} when the model is already "
             f"loaded; denoising {_secs(first.seconds.get('denoise', 0))}, decoding "
-            f"{_secs(first.seconds.get('vae_decode', 0))}), predicted from this machine's measured speed.\n\n")
+            f"{_secs(first.seconds.get('vae_decode', 0))}{_after_words(first.seconds, ', ')}), predicted from this "
+            "machine's measured speed.\n\n")
+
+
+# How the time line names the steps after the video.
+AFTER_WORDS = {"interpolate": "smoother", "upscale": "larger"}
+
+
+def _after_words(seconds: dict, before: str) -> str:
+    """``before`` + 'smoother 3.2 s, larger 30 s' for the steps after the video a prediction has, else ''."""
+    said = [f"{words} {_secs(seconds[phase])}" for phase, words in AFTER_WORDS.items() if phase in seconds]
+    return before + ", ".join(said) if said else ""
 
 
 def _secs(seconds: float) -> str:

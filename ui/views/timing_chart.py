@@ -8,7 +8,7 @@ import html
 PHASE_COLOURS = {
     "download": "#8e8e8e", "load": "#6c8ebf", "transfer": "#82b366", "lora": "#b5739d", "text_encode": "#d6b656",
     "image_encode": "#d79b00", "denoise": "#b85450", "expert_swap": "#ae4132", "vae_decode": "#9673a6", "export": "#10739e",
-    "interpolate": "#3d9970", "upscale": "#6a5acd",
+    "interpolate": "#3d9970", "upscale": "#6a5acd", "video_encode": "#c27c0e", "join": "#2e8b8b",
 }
 STEP_BARS_MAX = 120   # more steps than this are shown as the last STEP_BARS_MAX
 

@@ -25,6 +25,48 @@ def video_frame_count(path: Path) -> int | None:
     return None
 
 
+def video_codec_config(path: Path) -> bytes | None:
+    """What a decoder of the mp4's video track must be set up with: the sample entry's codec name and size and its
+    codec configuration box (avcC for H.264: the profile, level and parameter sets). Two files whose answers are
+    equal can be joined by copying their streams one after the other. None when the file has no readable index."""
+    try:
+        with open(path, "rb") as file:
+            for kind, start, end in list(_boxes(file, 0, Path(path).stat().st_size)):
+                if kind == b"moov":
+                    return _codec_config(file, start, end)
+    except (OSError, struct.error, ValueError):
+        return None
+    return None
+
+
+# A visual sample entry's own fields (ISO/IEC 14496-12: reserved and data reference index, 8 bytes; then 70 bytes of
+# sizes, resolutions, frame count, compressor name and depth) before its child boxes; its width and height lie at
+# bytes 24-28 of it.
+_VISUAL_ENTRY_BYTES = 78
+_VISUAL_SIZE_AT = 24
+
+
+def _codec_config(file: BinaryIO, start: int, end: int) -> bytes | None:
+    for kind, trak_start, trak_end in _boxes(file, start, end):
+        if kind != b"trak" or _handler(file, trak_start, trak_end) != b"vide":
+            continue
+        table = _find(file, trak_start, trak_end, (b"mdia", b"minf", b"stbl", b"stsd"))
+        if table is None:
+            return None
+        entry = next(_boxes(file, table[0] + 8, table[1]), None)   # version, flags and count (8), then the entries
+        if entry is None:
+            return None
+        codec, entry_start, entry_end = entry
+        file.seek(entry_start + _VISUAL_SIZE_AT)
+        size = _read(file, 4)
+        for child, child_start, child_end in _boxes(file, entry_start + _VISUAL_ENTRY_BYTES, entry_end):
+            if child in (b"avcC", b"hvcC", b"av1C", b"vpcC"):
+                file.seek(child_start)
+                return codec + size + child + _read(file, child_end - child_start)
+        return codec + size
+    return None
+
+
 def _video_samples(file: BinaryIO, start: int, end: int) -> int | None:
     for kind, trak_start, trak_end in _boxes(file, start, end):
         if kind == b"trak" and _handler(file, trak_start, trak_end) == b"vide":

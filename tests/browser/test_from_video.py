@@ -1,0 +1,102 @@
+"""Runs that start from a video, on the page: the Video to Video tab, and History's Extend and Video to Video."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from playwright.sync_api import expect
+
+from engine.outputs.export import write_mp4
+from tests.browser.test_pages import _open_tab, _set_number, _set_text, _status
+from tests.conftest import Screenshots
+
+RUN_S = 120_000
+
+
+@pytest.fixture(scope="module")
+def clip(tmp_path_factory):
+    """24 frames at 24 fps of a moving colour ramp, 96x64: another rate and shape than the self-test's."""
+    ramp = np.linspace(0, 255, 96 * 64 * 3).reshape(64, 96, 3)
+    frames = np.stack([np.roll(ramp, 4 * i, axis=1) for i in range(24)]).astype(np.uint8)
+    return write_mp4(frames, tmp_path_factory.mktemp("clips") / "ramp.mp4", 24)
+
+
+def _number(page, elem_id: str) -> int:
+    return int(float(page.locator(f"#{elem_id} input").input_value()))
+
+
+def test_the_video_to_video_tab_shows_what_it_starts_from_and_makes_it_again(page, shot: Screenshots, clip):
+    _open_tab(page, "Video to Video")
+    _set_text(page, "v2v-model", "selftest-t2v")
+    page.locator("#v2v-input input[type=file]").set_input_files(str(clip))
+    note = page.locator("#v2v-fit-note")
+    expect(note).to_contain_text("Made again at", timeout=30_000)
+    # The upload takes its shape (wider than tall) and as much of its length as the preset makes.
+    page.wait_for_function("() => Number(document.querySelector('#v2v-width input').value) > "
+                           "Number(document.querySelector('#v2v-height input').value)")
+    expect(note).to_contain_text("read at 16 fps")
+    page.locator("#v2v-fitted img").wait_for()
+    page.locator("#v2v-prompt textarea").fill("the ramp, in other colours")
+    _set_number(page, "v2v-steps", 4)
+    _set_number(page, "v2v-frames", 9)
+    slider = page.locator("#v2v-strength input[type=number]")
+    slider.fill("0.5")
+    slider.press("Enter")
+    page.locator("#v2v-generate").click()
+    expect(page.locator("#v2v-status")).to_contain_text("Done", timeout=RUN_S)
+    timings = page.locator("#v2v-timings")
+    expect(timings).to_contain_text("Video encode (the input)")
+    assert "Denoise" in timings.inner_text()
+    page.locator("#v2v-video video").wait_for()
+    shot(page, "v2v-tab-run")
+    # Too many frames for the video: said under the preview, and refused in a sentence.
+    _set_number(page, "v2v-frames", 33)
+    expect(note).to_contain_text("make at most 13")
+    page.locator("#v2v-generate").click()
+    expect(page.locator("#v2v-status")).to_contain_text("make at most 13 frames", timeout=30_000)
+    _set_number(page, "v2v-frames", 9)
+
+
+def test_history_extends_an_output_and_makes_it_again(page, shot: Screenshots):
+    _open_tab(page, "Text to Video")
+    _set_text(page, "t2v-model", "selftest-t2v")
+    page.locator("#t2v-prompt textarea").fill("a lantern swinging in the wind")
+    for name, value in (("frames", 9), ("steps", 4), ("width", 64), ("height", 64)):
+        _set_number(page, f"t2v-{name}", value)
+    page.locator("#t2v-generate").click()
+    expect(page.locator("#t2v-status")).to_contain_text("Done", timeout=RUN_S)
+
+    _open_tab(page, "History")
+    item = page.locator("#history-gallery .thumbnail-item", has_text="a lantern swinging")
+    item.first.click()
+    expect(page.locator("#history-extend")).to_be_enabled()
+    page.locator("#history-extend").click()
+    # The Image to Video tab, its video to extend filled in, its start the video's last frame.
+    expect(page.locator("#i2v-fit-note")).to_contain_text("Extending", timeout=30_000)
+    expect(page.locator("#i2v-status")).to_contain_text("Extending")
+    assert page.locator("#i2v-preset input").input_value().startswith("Self-test I2V")
+    assert (_number(page, "i2v-width"), _number(page, "i2v-height")) == (64, 64)
+    assert "lantern" in page.locator("#i2v-prompt textarea").input_value()
+    page.locator("#i2v-prompt textarea").fill("the lantern falls")
+    _set_number(page, "i2v-frames", 5)
+    _set_number(page, "i2v-steps", 4)
+    expect(page.locator("#i2v-fit-note")).to_contain_text("The joined video: 9 frames and 4 new, 13 frames")
+    page.locator("#i2v-generate").click()
+    status = page.locator("#i2v-status")
+    expect(status).to_contain_text("Done", timeout=RUN_S)
+    expect(status).to_contain_text("It extends")
+    expect(page.locator("#i2v-timings")).to_contain_text("Join (the new part after the video)")
+    shot(page, "i2v-extend-run")
+
+    _open_tab(page, "History")
+    page.locator("#history-refresh").click()
+    page.locator("#history-gallery .thumbnail-item", has_text="the lantern falls").first.click()
+    details = page.locator("#history-details")
+    expect(details).to_contain_text("Extends")
+    expect(details).to_contain_text("2 parts, 9 + 4 frames")
+    expect(details).to_contain_text("13 frames")
+    shot(page, "history-extended-output")
+    page.locator("#history-remake").click()
+    expect(page.locator("#v2v-status")).to_contain_text("is the input video", timeout=30_000)
+    expect(page.locator("#v2v-fit-note")).to_contain_text("Made again at")
+    assert "the lantern falls" in page.locator("#v2v-prompt textarea").input_value()
+    shot(page, "v2v-from-history")
