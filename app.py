@@ -98,6 +98,11 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     serve.add_argument("--gpus", type=_gpus_arg, default="all", metavar="all|N|0,1",
                        help="the GPUs to use, one engine each: all (default), the first N, or these numbers "
                             "(one GPU: '1,'); jobs run side by side, one per GPU")
+    serve.add_argument("--api-token", metavar="FILE",
+                       help="tokens for the JSON API (/api/v1), one a line, each a login of its own "
+                            "(Authorization: Bearer TOKEN); the page's --auth user works there too")
+    serve.add_argument("--metrics-public", action="store_true",
+                       help="serve /metrics (Prometheus) without a login (default: the same login as the page)")
     _common(serve)
 
     gen = sub.add_parser("generate", help="generate one video or image without the page")
@@ -170,18 +175,11 @@ def _pick_preset(presets, args):
         for preset in presets.values():
             if preset.settings.model == args.model and preset.settings.mode == mode:
                 return preset
-    if getattr(args, "extend", None):
-        return _extension_preset(presets, args)
+    if getattr(args, "extend", None):   # the extended output's family (engine/post/sources.py)
+        from engine.post.sources import extension_preset
+
+        return get_preset(presets, extension_preset(presets, Path(args.extend), Path(args.outputs)) or "wan21-i2v-14b")
     return get_preset(presets, "wan21-i2v-14b" if mode == "i2v" else "wan21-t2v-1.3b")
-
-
-def _extension_preset(presets, args):
-    """The preset an extension starts from (engine/post/sources.py), else the usual image-to-video one."""
-    from engine.post.sources import extension_preset
-    from engine.settings.presets import get_preset
-
-    name = extension_preset(presets, Path(args.extend), Path(args.outputs))
-    return get_preset(presets, name or "wan21-i2v-14b")
 
 
 def _settings(args):
@@ -416,11 +414,28 @@ def _presets_with_user_folder(folder: str):
     return user.presets, user
 
 
+def _server_parts(args, ctx, served: Path, tokens: tuple[str, ...]) -> dict:
+    """What gradio's server is made with besides the page: the guard in front of every request, the API callers'
+    trailing inputs, and the JSON API and /metrics as routes of its own (behind the same guard)."""
+    from starlette.middleware import Middleware
+
+    from ui.api_defaults import TrailingDefaults
+    from ui.guard import Guard, HostAllowList, LoginThrottle
+    from ui.guard.api_login import ApiLogins
+    from ui.guard.routes import RouteTable
+    from ui.rest.mount import service_routes
+
+    hosts = HostAllowList.for_server(args.host, args.listen, args.share, args.allowed_host)
+    guard = Middleware(Guard, hosts=hosts, throttle=LoginThrottle(), uploads_folder=served,
+                       api_logins=ApiLogins(tokens), routes=RouteTable.with_api(args.metrics_public))
+    return {"middleware": [guard, Middleware(TrailingDefaults)], "routes": service_routes(ctx)}
+
+
 def serve(args) -> int:
     from engine import APP_NAME
     from engine.service.jobqueue import JobQueue
     from engine.service.pool import EnginePool
-    from ui.startup import port_in_use, port_taken_message, prepare_served_dir, resolve_auth
+    from ui.startup import api_tokens, port_in_use, port_taken_message, prepare_served_dir, resolve_auth
 
     if args.max_queue is not None and args.max_queue < 1:
         raise SystemExit("error: --max-queue must be at least 1")
@@ -429,14 +444,12 @@ def serve(args) -> int:
         print(port_taken_message(host, args.port), file=sys.stderr, flush=True)
         return EXIT_BAD_INPUT
     auth = resolve_auth(args)
+    tokens = api_tokens(args.api_token)
     Path(args.outputs).mkdir(parents=True, exist_ok=True)
     served = prepare_served_dir()   # before gradio is imported
-    from starlette.middleware import Middleware
-
-    from ui.api_defaults import TrailingDefaults
+    from engine.service.metrics import ServiceMetrics
     from ui.app_ui import MAX_QUEUE, PAGE_CSS, PAGE_JS, STATE_SESSIONS, build_app, server_threads
     from ui.context import AppContext
-    from ui.guard import Guard, HostAllowList, LoginThrottle
 
     presets, user_presets = _presets_with_user_folder(args.user_presets)
     max_queue = args.max_queue or MAX_QUEUE
@@ -445,7 +458,8 @@ def serve(args) -> int:
                         preview_seconds=args.preview_every, on_resize=jobs.resize, outputs_dir=args.outputs)
     client.start()  # the engine processes load their libraries while the page starts and loads
     ctx = AppContext(client, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
-                     models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served))
+                     models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served),
+                     metrics=ServiceMetrics(jobs, client))
     demo = build_app(ctx)
     try:
         try:
@@ -456,16 +470,14 @@ def serve(args) -> int:
                         footer_links=["api"], css=PAGE_CSS, js=PAGE_JS, max_threads=server_threads(max_queue),
                         quiet=True,
                         prevent_thread_lock=True, state_session_capacity=STATE_SESSIONS,
-                        app_kwargs={"middleware": [Middleware(
-                            Guard, hosts=HostAllowList.for_server(args.host, args.listen, args.share,
-                                                                  args.allowed_host),
-                            throttle=LoginThrottle(), uploads_folder=served), Middleware(TrailingDefaults)]})
+                        app_kwargs=_server_parts(args, ctx, served, tokens))
         except OSError as exc:
             if "empty port" not in str(exc):
                 raise
             print(port_taken_message(host, args.port), file=sys.stderr, flush=True)   # taken since the check
             return EXIT_BAD_INPUT
         print(f"{APP_NAME} is running at {demo.local_url} (Ctrl+C stops it)", flush=True)
+        print(f"Its JSON API: {demo.local_url}api/docs; Prometheus metrics: {demo.local_url}metrics", flush=True)
         if demo.share_url:
             print(f"Share link for colleagues (password required): {demo.share_url}", flush=True)
         demo.block_thread()

@@ -22,6 +22,7 @@ rem                        gfx1151, gfx110X-all or gfx120X-all
 rem    WAN_SKIP_INSTALL=1  never run pip; use .venv as it is
 rem    WAN_NO_PAUSE=1      do not wait for a key press after an error
 rem    WAN_TEST_BROWSER    the Chrome, Edge or Chromium the page tests drive
+rem    WAN_TEST_PROMETHEUS the prometheus.exe the monitoring tests start
 rem ==========================================================================
 setlocal EnableExtensions DisableDelayedExpansion
 rem pushd, unlike cd, also copes with a \\server\share folder.
@@ -161,6 +162,15 @@ if errorlevel 1 (
     goto :fail
 )
 set /p WAN_TEST_BROWSER=<"%WAN_BROWSER_FILE%"
+rem The monitoring tests scrape the app with a real Prometheus: one on this
+rem machine, else its own release, downloaded once (the line printed says which).
+set "WAN_PROMETHEUS_FILE=.venv\wan-test-prometheus.txt"
+"%VPY%" -m tests.prometheus_setup > "%WAN_PROMETHEUS_FILE%"
+if errorlevel 1 (
+    echo [test] ERROR: no Prometheus for the monitoring tests - see the message above
+    goto :fail
+)
+set /p WAN_TEST_PROMETHEUS=<"%WAN_PROMETHEUS_FILE%"
 setlocal DisableDelayedExpansion
 rem pytest.ini names tests\ as the default; paths given here run alone.
 "%VPY%" -m pytest %TEST_ARGS%

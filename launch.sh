@@ -20,6 +20,9 @@
 #   WAN_TEST_BROWSER=PATH    the Chromium-family browser the page tests drive
 #                            (default: one on this machine, else Debian's chromium
 #                            through apt-get, else Playwright's own download)
+#   WAN_TEST_PROMETHEUS=PATH the Prometheus server the monitoring tests start
+#                            (default: one on this machine, else the prometheus
+#                            package through apt-get, else Prometheus' own release)
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
@@ -198,6 +201,10 @@ if [[ "$MODE" == "test" ]]; then
     WAN_TEST_BROWSER="$("$VPY" -m tests.browser_setup)" \
         || die "no browser for the page tests (see the message above)"
     export WAN_TEST_BROWSER
+    # The monitoring tests scrape the app with a real Prometheus: found, or installed now (it says which).
+    WAN_TEST_PROMETHEUS="$("$VPY" -m tests.prometheus_setup)" \
+        || die "no Prometheus for the monitoring tests (see the message above)"
+    export WAN_TEST_PROMETHEUS
     set +e
     # pytest.ini names tests/ as the default; paths given here run alone.
     "$VPY" -m pytest "$@"

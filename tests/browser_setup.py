@@ -20,8 +20,10 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 from typing import Callable
+
+from tests.system_packages import (already_here, apt_allowed as _apt_allowed, command, install_and_find, is_root,
+                                   read_os_release, say, sudo_without_password)
 
 # Names on PATH, in order of preference.
 PATH_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome", "msedge",
@@ -75,50 +77,10 @@ def find_installed(system: str | None = None, which: Callable[[str], str | None]
     return None
 
 
-def read_os_release(path: str = "/etc/os-release") -> dict[str, str]:
-    values = {}
-    try:
-        for line in Path(path).read_text(encoding="utf-8").splitlines():
-            key, sep, value = line.partition("=")
-            if sep:
-                values[key.strip()] = value.strip().strip('"')
-    except OSError:
-        pass
-    return values
-
-
-def apt_allowed(os_release: dict[str, str], is_root: bool, sudo_without_password: Callable[[], bool],
+def apt_allowed(os_release: dict[str, str], root: bool, sudo: Callable[[], bool],
                 which: Callable[[str], str | None] = shutil.which) -> tuple[bool, str]:
     """(whether apt-get may install Debian's chromium here, why not when it may not)."""
-    family = f"{os_release.get('ID', '')} {os_release.get('ID_LIKE', '')}".lower().split()
-    if not which("apt-get"):
-        return False, "no apt-get on this system"
-    if "debian" not in family:
-        return False, "not a Debian-family system"
-    if "ubuntu" in family:
-        return False, "Ubuntu's chromium package only installs a snap"
-    if not is_root and not sudo_without_password():
-        return False, "installing packages needs root (sudo asks for a password)"
-    return True, ""
-
-
-def _sudo_without_password() -> bool:
-    if not shutil.which("sudo"):
-        return False
-    return subprocess.run(["sudo", "-n", "true"], capture_output=True).returncode == 0
-
-
-def _say(text: str) -> None:
-    print(f"[test] {text}", file=sys.stderr, flush=True)
-
-
-def _install_with_apt(is_root: bool) -> None:
-    prefix = [] if is_root else ["sudo", "-n"]
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for command in (["apt-get", "update", "-qq"],
-                    ["apt-get", "install", "-y", "-qq", "--no-install-recommends", *APT_PACKAGES]):
-        # apt's own output goes to stderr, so that stdout carries only the browser's path.
-        subprocess.run([*prefix, *command], env=env, check=True, stdout=sys.stderr)
+    return _apt_allowed(os_release, root, sudo, which, "Ubuntu's chromium package only installs a snap")
 
 
 def playwright_browser() -> str | None:
@@ -136,34 +98,17 @@ def _install_with_playwright() -> None:
 
 def provide() -> tuple[str, str]:
     """(the browser's path, how it was got); installs one when there is none. Raises NoBrowser."""
-    chosen = os.environ.get(ENV, "").strip()
-    if chosen:
-        if not _runnable(chosen):
-            raise NoBrowser(f"{ENV}={chosen} is not a browser that can run; point it to a Chromium, Chrome or "
-                            f"Edge executable, or unset it to let the tests find or install one")
-        return chosen, f"set by {ENV}"
-    found = find_installed()
-    if found:
-        return found, "already on this machine"
-    is_root = hasattr(os, "geteuid") and os.geteuid() == 0
-    allowed, why_not = (apt_allowed(read_os_release(), is_root, _sudo_without_password)
-                        if _system() == "linux" else (False, "not Linux"))
-    if allowed:
-        _say("no browser found: installing Debian's chromium package with apt-get (once)")
-        try:
-            _install_with_apt(is_root)
-        except (OSError, subprocess.CalledProcessError) as exc:
-            _say(f"apt-get could not install chromium ({exc}); trying Playwright's own Chromium instead")
-        else:
-            found = find_installed()
-            if found:
-                return found, "Debian's chromium package, installed now with apt-get"
-    else:
-        _say(f"no browser found, and apt-get is not used ({why_not})")
+    here = already_here(ENV, _runnable, "a browser", NoBrowser, find_installed)
+    if here:
+        return here
+    allowed = (apt_allowed(read_os_release(), is_root(), sudo_without_password) if _system() == "linux"
+               else (False, "not Linux"))
+    if install_and_find(APT_PACKAGES, allowed, find_installed, "browser", "Playwright's own Chromium"):
+        return find_installed(), "Debian's chromium package, installed now with apt-get"
     found = playwright_browser()
     if found:
         return found, "Playwright's own Chromium, downloaded earlier"
-    _say("downloading Playwright's own Chromium (python -m playwright install chromium, once)")
+    say("downloading Playwright's own Chromium (python -m playwright install chromium, once)")
     try:
         _install_with_playwright()
     except (OSError, subprocess.CalledProcessError) as exc:
@@ -177,14 +122,7 @@ def provide() -> tuple[str, str]:
 
 
 def main() -> int:
-    try:
-        path, how = provide()
-    except NoBrowser as exc:
-        _say(f"ERROR: no browser for the page tests: {exc}")
-        return 1
-    _say(f"browser for the page tests: {path} ({how})")
-    print(path)
-    return 0
+    return command(provide, NoBrowser, "browser", "the page tests")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from engine.errors import ModelError
 from engine.models.selftest import SELFTEST_REFS
 from engine.models.single_file import TRANSFORMERS_FOLDER, transformer_folder
 from engine.service.jobqueue import JobQueue
+from engine.service.metrics import ServiceMetrics
 from engine.service.engines import Engines
 from engine.settings.loras import LORAS_FOLDER, lora_folder
 from engine.settings.draft import Paths
@@ -160,6 +161,8 @@ class AppContext:
     user_presets: UserPresets | None = None
     # The folder the page's files are served from (gradio's cache, the app's own: see app.serve).
     served_dir: str | None = None
+    # How jobs end and what the engines hold, for Prometheus (/metrics); every job of the page and the API counts.
+    metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
 
     def presets_for(self, mode: str) -> list[str]:
         wanted = "i2v" if mode == "i2v" else "t2v"

@@ -15,7 +15,8 @@ import gradio as gr
 from engine.events import Ending, Event, JobFailed, JobFinished, PreviewReady
 from engine.errors import ModelError
 from engine.run.failures import failure_event
-from engine.service.jobqueue import QueueFull
+from engine.service.jobqueue import QueueFull, Ticket
+from engine.service.metrics import MODES, JobRecord, outcome_of
 from engine.settings.draft import prepare_request
 from engine.settings.fields import api_fields, by_field
 from engine.settings.request import GenerationRequest
@@ -84,7 +85,7 @@ def upload_path(payload, name: str, kind: str = "image") -> str | None:
     raise InputError(f"the {name} is not an uploaded file: {UPLOAD_HINTS[kind]}")
 
 
-def _preset(ctx: AppContext, name, mode: str):
+def preset_named(ctx: AppContext, name, mode: str):
     """The named preset of the caller, or the tab's default when none is named."""
     if name in (None, ""):
         return ctx.presets[ctx.default_preset(mode)]
@@ -103,7 +104,7 @@ def build_request(ctx: AppContext, mode: str, values: dict) -> GenerationRequest
     are; the run's request check says what is wrong with it, with its prompts and images.
     Raises InputError or ModelError saying what to change."""
     values = dict(values)
-    preset = _preset(ctx, values.pop("preset", None), mode)
+    preset = preset_named(ctx, values.pop("preset", None), mode)
     for name, kind in UPLOAD_FIELDS.items():
         if name in values:
             words = {"extend": "video to extend", "video": "input video"}.get(name, name.replace("_", " "))
@@ -141,28 +142,35 @@ def _fail(view: JobView, failure: JobFailed) -> gr.Error:
     return gr.Error(failure.text, visible=False, print_exception=False)
 
 
-def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Callable[[], EngineWork],
-            show: Show) -> Iterator[dict]:
-    """One job, from a click or an API call, as updates of the page (``show(view, event)``).
+class Refusal(Exception):
+    """A job that never started: its settings, its model or a full queue; ``failure`` says which and why."""
 
-    ``prepare()`` checks the request (InputError or ModelError at once: nothing waits or loads) and returns
-    what starts it in the engine. Then the job waits its turn in ctx.jobs, showing its place and an
-    estimate; its owner's Cancel takes it out. Once it runs (on the engines the queue gave it), every engine
-    event updates the view.
-    """
-    view = JobView()
-    owner = owner_of(session)
+    def __init__(self, failure: JobFailed):
+        super().__init__(failure.message)
+        self.failure = failure
+
+
+def admit(ctx: AppContext, owner: str | None, what: str, prepare: Callable[[], EngineWork]
+          ) -> tuple[EngineWork, Ticket]:
+    """(what starts the job, its place in the queue): ``prepare()`` checks the request (nothing waits or loads
+    before it) and the job joins ctx.jobs as ``owner``'s; Refusal when it is refused (and counted so)."""
     try:
         work = prepare()
-        ticket = ctx.jobs.join(owner, what, work.engines, work.model, work.videos)
+        return work, ctx.jobs.join(owner, what, work.engines, work.model, work.videos)
     except (InputError, ModelError) as exc:
-        error = _fail(view, failure_event("refused", exc, None))
-        yield show(view, None)
-        raise error from None
+        failure = failure_event("refused", exc, None)
     except QueueFull as exc:
-        error = _fail(view, JobFailed("refused", str(exc), "", None, "queue"))
-        yield show(view, None)
-        raise error from None
+        failure = JobFailed("refused", str(exc), "", None, "queue")
+    ctx.metrics.job_ended(JobRecord(MODES.get(what, what), "", "refused", failure=str(failure.kind)))
+    raise Refusal(failure)
+
+
+def follow(ctx: AppContext, work: EngineWork, ticket: Ticket, show: Show,
+           fail: Callable[[JobView, JobFailed], Exception]) -> Iterator[dict]:
+    """An admitted job, as updates (``show(view, event)``): its wait for its turn (with its place and an estimate;
+    its owner may take it out), then every engine event applied to its view. A failure ends it with ``fail(view,
+    failure)``, raised; however it ends, it leaves the queue and is counted."""
+    view = JobView()
     try:
         while not ctx.jobs.wait_turn(ticket, WAIT_UPDATE_S):
             if ticket.withdrawn:
@@ -181,12 +189,43 @@ def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Cal
                 yield _shown(show, view, batch)
                 failed = next((event for event in batch if isinstance(event, JobFailed)), None)
                 if failed is not None:
-                    raise _fail(view, failed)
+                    raise fail(view, failed)
         finally:
             batches.close()
             events.close()
     finally:
         ctx.jobs.leave(ticket, view.ending)
+        ctx.metrics.job_ended(_record(ticket, work, view))
+
+
+def _record(ticket: Ticket, work: EngineWork, view: JobView) -> JobRecord:
+    """How ``ticket``'s job ended, as the metrics count it."""
+    import time
+
+    ran = time.monotonic() - ticket.started if ticket.started is not None else None
+    failure = view.failure.kind if view.failure is not None else None
+    phases = dict(view.result.timings) if view.result is not None else None
+    return JobRecord(MODES.get(ticket.what, ticket.what), work.model or "", outcome_of(view.ending), ran, phases,
+                     None if failure is None else str(failure))
+
+
+def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Callable[[], EngineWork],
+            show: Show) -> Iterator[dict]:
+    """One job, from a click or an API call, as updates of the page (``show(view, event)``).
+
+    ``prepare()`` checks the request (InputError or ModelError at once: nothing waits or loads) and returns
+    what starts it in the engine. Then the job waits its turn in ctx.jobs, showing its place and an
+    estimate; its owner's Cancel takes it out. Once it runs (on the engines the queue gave it), every engine
+    event updates the view.
+    """
+    try:
+        work, ticket = admit(ctx, owner_of(session), what, prepare)
+    except Refusal as refusal:
+        view = JobView()
+        error = _fail(view, refusal.failure)
+        yield show(view, None)
+        raise error from None
+    yield from follow(ctx, work, ticket, show, _fail)
 
 
 def _shown(show: Show, view: JobView, batch: list[Event]) -> dict:

@@ -36,6 +36,19 @@ def resolve_auth(args) -> tuple[str, str] | None:
     return None
 
 
+def api_tokens(path: str | None) -> tuple[str, ...]:
+    """The JSON API's tokens (serve --api-token FILE), or none; SystemExit with the reason for a file that cannot
+    be used."""
+    if not path:
+        return ()
+    from ui.guard.api_login import TokenFileError, read_tokens
+
+    try:
+        return read_tokens(path)
+    except TokenFileError as exc:
+        raise SystemExit(f"error: {exc}") from None
+
+
 def prepare_served_dir(root: Path = SERVED_ROOT) -> Path:
     """The folder gradio keeps its copies of results and uploads in: the app's own (not the shared system temp
     folder, whose files other apps put there) and this running app's alone, named after its process, so a second

@@ -168,6 +168,16 @@ class JobQueue:
             self._changed.notify_all()
             return len(mine)
 
+    def withdraw_ticket(self, ticket: Ticket) -> bool:
+        """Take ``ticket`` out of the queue if it still waits (the JSON API's DELETE of one job); whether it did."""
+        with self._changed:
+            if ticket not in self._waiting:
+                return False
+            ticket.withdrawn = True
+            self._waiting.remove(ticket)
+            self._changed.notify_all()
+            return True
+
     @contextmanager
     def turn(self, owner: str | None, what: str, engines: int = 1) -> Iterator[Ticket]:
         """Wait for a turn on ``engines`` engines without showing the wait (short engine work, such as unloading

@@ -7,7 +7,8 @@ decides on that reading, in this order:
    no site the user visits can upload files or start jobs.
 3. Route: only the routes the page and the documented API use (ui/guard/routes.py); everything else 404.
 4. Login: with a password, every route but the login page's needs a login (401); wrong passwords from one address
-   are slowed down (429, ui/guard/throttle.py).
+   are slowed down (429, ui/guard/throttle.py). The JSON API and /metrics take the same login as a script gives it
+   (ui/guard/api_login.py), and hand the caller's login to the API in the request's scope (``LOGIN_KEY``).
 5. Ownership, with a password: a page session, an event id and an upload belong to the login that made them
    (ui/guard/holdings.py); naming another login's is refused (403).
 6. Uploads: a login's uploads that no job used are bounded (413) and removed after an hour (410 when named again).
@@ -19,6 +20,7 @@ import threading
 from pathlib import Path
 
 from engine.models.download import size_words
+from ui.guard.api_login import ApiLogins
 from ui.guard.holdings import Holdings
 from ui.guard.hosts import HostAllowList, host_of
 from ui.guard.reading import WATCHED_HEADERS, Refused, file_key, plain_path, read_request, single_keys
@@ -26,6 +28,8 @@ from ui.guard.responses import answer, one_way_files, status_of, watching_answer
 from ui.guard.routes import RouteTable
 from ui.guard.throttle import LoginThrottle
 
+# Where the JSON API finds who calls it, in the request's scope.
+LOGIN_KEY = "wan_studio.login"
 # How often stale uploads and ended logins are looked for (on the next request after this many seconds).
 SWEEP_EVERY_S = 60.0
 STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
@@ -34,13 +38,14 @@ STATE_CHANGING = ("POST", "PUT", "PATCH", "DELETE")
 class Guard:
     def __init__(self, app, hosts: HostAllowList, throttle: LoginThrottle, holdings: Holdings | None = None,
                  uploads_folder: str | Path | None = None, routes: RouteTable | None = None,
-                 sweep_every_s: float = SWEEP_EVERY_S):
+                 sweep_every_s: float = SWEEP_EVERY_S, api_logins: ApiLogins = ApiLogins()):
         self.app = app
         self.sweep_every_s = sweep_every_s
         self.hosts = hosts
         self.throttle = throttle
         self.holdings = holdings or Holdings(folder=Path(uploads_folder) if uploads_folder else None)
         self.routes = routes or RouteTable.of()
+        self.api_logins = api_logins
         self._last_sweep = self.holdings.clock()
         self._sweep_lock = threading.Lock()
 
@@ -52,7 +57,8 @@ class Guard:
         try:
             receive, send = await self._check(scope, receive, send)
         except Refused as refused:
-            return await answer(send, refused.status, refused.text)
+            path = scope.get("path", "")
+            return await answer(send, refused.status, refused.text, api=path.startswith("/api/") or path == "/metrics")
         await self.app(scope, receive, send)
 
     async def _check(self, scope, receive, send):
@@ -68,6 +74,8 @@ class Guard:
             raise Refused(404, "Not Found")
         route, params = found
         gradio = scope.get("app")
+        if route.api:
+            return receive, self._api_caller(scope, headers, gradio, route, send)
         login, logged_in, live = self._login(gradio, headers)
         if not route.public and not logged_in:
             raise Refused(401, "Log in first.")
@@ -93,6 +101,43 @@ class Guard:
         if route.file:
             send = one_way_files(send)
         return receive, send
+
+    def _api_caller(self, scope, headers: dict, gradio, route, send):
+        """A JSON API call: its login (401 without one where one is needed; a wrong one counts as a wrong password,
+        429 after too many) put in the scope for the API; its body's length checked (the API reads it itself)."""
+        from starlette.requests import cookie_parser
+
+        from ui.guard.api_login import Credentials
+        from ui.guard.reading import MAX_API_BODY
+
+        cookies = cookie_parser(headers.get(b"cookie", b"").decode("latin-1"))
+        cookie_id = getattr(gradio, "cookie_id", "")
+        credentials = Credentials(headers.get(b"authorization", b"").decode("latin-1"),
+                                  cookies.get(f"access-token-{cookie_id}") or cookies.get(f"access-token-unsecure-{cookie_id}"))
+        accounts = getattr(gradio, "auth", None)
+        address = (scope.get("client") or ("?",))[0]
+        if credentials.authorization.strip():
+            wait = self.throttle.start(address)
+            if wait:
+                raise Refused(429, f"Too many wrong passwords or tokens from this address: wait {wait} s and try "
+                                   "again (until then every try from this address is refused, the right one too).")
+        login, wrong = self.api_logins.login(credentials, accounts, getattr(gradio, "tokens", {}))
+        if login is None:
+            raise Refused(401, "Wrong user, password or token: send the page's user and password (HTTP basic) or a "
+                               "token of --api-token (Authorization: Bearer)." if wrong else
+                          "Log in first: send the page's user and password (HTTP basic) or a token of --api-token "
+                          "(Authorization: Bearer).")
+        if credentials.authorization.strip():
+            self.throttle.succeeded(address)
+        if route.body == "raw":
+            length = headers.get(b"content-length", b"").decode("latin-1")
+            if not length.isdigit():
+                raise Refused(411, "Send the request's body with its length (Content-Length).")
+            if int(length) > MAX_API_BODY:
+                raise Refused(413, f"The request's body is {int(length) / 1e6:.0f} MB, more than the "
+                                   f"{MAX_API_BODY / 1e6:.0f} MB a job with its files may send.")
+        scope[LOGIN_KEY] = login
+        return send
 
     def _check_origin(self, method: str, headers: dict, host: str) -> None:
         """A request a web page sent names that page in Origin (every POST does) or Referer: it must be the app's."""

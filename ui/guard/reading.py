@@ -21,6 +21,9 @@ from ui.guard.routes import Route
 
 # A JSON body the page or the API sends is a few kB (prompts, settings, file records); images are uploads.
 MAX_JSON_BODY = 2 * 1024 * 1024
+# The JSON API's own bodies (read by the API itself): a job with its images or video, as uploads or base64 (a 50 MB
+# file, a third larger in base64).
+MAX_API_BODY = 72 * 1024 * 1024
 MAX_FORM_BODY = 64 * 1024
 URL_SCHEMES = ("http://", "https://", "ftp://", "file:", "data:")
 
@@ -188,7 +191,7 @@ async def read_request(scope, receive, route: Route, params: dict[str, str]):
 
 # The headers a check reads; each may come once (gradio would read one of two, the guard might read the other).
 WATCHED_HEADERS = (b"host", b"origin", b"referer", b"content-type", b"content-length", b"cookie",
-                   b"transfer-encoding")
+                   b"transfer-encoding", b"authorization")
 
 
 def _replay(body: bytes, receive):

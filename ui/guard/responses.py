@@ -11,12 +11,15 @@ MEDIA_TYPES = (b"image/png", b"image/jpeg", b"image/webp", b"image/gif", b"image
                b"audio/ogg", b"audio/webm", b"audio/flac", b"audio/aac")
 
 
-async def answer(send, status: int, text: str) -> None:
-    """A JSON answer in gradio's own shape ({"detail": ...}), which gradio_client shows as the error."""
-    body = json.dumps({"detail": text}).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-                            (b"x-content-type-options", b"nosniff")]})
+async def answer(send, status: int, text: str, api: bool = False) -> None:
+    """A JSON answer in gradio's own shape ({"detail": ...}), which gradio_client shows as the error; to the JSON
+    API and /metrics in the API's ({"error": ...}), a 401 saying how to log in (HTTP basic)."""
+    body = json.dumps({"error": text} if api else {"detail": text}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"x-content-type-options", b"nosniff")]
+    if api and status == 401:
+        headers.append((b"www-authenticate", b'Basic realm="Wan Studio", charset="UTF-8"'))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 

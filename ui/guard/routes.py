@@ -25,7 +25,8 @@ class Route:
     gives_event: bool = False  # the answer names a new event id, which becomes the caller's
     file: bool = False       # serves a file from disk by its path (the {file:path} part)
     upload: bool = False
-
+    api: bool = False        # the JSON API and /metrics: their own login (ui/guard/api_login.py); the body, if any,
+                             # is the app's own to read (body "raw"), within MAX_API_BODY
     def pattern(self) -> re.Pattern:
         parts = re.split(r"(\{[a-z_]+(?::path)?\})", self.template)
         regex = "".join(
@@ -61,6 +62,24 @@ ROUTES = (
 )
 
 
+V1 = "/api/v1"
+# The JSON API (ui/rest/): its jobs, the lists it reads, its schema and docs.
+API_ROUTES = (
+    Route("POST", f"{V1}/jobs", body="raw", api=True), Route("GET", f"{V1}/jobs", api=True),
+    Route("GET", f"{V1}/jobs/{{job}}", api=True), Route("DELETE", f"{V1}/jobs/{{job}}", api=True),
+    Route("GET", f"{V1}/jobs/{{job}}/events", api=True), Route("GET", f"{V1}/jobs/{{job}}/result", api=True),
+    Route("GET", f"{V1}/jobs/{{job}}/sidecar", api=True),
+    Route("GET", f"{V1}/presets", api=True), Route("GET", f"{V1}/models", api=True),
+    Route("GET", f"{V1}/history", api=True), Route("POST", f"{V1}/plan", body="raw", api=True),
+    Route("GET", "/api/openapi.json", api=True), Route("GET", "/api/docs", api=True),
+)
+
+
+def api_routes(metrics_public: bool = False) -> tuple[Route, ...]:
+    """The JSON API's routes and /metrics (reachable without a login with serve --metrics-public)."""
+    return (*API_ROUTES, Route("GET", "/metrics", api=not metrics_public, public=metrics_public))
+
+
 @dataclass(frozen=True)
 class RouteTable:
     routes: tuple[tuple[Route, re.Pattern], ...]
@@ -68,6 +87,11 @@ class RouteTable:
     @classmethod
     def of(cls, routes=ROUTES) -> "RouteTable":
         return cls(tuple((route, route.pattern()) for route in routes))
+
+    @classmethod
+    def with_api(cls, metrics_public: bool = False) -> "RouteTable":
+        """The page's routes, the JSON API's and /metrics."""
+        return cls.of((*ROUTES, *api_routes(metrics_public)))
 
     def match(self, method: str, path: str) -> tuple[Route, dict[str, str]] | None:
         """The route ``method path`` reaches, and the values of its {names}; None where the app has none."""

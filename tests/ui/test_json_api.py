@@ -1,0 +1,236 @@
+"""The JSON API on one real server with a password and two tokens: the README's curl examples as written, a job
+made, followed and fetched, the refusals in sentences, logins and ownership, cancelling, the readings and the
+schema."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from engine.outputs.export import read_video
+from tests.conftest import ROOT, running_app
+
+USER, PASSWORD = "wan", "a-long-secret-1"
+TOKENS = ("token-of-alice-0123456789", "token-of-bob-9876543210xy")
+SMALL = {"model": "selftest-t2v", "width": 64, "height": 64, "frames": 9, "steps": 2}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, selftest_models_dir):
+    folder = tmp_path_factory.mktemp("json-api")
+    (folder / "tokens.txt").write_text("# the API's logins\n" + "\n".join(TOKENS) + "\n")
+    outputs = folder / "outputs"
+    with running_app(folder / "app.log", "--model", "selftest-t2v", "--outputs", str(outputs), "--models-dir",
+                     str(selftest_models_dir), "--auth", f"{USER}:{PASSWORD}", "--api-token",
+                     str(folder / "tokens.txt")) as (url, proc):
+        yield {"url": url, "outputs": outputs, "log": folder / "app.log", "folder": folder}
+
+
+def _client(server, login: str = "basic") -> httpx.Client:
+    if login == "basic":
+        return httpx.Client(base_url=server["url"], auth=(USER, PASSWORD), timeout=120)
+    headers = {"Authorization": f"Bearer {TOKENS[0 if login == 'alice' else 1]}"} if login != "none" else {}
+    return httpx.Client(base_url=server["url"], headers=headers, timeout=120)
+
+
+def _wait(http: httpx.Client, job: str, states=("done", "failed", "cancelled"), timeout_s: float = 120) -> dict:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        said = http.get(f"/api/v1/jobs/{job}").json()
+        if said["state"] in states:
+            return said
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} did not reach {states}: {said}")
+
+
+def _readme_blocks() -> list[str]:
+    """The bash blocks of the README's JSON API section."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## JSON API"):text.index("## Monitoring")]
+    return re.findall(r"```bash\n(.*?)```", section, re.S)
+
+
+def test_the_readme_s_curl_examples_work_as_written(server, tmp_path, image_file):
+    blocks = _readme_blocks()
+    assert len(blocks) == 2
+    import shutil
+
+    shutil.copy(image_file, tmp_path / "photo.png")
+    env = {**os.environ, "APP": server["url"].rstrip("/"), "LOGIN": f"{USER}:{PASSWORD}"}
+    first = subprocess.run(["bash", "-ec", blocks[0]], capture_output=True, text=True, cwd=tmp_path, env=env,
+                           timeout=300)
+    assert first.returncode == 0, first.stderr
+    assert "event: JobFinished" in first.stdout and '"state":"' in first.stdout
+    frames, fps = read_video(tmp_path / "fox.mp4")
+    assert frames.shape == (9, 64, 64, 3) and fps == 16   # a real video, decoded
+    assert '"schema"' in first.stdout   # the sidecar's first bytes
+    second = subprocess.run(["bash", "-ec", blocks[1]], capture_output=True, text=True, cwd=tmp_path, env=env,
+                            timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert '{"image_base64":"iVBORw0KGgo' in second.stdout   # a PNG, in base64
+    assert '"said":' in second.stdout                        # the cancel's answer
+
+
+def test_a_job_through_the_api_its_events_result_and_sidecar(server):
+    with _client(server) as http:
+        made = http.post("/api/v1/jobs", json={"mode": "t2v", "prompt": "a kite", "seed": 5, **SMALL})
+        assert made.status_code == 202, made.text
+        job = made.json()
+        assert set(job) >= {"id", "state", "place", "estimate_s", "links"}
+        events = []
+        with http.stream("GET", f"/api/v1/jobs/{job['id']}/events") as stream:
+            assert stream.headers["content-type"].startswith("text/event-stream")
+            for line in stream.iter_lines():
+                if line.startswith("data: "):
+                    events.append(json.loads(line[6:]))
+        kinds = [event.get("type") for event in events]
+        assert kinds[0] == "JobStarted" and "StepFinished" in kinds and kinds[-2] == "JobFinished"
+        assert events[-1] == {"state": "done"}
+        said = http.get(f"/api/v1/jobs/{job['id']}").json()
+        assert said["state"] == "done" and said["seed"] == 5 and said["steps"] == 2 and said["ending"].startswith("done")
+        assert {"denoise", "vae_decode"} <= set(said["timings"])
+        video = http.get(f"/api/v1/jobs/{job['id']}/result")
+        assert video.status_code == 200 and video.headers["content-type"] == "video/mp4"
+        path = server["folder"] / "kite.mp4"
+        path.write_bytes(video.content)
+        assert read_video(path)[0].shape == (9, 64, 64, 3)
+        sidecar = http.get(f"/api/v1/jobs/{job['id']}/sidecar").json()
+        assert sidecar["seed"] == 5 and sidecar["prompt"] == "a kite"
+        encoded = http.get(f"/api/v1/jobs/{job['id']}/result", params={"format": "base64"}).json()
+        assert base64.b64decode(encoded["video_base64"]) == video.content and encoded["seed"] == 5
+
+
+def test_images_go_in_as_uploads_or_in_base64(server, image_file):
+    from PIL import Image
+
+    with _client(server, "alice") as http:
+        uploaded = http.post("/api/v1/jobs", data={"mode": "i2v", "preset": "selftest-i2v", "prompt": "waves",
+                                                    "width": "64", "height": "48", "frames": "5", "steps": "2"},
+                             files={"image": ("photo.png", image_file.read_bytes(), "image/png")})
+        assert uploaded.status_code == 202, uploaded.text
+        done = _wait(http, uploaded.json()["id"])
+        assert done["state"] == "done", done
+        data = base64.b64encode(image_file.read_bytes()).decode()
+        still = http.post("/api/v1/jobs", json={"mode": "i2v", "preset": "selftest-i2v", "prompt": "waves",
+                                                "image": f"data:image/png;base64,{data}", "width": 64, "height": 48,
+                                                "frames": 5, "steps": 2})
+        assert still.status_code == 202 and _wait(http, still.json()["id"])["state"] == "done"
+        first = next(Path(p) for p in done["outputs"])
+        kept = first.with_name(first.stem + ".first.png")
+        assert Image.open(kept).size == Image.open(image_file).size   # the upload, kept as the run's input
+
+
+@pytest.mark.parametrize("body, said", [
+    ({"mode": "t2v", **SMALL}, "The prompt is empty: describe what the video should show."),
+    ({"prompt": "x", "guidance": float("nan"), **SMALL}, "Guidance must be a number, got nan."),
+    ({"prompt": "x", **SMALL, "width": "wide"}, "Width must be a whole number, got 'wide'."),
+    ({"prompt": "x", "colour": "red"}, "'colour' is not a field of a text to video job"),
+    ({"prompt": "x", **SMALL, "width": 70}, "Width 70 is not a multiple of 16"),
+    ({"prompt": "x", "mode": "i2v", "preset": "selftest-i2v", "image": "not base64!"}, "The image is not base64"),
+])
+def test_bad_bodies_get_422_with_the_app_s_sentence_before_any_work(server, body, said):
+    before = sorted(server["outputs"].rglob("*.mp4"))
+    with _client(server) as http:
+        answer = http.post("/api/v1/jobs", content=json.dumps(body), headers={"Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert said in answer.json()["error"] and all(isinstance(p, str) for p in answer.json()["problems"])
+    assert sorted(server["outputs"].rglob("*.mp4")) == before
+
+
+def test_an_oversized_body_or_a_key_twice_is_refused_in_a_sentence(server):
+    with _client(server) as http:
+        huge = http.post("/api/v1/jobs", content=b'{"prompt": "' + b"a" * (73 * 1024 * 1024) + b'"}',
+                         headers={"Content-Type": "application/json"})
+        assert huge.status_code == 413 and "more than the 75 MB a job with its files may send" in huge.json()["error"]
+        long_prompt = http.post("/api/v1/jobs", json={"prompt": "a" * 5000, **SMALL})
+        assert long_prompt.status_code == 422 and "keep it under 4000" in long_prompt.json()["error"]
+        twice = http.post("/api/v1/jobs", content=b'{"prompt": "a", "prompt": "b"}',
+                          headers={"Content-Type": "application/json"})
+        assert twice.status_code == 422 and "names 'prompt' twice" in twice.json()["error"]
+
+
+def test_a_login_is_needed_and_a_job_is_its_login_s_own(server):
+    with _client(server, "none") as anonymous:
+        refused = anonymous.post("/api/v1/jobs", json={"prompt": "x"})
+        assert refused.status_code == 401 and refused.headers["www-authenticate"].startswith("Basic")
+        assert "Log in first" in refused.json()["error"]
+    with httpx.Client(base_url=server["url"], auth=(USER, "wrong"), timeout=30) as wrong:
+        assert wrong.get("/api/v1/presets").status_code == 401
+    with _client(server, "alice") as alice, _client(server, "bob") as bob, _client(server) as basic:
+        job = alice.post("/api/v1/jobs", json={"prompt": "alice's fox", **SMALL}).json()["id"]
+        assert _wait(alice, job)["state"] == "done"
+        for other in (bob, basic):
+            for method, path in (("GET", ""), ("GET", "/result"), ("GET", "/sidecar"), ("GET", "/events"),
+                                 ("DELETE", "")):
+                answer = other.request(method, f"/api/v1/jobs/{job}{path}")
+                assert answer.status_code == 404 and "There is no job" in answer.json()["error"], (method, path)
+            assert job not in [j["id"] for j in other.get("/api/v1/jobs").json()]
+        assert job in [j["id"] for j in alice.get("/api/v1/jobs").json()]
+        evil = alice.post("/api/v1/jobs", json={"prompt": "x"}, headers={"Origin": "http://evil.example"})
+        assert evil.status_code == 403   # another web page's request, as on the page
+
+
+def test_delete_cancels_a_running_job_and_takes_a_waiting_one_out(server):
+    with _client(server, "bob") as http:
+        long = http.post("/api/v1/jobs", json={"prompt": "a long walk", **SMALL, "width": 256, "height": 256,
+                                               "frames": 33, "steps": 200}).json()["id"]
+        _wait(http, long, ("running",))
+        waiting = http.post("/api/v1/jobs", json={"prompt": "next", **SMALL}).json()
+        assert waiting["state"] == "waiting" and waiting["place"] >= 1
+        out = http.delete(f"/api/v1/jobs/{waiting['id']}").json()
+        assert out["said"].startswith("taken out of the queue") and out["state"] == "cancelled"
+        deadline = time.time() + 60
+        while http.get(f"/api/v1/jobs/{long}").json()["step"] < 1 and time.time() < deadline:
+            time.sleep(0.2)
+        stop = http.delete(f"/api/v1/jobs/{long}").json()
+        assert stop["said"].startswith("cancelling")
+        ended = _wait(http, long)
+        assert ended["state"] == "cancelled" and ended["ending"].startswith("cancelled during the denoising")
+        assert http.get(f"/api/v1/jobs/{long}/result").status_code == 409
+        assert http.get(f"/api/v1/jobs/{waiting['id']}").json()["state"] == "cancelled"
+
+
+def test_the_readings_the_plan_and_the_schema(server):
+    with _client(server) as http:
+        presets = {p["name"]: p for p in http.get("/api/v1/presets").json()}
+        assert presets["selftest-t2v"]["settings"]["width"] == 64 and presets["selftest-i2v"]["mode"] == "i2v"
+        models = {m["name"] for m in http.get("/api/v1/models").json()}
+        assert {"selftest-t2v", "selftest-i2v"} <= models
+        history = http.get("/api/v1/history", params={"limit": 2}).json()
+        assert len(history) <= 2 and all("key" in entry for entry in history)
+        assert http.get("/api/v1/history", params={"limit": "abc"}).status_code == 422
+        plan = http.post("/api/v1/plan", json={"preset": "selftest-t2v", "width": 128, "frames": 17}).json()
+        assert plan["fits"] is True and plan["settings"]["width"] == 128 and plan["phases"]
+        bad = http.post("/api/v1/plan", json={"preset": "selftest-t2v", "width": 70})
+        assert bad.status_code == 422 and "multiple of 16" in bad.json()["error"]
+        schema = http.get("/api/openapi.json").json()
+        body = schema["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert {"prompt", "width", "loras", "strength", "extend", "vae_precision"} <= set(body["properties"])
+        assert body["additionalProperties"] is False
+        assert {"/v1/jobs/{job_id}", "/v1/jobs/{job_id}/events", "/v1/plan"} <= set(schema["paths"])
+        docs = http.get("/api/docs")
+        assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+def test_wrong_passwords_and_tokens_are_slowed_down_as_on_the_page(server):
+    """(Last in this file: the address waits a moment afterwards.)"""
+    answers = []
+    with httpx.Client(base_url=server["url"], timeout=30) as http:
+        for number in range(7):
+            headers = {"Authorization": "Bearer not-a-token-at-all-000"} if number % 2 else {}
+            answers.append(http.get("/api/v1/presets", headers=headers,
+                                    auth=None if number % 2 else (USER, f"wrong-{number}")).status_code)
+        assert answers[:5] == [401] * 5 and answers[-1] == 429
+        refused = http.get("/api/v1/presets", auth=(USER, PASSWORD))
+        assert refused.status_code == 429 and "wait" in refused.json()["error"]   # the right one too, meanwhile
+        time.sleep(float(re.search(r"wait (\d+) s", refused.json()["error"]).group(1)) + 0.5)
+        assert http.get("/api/v1/presets", auth=(USER, PASSWORD)).status_code == 200
