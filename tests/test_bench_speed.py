@@ -96,3 +96,15 @@ def test_the_lora_differences_check_runs_every_placement_on_the_cpu(tmp_path):
     for row in rows:   # each placement as the hand merge, and every change taken out after
         assert row["planned"] == row["strategy"] and row["after_equals_own"], row
         assert row["lora_vs_hand_rel"] < 1e-5 < 1e-2 < row["lora_effect_rel"], row
+
+
+def test_the_decode_window_bench_runs_on_the_cpu_and_finds_every_window_exact(tmp_path):
+    out = tmp_path / "windows.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "decode_windows.py"), str(out), "--tiny",
+                           "--windows", "1,3,20"], capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    runs = json.loads(out.read_text())["wan21 tiny"]
+    assert {"window 1", "window 3", "window 20"} <= set(runs)
+    # On the CPU every window decodes the same frames as one latent frame at a time.
+    assert all(run["frames_vs_window_1"]["max"] == 0 for name, run in runs.items() if name.startswith("window"))
+    assert all(run["seconds"] > 0 for run in runs.values())

@@ -69,6 +69,10 @@ class HardwareProfile:
     # Free space where a disk rung would write its copy of the transformer (the models folder's disk); -1: not
     # known (the page's copy: the engine plans with the real figure when the job runs).
     disk_free_gb: float = -1.0
+    # The sizes the transformer's blocks were compiled at on this machine before, their kernels kept in the app's
+    # compile cache (engine/device/compile_cache.py; keys: engine/planning/speed.py ``compile_key``): compiling
+    # one of them again costs seconds, not the first compile's tens.
+    compiled_sizes: tuple[str, ...] = ()
 
     @property
     def device(self) -> str:
@@ -92,6 +96,9 @@ class HardwareProfile:
                 raise HardwareError(f"hardware field '{required}' is required")
         values = {}
         for name, value in data.items():
+            if name == "compiled_sizes" and isinstance(value, (list, tuple)):
+                values[name] = tuple(str(key) for key in value)
+                continue
             if name == "devices":
                 if not isinstance(value, (list, tuple)):
                     raise HardwareError(f"hardware field 'devices' must be a list, got {value!r}")

@@ -145,6 +145,33 @@ def denoise_activations_gb(spec: ModelSpec, tokens: int, act_bytes: int, math_at
     return act / GIB
 
 
+# The faster decode (decoder "vae_fast") takes several latent frames a call of the decoder where the device has
+# room for them (engine/run/decoding.py ``decode_stream``): each frame beyond the first adds about one frame's
+# working set, measured at bfloat16 on an H100 (bench/decode_windows.py, docs/data/decode-windows-h100.json):
+# +2.00 GiB a latent frame for Wan2.1's VAE at 832x480 (4.20 GiB for one, 16.22 for seven) and +5.59 GiB for
+# Wan2.2-5B's at 1280x704, here per output pixel in float32 (half in bfloat16).
+VAE21_WINDOW_PIXEL_BYTES = 10_800.0
+VAE22_WINDOW_PIXEL_BYTES = 13_400.0
+# Beyond this many frames a call the decode is no faster: Wan2.1's took 2.27 s one frame a call, 1.96 s seven,
+# 1.83 s twenty; Wan2.2-5B's 6.60 s, 6.22 s two, 6.34 s seven.
+MAX_DECODE_WINDOW = {False: 20, True: 2}   # by spec.wan22_vae
+
+
+def vae_window_gb(spec: ModelSpec, width: int, height: int, vae_bytes: int = 4) -> float:
+    """Device memory that each latent frame after the first of a decoder call adds to the decode's peak."""
+    pixel_bytes = VAE22_WINDOW_PIXEL_BYTES if spec.wan22_vae else VAE21_WINDOW_PIXEL_BYTES
+    return pixel_bytes * width * height * vae_bytes / 4 / GIB
+
+
+def decode_window(spec: ModelSpec, width: int, height: int, frames: int, vae_bytes: int, room_gb: float) -> int:
+    """Latent frames a call of the decoder takes: as many as ``room_gb`` of free device memory holds, up to the
+    VAE's MAX_DECODE_WINDOW and the clip's frames after the first (1: one at a time, as diffusers decodes)."""
+    latent = (frames - 1) // spec.vae_temporal + 1
+    each = vae_window_gb(spec, width, height, vae_bytes)
+    fits = 1 + int(max(0.0, room_gb) // each) if each > 0 else 1
+    return max(1, min(MAX_DECODE_WINDOW[spec.wan22_vae], latent - 1, fits))
+
+
 def vae_decode_gb(spec: ModelSpec, width: int, height: int, frames: int, tile: int | None,
                   vae_bytes: int = 4) -> float:
     """Peak extra memory of decoding: the working set (whole frame or one tile) plus the output."""

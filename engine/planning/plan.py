@@ -31,6 +31,9 @@ class PlanRequest:
     # after the video it continues (join).
     video_input: bool = False
     extends: bool = False
+    # The decoder (settings.DECODERS): "vae_fast" decodes with channels-last convolutions and several latent frames
+    # a call, as many as the device has room for.
+    decoder: str = "vae"
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,8 @@ class Plan:
     # empty when every transformer is the model's own. Another file (or the same one rewritten) is another load.
     transformer_files: tuple = ()
     split: Split | None = None   # how the job uses several GPUs (None: one)
+    decode_window: int = 1     # latent frames a call of the VAE's decoder takes after the first (1: one at a time)
+    channels_last: bool = False   # the VAE's 3-D convolutions decode in channels-last layout (approximate)
 
     @property
     def swaps_experts(self) -> bool:

@@ -16,7 +16,7 @@ from engine.planning import memory as mem
 from engine.planning.explain import explain, explain_files
 from engine.planning.phases import Rung, attention_kind, compute_dtype, copy_streams, disk_room, phase_table, round_up
 from engine.planning.plan import Override, Plan, PlanRequest
-from engine.planning.speed import SpeedRequest, choose_speed, vae_dtype_for
+from engine.planning.speed import SpeedRequest, choose_speed, compile_key, vae_dtype_for
 from engine.planning.split import CONTEXT_PARALLEL_BACKENDS, NO_COLLECTIVES, Split, choose_split
 from engine.settings.choices import LADDER, TEXT_ENCODER_PLACES, TextEncoderPlace
 from engine.words import plural
@@ -43,7 +43,8 @@ def plan_request_for(settings) -> PlanRequest:
                        SpeedRequest(settings.steps, settings.guidance, settings.step_cache),
                        window=settings.window, overlap=settings.overlap, interpolate=settings.interpolate,
                        upscale=settings.upscale,
-                       video_input=settings.mode == "v2v" and settings.denoise_steps < settings.steps)
+                       video_input=settings.mode == "v2v" and settings.denoise_steps < settings.steps,
+                       decoder=settings.decoder)
 
 
 def override_for(settings) -> Override:
@@ -179,8 +180,10 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
     rung, phases, fits_ = _choose(spec, req, hw, override)
     peak_vram = max(p.peak_vram_gb for p in phases)
     peak_ram = max(p.peak_ram_gb for p in phases)
-    speed = choose_speed(hw, req.speed, rung.transformer, rung.fp8, override.vae_dtype, override.compile,
-                         override.attention)
+    cached = compile_key(spec, req.width, req.height, req.frames, req.window, req.image_to_video, hw.device_name,
+                         hw.torch_version) in hw.compiled_sizes
+    speed = choose_speed(hw, replace(req.speed, compile_cached=cached), rung.transformer, rung.fp8, override.vae_dtype,
+                         override.compile, override.attention)
     split, split_said = _split(spec, req, hw, speed.attention_backend, override)
     if split is not None and split.possible:
         speed = replace(speed, attention_backend=split_backend(split, speed.attention_backend))
@@ -194,13 +197,47 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
         vae_tiled=rung.vae_tile is not None and (rung.vae_tile < req.width or rung.vae_tile < req.height),
         conv=speed.conv, compile=speed.compile, attention_backend=speed.attention_backend,
         transformer_files=tuple(file.source if file else None for file in spec.transformer_files), split=split)
+    plan = _with_decode_window(spec, req, hw, plan, rung.vae_bytes)
     decisions = (explain(spec, req, hw, plan, override) + explain_files(spec, hw, plan) + list(speed.decisions)
-                 + split_said + _windows_said(spec, req))
+                 + split_said + _windows_said(spec, req) + _decode_window_said(plan))
     suggestions = () if fits_ else _suggest(spec, req, hw, override)
     if not fits_ and not suggestions:
         decisions.append("Neither fewer frames, a smaller size nor a smaller known model makes it fit this "
                          "machine" + (": it needs more RAM, or a GPU." if hw.device == "cpu" else "."))
     return replace(plan, decisions=tuple(decisions), suggestions=tuple(suggestions))
+
+
+def _with_decode_window(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan, vae_bytes: int) -> Plan:
+    """The faster VAE decode (decoder "vae_fast", approximate): channels-last convolutions, and on a GPU as many
+    latent frames a call of the decoder as the device has room for beside what the decode already holds (an
+    untiled decode of a video), its decode's peak raised by what they add. The exact decode ("vae") is left as it
+    is: several frames a call change cuDNN's kernels and so the frames by a few levels (bench/decode_windows.py)."""
+    if req.decoder != "vae_fast":
+        return plan
+    plan = replace(plan, channels_last=True)
+    if hw.device == "cpu" or plan.vae_tiled or req.frames <= 1 or not plan.fits:
+        return plan
+    decoding = next((phase for phase in plan.phases if phase.phase == "vae_decode"), None)
+    if decoding is None:
+        return plan
+    window = mem.decode_window(spec, req.width, req.height, req.frames, vae_bytes,
+                               plan.budget_vram_gb - decoding.peak_vram_gb)
+    if window == 1:
+        return plan
+    extra = (window - 1) * mem.vae_window_gb(spec, req.width, req.height, vae_bytes)
+    phases = tuple(replace(phase, peak_vram_gb=round_up(phase.peak_vram_gb + extra)) if phase is decoding else phase
+                   for phase in plan.phases)
+    return replace(plan, decode_window=window, phases=phases,
+                   predicted_peak_vram_gb=round_up(max(plan.predicted_peak_vram_gb, *(p.peak_vram_gb for p in phases))))
+
+
+def _decode_window_said(plan: Plan) -> list[str]:
+    if not plan.channels_last:
+        return []
+    frames = (f" and {plan.decode_window} latent frames a call (the device has room for them)"
+              if plan.decode_window > 1 else "")
+    return [f"The VAE decodes faster and approximately (your choice): channels-last convolutions{frames}; the "
+            f"frames differ from the exact decode's by a few levels."]
 
 
 def _suggest(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override) -> list[str]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from engine.planning.memory import pass_frames
 from engine.planning.places import TransformerPlace
 from engine.settings.choices import ATTENTION_BACKENDS, DECODERS, STEP_CACHES, VAE_DTYPES  # noqa: F401
 
@@ -24,6 +25,10 @@ CONV_MODES = ("benchmark", "no_miopen", "default")
 # docs/reference-figures.md) back at about 0.15 s a pass: compiling by itself pays from this many transformer
 # passes in one run.
 COMPILE_MIN_PASSES = 80
+# With the kernels of an earlier process in the app's compile cache (engine/device/compile_cache.py) compiling
+# costs about a quarter of that (17.3 s -> 4.2 s on an H100 for the 1.3B at 832x480x81,
+# docs/data/compile-cache-h100.json), so it pays from a quarter of the passes.
+COMPILE_MIN_PASSES_CACHED = 20
 COMPILE_GAIN = "about 12% faster steps (1.07 s instead of 1.21 s on an H200, 1.3B)"
 
 
@@ -33,6 +38,7 @@ class SpeedRequest:
     steps: int = 0
     guidance: float = 1.0
     step_cache: str | None = None
+    compile_cached: bool = False   # this size was compiled on this machine before (its kernels are in the cache)
 
     @property
     def passes(self) -> int:
@@ -133,13 +139,30 @@ def _compile(hw, speed: SpeedRequest, transformer: TransformerPlace, fp8: bool, 
         said.append(f"The transformer's repeated blocks are compiled (your choice): the first run at each size "
                     f"compiles them (seconds), then {COMPILE_GAIN}.")
         return True
+    if speed.compile_cached and speed.passes >= COMPILE_MIN_PASSES_CACHED:
+        said.append(f"The transformer's repeated blocks are compiled: this size was compiled here before and its "
+                    f"kernels are in the compile cache (seconds to load), which {speed.passes} passes earn back; "
+                    f"then {COMPILE_GAIN}.")
+        return True
     if speed.passes >= COMPILE_MIN_PASSES:
         said.append(f"The transformer's repeated blocks are compiled: {speed.passes} passes earn back the one-off "
                     f"compile at each size; then {COMPILE_GAIN}.")
         return True
-    said.append(f"The transformer is not compiled: {speed.passes} passes would not earn back the one-off compile "
-                f"(it pays from {COMPILE_MIN_PASSES}); turn Compile on to pay it once for many videos.")
+    least = COMPILE_MIN_PASSES_CACHED if speed.compile_cached else COMPILE_MIN_PASSES
+    cached = " from the compile cache" if speed.compile_cached else ""
+    said.append(f"The transformer is not compiled: {speed.passes} passes would not earn back compiling{cached} "
+                f"(it pays from {least}); turn Compile on to pay it once for many videos.")
     return False
+
+
+def compile_key(spec, width: int, height: int, frames: int, window: int, image_to_video: bool,
+                device_name: str, torch_version: str) -> str:
+    """One compiled size as the compile cache's index names it: the transformer's shape, the tokens of a pass,
+    image to video or not, the GPU and the torch version (what the kernels depend on)."""
+    shape = spec.transformer
+    tokens = spec.tokens(width, height, pass_frames(spec, frames, window))
+    return (f"{shape.layers}x{shape.heads}x{shape.head_dim}x{shape.ffn}x{shape.in_channels}/{tokens}/"
+            f"{'i2v' if image_to_video else 't2v'}/{device_name}/{torch_version}")
 
 
 def speed_line(plan) -> str:
@@ -148,5 +171,9 @@ def speed_line(plan) -> str:
     conv = {"benchmark": "cuDNN benchmark", "no_miopen": "MIOpen off", "default": "defaults"}[plan.conv]
     if plan.device == "cpu":
         return f"VAE {plan.vae_dtype}"
-    return (f"VAE {plan.vae_dtype}, convolutions: {conv}, transformer {'compiled' if plan.compile else 'not compiled'}, "
-            f"attention: {plan.attention_backend}")
+    layout = ""
+    if getattr(plan, "channels_last", False):
+        frames = f", {plan.decode_window} latent frames a call" if plan.decode_window > 1 else ""
+        layout = f" (channels-last{frames}, approximate)"
+    return (f"VAE {plan.vae_dtype}, convolutions: {conv}{layout}, transformer "
+            f"{'compiled' if plan.compile else 'not compiled'}, attention: {plan.attention_backend}")

@@ -47,6 +47,11 @@ VAE22 = VaeShape(decoder_dim=256, z_dim=48, residual=True, out_channels=12, patc
 # float32 and 1.83 -> 1.71 s in bfloat16 (832x480x81 on an H200); Wan2.2's decode gains nothing (1.41 -> 1.38
 # and 0.91 -> 0.91 s). A measured factor on the decode's time, per VAE and dtype.
 BENCHMARK_DECODE_FACTOR = {("wan21", "float32"): 0.77, ("wan21", "bfloat16"): 0.94}
+# The faster, approximate decode (decoder "vae_fast": channels-last convolutions, several latent frames a call where
+# the device has room) against the exact one, measured in bfloat16 on an H100 (bench/decode_windows.py,
+# docs/data/decode-windows-h100.json): Wan2.1 at 832x480x81 2.27 s -> 1.99 s channels-last alone, 1.80 s with 20
+# frames a call; Wan2.2-5B at 1280x704x121 6.60 s -> 6.08 s, 5.97 s with 2. By (wan22, several frames a call).
+FAST_VAE_DECODE_FACTOR = {(False, False): 0.87, (False, True): 0.80, (True, False): 0.92, (True, True): 0.90}
 # The encoder (image to video) is counted by its FLOPs per pixel at the 96-channel conv3d rate, times this
 # for its other work: 0.408 s measured for a Wan2.1 encode of 480x480x33 in float32 on an H200, 1.3x that.
 VAE_ENCODE_OVERHEAD = 1.3

@@ -296,6 +296,26 @@ def conv_settings(conv: str):
         cudnn.benchmark, cudnn.enabled = saved
 
 
+@contextmanager
+def decoder_layout(vae, channels_last: bool):
+    """The VAE decoder's 3-D convolution weights in channels-last layout while the block runs (the faster,
+    approximate decode: cuDNN's channels-last kernels sum in another order), contiguous again after it, so the
+    next exact decode and the image-to-video encoder see the weights as loaded."""
+    import torch
+
+    if not channels_last:
+        yield
+        return
+    convs = [module for module in vae.modules() if isinstance(module, torch.nn.Conv3d)]
+    for module in convs:
+        module.to(memory_format=torch.channels_last_3d)
+    try:
+        yield
+    finally:
+        for module in convs:
+            module.to(memory_format=torch.contiguous_format)
+
+
 def encoder_device(plan: Plan) -> str:
     """Where the text and image encoders compute."""
     return "cpu" if plan.text_encoder == TextEncoderPlace.CPU else plan.device

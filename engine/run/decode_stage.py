@@ -26,7 +26,7 @@ from engine.outputs.record import open_video_stream, redecode_record, write_medi
 from engine.outputs.sidecar import write_sidecar
 from engine.planning.memory import VAE_TILES
 from engine.planning.planner import Plan
-from engine.run.apply_plan import conv_settings, set_vae_tiling
+from engine.run.apply_plan import conv_settings, decoder_layout, set_vae_tiling
 from engine.run.decoding import decode_attempts, decode_latents, decode_stream, decoded_shape
 from engine.run.failures import is_out_of_memory
 from engine.run.job import Job
@@ -124,9 +124,9 @@ class Decoder:
 
     def _decode_streaming(self, vae, plan: Plan, request: GenerationRequest, latents, bundle: Bundle):
         """The VAE's frames go to the encoder as they decode, with the plan's convolution set-up."""
-        with conv_settings(plan.conv):
+        with conv_settings(plan.conv), decoder_layout(vae, plan.channels_last):
             return self._write_streaming(request, decoded_shape(vae, latents),
-                                         decode_stream(vae, latents, plan.device), bundle)
+                                         decode_stream(vae, latents, plan.device, plan.decode_window), bundle)
 
     def _write_streaming(self, request: GenerationRequest, shape: tuple, batches, bundle: Bundle):
         """(the media file, its shape): the decoder's ``batches`` of frames go to the encoder as they come;
@@ -152,7 +152,7 @@ class Decoder:
         for number, (how, tile, device) in enumerate(attempts[first:], first):
             try:
                 frames = self._decode_once(vae, video_processor, latents, tile, device,
-                                           plan.conv if device == plan.device else "default")
+                                           plan.conv if device == plan.device else "default", plan.channels_last)
                 if number:
                     self.job.decode_fell_back(how)
                 return frames
@@ -165,8 +165,9 @@ class Decoder:
                     vae.to(plan.device)
                 set_vae_tiling(vae, plan.vae_tile)
 
-    def _decode_once(self, vae, video_processor, latents, tile: int | None, device: str, conv: str = "default"):
-        with self.job.in_phase(Phase.VAE_DECODE), conv_settings(conv):
+    def _decode_once(self, vae, video_processor, latents, tile: int | None, device: str, conv: str = "default",
+                     channels_last: bool = False):
+        with self.job.in_phase(Phase.VAE_DECODE), conv_settings(conv), decoder_layout(vae, channels_last):
             return decode_latents(vae, video_processor, latents, tile, device)
 
     # ----- the fast decoder (approximate) ---------------------------------------

@@ -75,22 +75,25 @@ def decoded_shape(vae, latents) -> tuple[int, int, int, int]:
     return (count - 1) * temporal + 1, height * spatial, width * spatial, 3
 
 
-def decode_stream(vae, latents, device: str, chunk: int = 1):
-    """The untiled decode of ``vae.decode`` (AutoencoderKLWan._decode), yielding uint8 frames (n, H, W, 3) of
-    each ``chunk`` latent frames as soon as they are decoded, so the encoder can work while the decoder does.
+def decode_stream(vae, latents, device: str, window: int = 1):
+    """The untiled decode of ``vae.decode`` (AutoencoderKLWan._decode), yielding uint8 frames (n, H, W, 3) as soon
+    as each call of the decoder has made them, so the encoder can work while the decoder does.
 
-    Why not ``vae.decode``: it returns only once the whole clip is decoded. The decoder runs one latent frame
-    at a time with the VAE's own causal cache either way, so the frames equal ``decode_latents``'s bit for bit.
-    ``chunk`` trades overlap for fewer hand-overs: 1 latent frame (4 video frames) each is the most overlap,
-    and the device holds no more than one chunk of decoded frames. A tiled decode (``vae.use_tiling``) goes
-    through ``decode_latents``; the VAE's cache is cleared however the stream ends (closed early included).
+    Why not ``vae.decode``: it returns only once the whole clip is decoded, one latent frame per call of the
+    decoder. Here the first latent frame goes alone (the decoder's first call is special: its temporal upsamplers
+    keep one frame instead of doubling it), then ``window`` latent frames a call. The decoder's convolutions are
+    causal and carry their last frames in the VAE's cache, so a call of several frames computes what as many
+    calls of one compute, in fewer, larger kernels: the GPU kept busier for the activations of ``window`` frames
+    at once (the planner sizes it from the free memory: engine/planning/memory.py ``vae_window_gb``). With 1, the
+    frames equal ``decode_latents``'s bit for bit. A tiled decode (``vae.use_tiling``) goes through
+    ``decode_latents``; the VAE's cache is cleared however the stream ends (closed early included).
     """
     import torch
 
     if vae.use_tiling:
         raise ValueError("a streamed decode is untiled; a tiled decode goes through decode_latents")
-    if chunk < 1:
-        raise ValueError(f"chunk must be at least 1 latent frame, not {chunk}")
+    if window < 1:
+        raise ValueError(f"a window must be at least 1 latent frame, not {window}")
     if device != str(vae.device.type):
         vae.to(device)
     _onload(vae)
@@ -100,14 +103,19 @@ def decode_stream(vae, latents, device: str, chunk: int = 1):
         hidden = vae.post_quant_conv(denormalize(vae, latents))
     try:
         count = hidden.shape[2]
-        for start in range(0, count, chunk):
+        for start, stop in decoder_calls(count, window):
             with torch.inference_mode():
-                decoded = torch.cat([_decode_frame(vae, hidden, i) for i in range(start, min(start + chunk, count))], 2)
+                decoded = _decode_frames(vae, hidden, start, stop)
                 frames = _to_uint8_frames(vae, decoded)
             del decoded
             yield frames
     finally:
         vae.clear_cache()
+
+
+def decoder_calls(count: int, window: int) -> list[tuple[int, int]]:
+    """(start, stop) latent frames of each call of the decoder: the first frame alone, then ``window`` at a time."""
+    return [(0, min(1, count))] + [(start, min(start + window, count)) for start in range(1, count, window)]
 
 
 def _onload(vae) -> None:
@@ -118,13 +126,12 @@ def _onload(vae) -> None:
         hook.pre_forward(vae)
 
 
-def _decode_frame(vae, hidden, index: int):
-    """One latent frame through the decoder, its causal cache carried in ``vae._feat_map`` as ``_decode`` does."""
+def _decode_frames(vae, hidden, start: int, stop: int):
+    """Latent frames ``start`` to ``stop`` through the decoder in one call, its causal cache carried in
+    ``vae._feat_map`` as ``_decode`` does (the first frame's call is the first chunk)."""
     vae._conv_idx = [0]
-    frame = hidden[:, :, index:index + 1, :, :]
-    if index == 0:
-        return vae.decoder(frame, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=True)
-    return vae.decoder(frame, feat_cache=vae._feat_map, feat_idx=vae._conv_idx)
+    frames = hidden[:, :, start:stop, :, :]
+    return vae.decoder(frames, feat_cache=vae._feat_map, feat_idx=vae._conv_idx, first_chunk=start == 0)
 
 
 def _to_uint8_frames(vae, decoded):

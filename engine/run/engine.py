@@ -13,6 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
+from engine.device.compile_cache import compiled_sizes, remember_compiled
 from engine.device.hardware import GIB, HardwareProfile, detect_hardware
 from engine.device.runtime import release_memory, reset_peak_vram
 from engine.events import DownloadProgress, Event, JobFinished, Phase
@@ -110,7 +111,22 @@ class Engine:
             self._hardware = detect_hardware()
             if self.outputs_dir is not None:
                 self._use_calibration(self.timing.known(self.outputs_dir, self._hardware))
+                self._hardware = replace(self._hardware, compiled_sizes=compiled_sizes(self.outputs_dir))
         return self._hardware
+
+    def _remember_compiled(self, request: GenerationRequest) -> None:
+        """A run whose transformer ran compiled: its size is in the app's compile cache from now on (the plans of
+        this process and of later ones compile it again for fewer passes: engine/planning/speed.py)."""
+        from engine.planning.speed import compile_key
+        from engine.run.speedups import is_compiled
+
+        if self.outputs_dir is None or self.loaded is None or not is_compiled(self.loaded.pipe.transformer):
+            return
+        s, hardware = request.settings, self.hardware
+        key = compile_key(self.loaded.model.spec, s.width, s.height, s.frames, s.window, s.mode == "i2v",
+                          hardware.device_name, hardware.torch_version)
+        if key not in hardware.compiled_sizes:
+            self._hardware = replace(hardware, compiled_sizes=remember_compiled(self.outputs_dir, key))
 
     def _use_calibration(self, calibration) -> None:
         self._hardware = with_fastest_attention(self._hardware, calibration)
@@ -242,6 +258,8 @@ class Engine:
             raise InputError(f"several videos in one job (count {count}) run on one GPU: ask for 1 GPU, or make "
                              "them one at a time")
         finished = [Generation(self, job, scope).run(request)]
+        if isinstance(finished[0], JobFinished):
+            self._remember_compiled(request)
         for video in range(2, count + 1):
             if not isinstance(finished[-1], JobFinished):   # a split job's other rank
                 return finished[-1]

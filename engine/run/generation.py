@@ -264,9 +264,10 @@ class Generation:
 def speed_record(plan: Plan, request: GenerationRequest, job: Job) -> dict:
     """How the run was made fast, and whether any of it is approximate (the sidecar's "speed")."""
     cache = request.settings.step_cache
-    return {"decoder": job.decoder, "step_cache": cache, "step_cache_detail": job.cache,
-            "approximate": job.decoder != "vae" or bool(cache),
-            "vae_dtype": plan.vae_dtype, "conv": plan.conv,
+    decoder = "vae_fast" if job.decoder == "vae" and plan.channels_last else job.decoder
+    return {"decoder": decoder, "step_cache": cache, "step_cache_detail": job.cache,
+            "approximate": decoder != "vae" or bool(cache),
+            "vae_dtype": plan.vae_dtype, "conv": plan.conv, "decode_window": plan.decode_window,
             "compiled": plan.compile and not job.loras_beside,
             "loras": ("beside the weights" if job.loras_beside else "merged")
             if any(lora.strength for lora in request.settings.loras) else None,

@@ -76,8 +76,10 @@ def measured_hardware(hardware, folder: Path | str):
     """``hardware`` as the engine will run it once it has read this machine's calibration kept in ``folder`` (the
     outputs folder); unchanged when none was kept for this device and torch."""
     from engine.device.calibrate import Calibration
+    from engine.device.compile_cache import compiled_sizes
 
-    return with_fastest_attention(hardware, Calibration.load(Path(folder), hardware))
+    measured = with_fastest_attention(hardware, Calibration.load(Path(folder), hardware))
+    return replace(measured, compiled_sizes=compiled_sizes(folder))
 
 
 @dataclass

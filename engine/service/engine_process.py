@@ -119,6 +119,11 @@ def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardwar
     os.environ.update(env or {})
     for name, value in PLATFORM_ENV.items():
         os.environ.setdefault(name, value)
+    if options.get("outputs_dir"):   # torch.compile's kernels kept beside the outputs, for later processes
+        from engine.device.compile_cache import cache_env
+
+        for name, value in cache_env(options["outputs_dir"]).items():
+            os.environ.setdefault(name, value)
     state = _Starting(time.monotonic())
     threading.Thread(target=_serve_status, args=(status_conn, state), name="engine-status", daemon=True).start()
     from engine.device.runtime import load_libraries

@@ -36,4 +36,4 @@ VAE_DTYPES = ("float32", "bfloat16")
 # memory-efficient kernels by itself); the *_hub ones download kernels and are never offered.
 ATTENTION_BACKENDS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "flash", "sage")
 STEP_CACHES = ("first_block", "mag", "taylor")
-DECODERS = ("vae", "fast")
+DECODERS = ("vae", "vae_fast", "fast")

@@ -59,17 +59,22 @@ def _video_processor(vae):
 
 
 @pytest.mark.parametrize("which", ["wan2.1", "wan2.2-5b"])
-def test_the_streamed_decode_equals_the_whole_decode_bit_for_bit(which, wan21_vae, ti2v_pipe):
+def test_the_streamed_decode_equals_the_whole_decode_in_any_window(which, wan21_vae, ti2v_pipe):
     vae = wan21_vae if which == "wan2.1" else ti2v_pipe.vae   # 5B-style: residual, 2x2 patches, 48 channels
     latents = _latents(vae)
     whole = decode_latents(vae, _video_processor(vae), latents, None, "cpu")
     assert whole.shape == decoded_shape(vae, latents) == (13, 32, 48, 3)
     assert len(np.unique(whole)) > 20   # pictures of noise, not a flat clamp
-    for chunk in (1, 2, 3, 4):   # 4 latent frames: 1 + 4 + 4 + 4 video frames
-        batches = list(decode_stream(vae, latents, "cpu", chunk=chunk))
+    for window in (1, 2, 3, 4):   # 4 latent frames: 1 + 4 + 4 + 4 video frames, the first always alone
+        batches = list(decode_stream(vae, latents, "cpu", window=window))
         assert all(b.dtype == np.uint8 and b.flags.c_contiguous for b in batches)
-        assert [len(b) for b in batches] == {1: [1, 4, 4, 4], 2: [5, 8], 3: [9, 4], 4: [13]}[chunk]
-        assert np.array_equal(np.concatenate(batches), whole), f"chunk {chunk}"
+        assert [len(b) for b in batches] == {1: [1, 4, 4, 4], 2: [1, 8, 4], 3: [1, 12], 4: [1, 12]}[window]
+        streamed = np.concatenate(batches)
+        if which == "wan2.1" or window == 1:
+            assert np.array_equal(streamed, whole), f"window {window}"
+        else:   # the 5B's decoder sums in another order over several frames: float rounding, at most one level
+            levels = np.abs(streamed.astype(np.int16) - whole.astype(np.int16))
+            assert levels.max() <= 1 and (levels > 0).mean() < 1e-4, f"window {window}"
 
 
 def test_a_stream_closed_early_frees_the_vae_cache_and_a_tiled_plan_is_not_streamed(wan21_vae):
