@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.speed_setup import (  # noqa: E402
     PROMPTS, Setup, build_folder, cold, difference, engine_video, free, measure_machine, part, peak_gb, peak_reset,
-    plain_pipeline, plain_video, sync,
+    plain_pipeline, plain_video, relative_difference, sync,
 )
 
 PARTS = ("cold", "warm", "decode", "caches", "attention")
@@ -61,10 +61,14 @@ RUNS = {
                 ("engine", "default", 1, {}), ("engine", "default", 0, {}),
                 ("engine", "compile on", 1, {"compile": True}), ("engine", "compile on", 0, {"compile": True}),
                 ("engine", "fast decoder", 0, {"decoder": "fast"}),
-                ("engine", "fast decoder + compile", 0, {"decoder": "fast", "compile": True})],
+                ("engine", "fast decoder + compile", 0, {"decoder": "fast", "compile": True}),
+                ("engine", "vae_fast + compile", 0, {"decoder": "vae_fast", "compile": True}),
+                ("engine", "fp8 compute", 1, {"compute": "fp8"}), ("engine", "fp8 compute", 0, {"compute": "fp8"}),
+                ("engine", "fp8 + fast decoder", 0, {"compute": "fp8", "decoder": "fast"})],
     "long": [("plain", "diffusers", 0, {}),
              ("engine", "default", 1, {}), ("engine", "default", 0, {}),
-             ("engine", "compile off", 0, {"compile": False})],
+             ("engine", "guidance batch off", 0, {"guidance_batch": False}),
+             ("engine", "compile off", 0, {"compile": False, "guidance_batch": False})],
 }
 
 
@@ -75,6 +79,8 @@ def warm(setup: Setup, folder: Path, engine) -> dict:
     results["plain_load"] = loading
     reference = {}
     for name, case in cases(setup, folder).items():
+        if name not in setup.cases:
+            continue
         rows = []
         for _, variant, index, _ in (r for r in RUNS[name] if r[0] == "plain"):
             row, latents = plain_video(plain, setup, case, PROMPTS[index], setup.work / f"plain-{name}-{index}.mp4")
@@ -87,11 +93,15 @@ def warm(setup: Setup, folder: Path, engine) -> dict:
     del plain
     free()
     for name, case in cases(setup, folder).items():
+        if name not in setup.cases:
+            continue
         for _, variant, index, settings in (r for r in RUNS[name] if r[0] == "engine"):
             row, latents = engine_video(engine, setup, case, PROMPTS[index], **settings)
             plain_latents = reference.get((name, index))
             row.update(variant=variant, prompt=index + 1,
-                       latents_vs_plain=None if plain_latents is None else difference(latents, plain_latents))
+                       latents_vs_plain=None if plain_latents is None else difference(latents, plain_latents),
+                       relative_vs_plain=None if plain_latents is None else relative_difference(latents,
+                                                                                                plain_latents))
             results[name]["engine"].append(row)
             print(f"[bench] engine {name} {variant}: {row['seconds']} s, {row['timings']}", flush=True)
             setup.save()
@@ -313,7 +323,7 @@ def run(setup: Setup, models: list[str], parts: list[str]) -> None:
                 caches(setup, folder, engine)
         engine.unload()
         del engine
-        if "decode" in parts and reference:
+        if "decode" in parts and ("long", 0) in reference:
             with part(setup, "decode"):
                 decode(setup, folder, reference[("long", 0)])
     if "attention" in parts:
@@ -332,6 +342,7 @@ def main() -> None:
     parser.add_argument("--parts", default=",".join(PARTS))
     parser.add_argument("--work", default="/tmp/wan-speed")
     parser.add_argument("--table", action="store_true")
+    parser.add_argument("--cases", default="fastwan,long", help="the warm part's cases")
     args = parser.parse_args()
     if args.table:
         from bench.speed_table import tables
@@ -341,7 +352,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
-    setup = Setup.make(args.tiny, work, out)
+    setup = replace(Setup.make(args.tiny, work, out), cases=tuple(args.cases.split(",")))
     run(setup, args.models.split(","), args.parts.split(","))
     print(f"[bench] results in {out}", flush=True)
 

@@ -31,6 +31,7 @@ class Setup:
     cold_steps: int = 10
     results: dict = field(default_factory=dict)
     out: Path | None = None
+    cases: tuple[str, ...] = ("fastwan", "long")   # the warm part's cases (bench/speed.py)
 
     @classmethod
     def make(cls, tiny: bool, work: Path, out: Path) -> "Setup":
@@ -240,7 +241,8 @@ def engine_video(engine, setup: Setup, case: dict, prompt: str, **settings) -> t
            "step_s": round(sum(sidecar["step_seconds"]) / len(sidecar["step_seconds"]), 4),
            "peak_vram_gb": result.peak_vram_gb, "peak_ram_gb": result.peak_ram_gb,
            "plan": {k: plan.get(k) for k in ("strategy", "vae_dtype", "conv", "compile", "attention_backend",
-                                             "text_encoder", "vae_tile")},
+                                             "text_encoder", "vae_tile", "guidance_batch", "fp8_compute",
+                                             "decode_window", "channels_last")},
            "predicted": planned.predicted_seconds, "speed": sidecar.get("speed"),
            "notes": [e.message for e in events if isinstance(e, Info)][-6:]}
     return row, latents
@@ -248,3 +250,9 @@ def engine_video(engine, setup: Setup, case: dict, prompt: str, **settings) -> t
 
 def difference(a, b) -> float:
     return round(float((a.float().cpu() - b.float().cpu()).abs().max()), 6)
+
+
+def relative_difference(a, b) -> float:
+    """|a - b| / |b| over the whole tensor (an approximate path's distance from the exact one)."""
+    a, b = a.float().cpu(), b.float().cpu()
+    return round(float((a - b).norm() / b.norm().clamp_min(1e-12)), 6)

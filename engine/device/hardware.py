@@ -59,6 +59,7 @@ class HardwareProfile:
     cpu_count: int = 1
     torch_version: str = ""
     triton: bool = False       # Triton imports here: the transformer can be compiled
+    torchao: bool = False      # torchao is installed: the transformer's linears can compute in float8
     attention: str = ""        # the fastest attention backend measured on this machine ("": not measured)
     # Every GPU of the machine, this engine's own first (its device 0); () on a CPU or Mac. The sizes above
     # are the first one's.
@@ -233,6 +234,7 @@ def detect_hardware() -> HardwareProfile:
             backend=backend, device_name=props.name, arch=arch,
             vram_total_gb=round(total / GIB, 2), vram_free_gb=round(free / GIB, 2),
             unified_memory=unified, triton=can_compile(backend, common["os"])[0], devices=devices,
+            torchao=importlib.util.find_spec("torchao") is not None,
             collectives=collectives_here("cuda"), **common)
     if getattr(torch.backends, "mps", None) and torch.backends.mps.is_available():
         return HardwareProfile(

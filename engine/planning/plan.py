@@ -34,6 +34,9 @@ class PlanRequest:
     # The decoder (settings.DECODERS): "vae_fast" decodes with channels-last convolutions and several latent frames
     # a call, as many as the device has room for.
     decoder: str = "vae"
+    # "fp8": the transformer's block linears compute in float8 (approximate; engine/run/speedups.py fp8_linears).
+    compute: str = "exact"
+    loras: bool = False   # the request carries LoRAs (they go into 16-bit weights)
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,7 @@ class Override:
     vae_dtype: str | None = None          # one of speed.VAE_DTYPES
     compile: bool | None = None
     attention: str | None = None          # one of speed.ATTENTION_BACKENDS
+    guidance_batch: bool | None = None
 
     def __post_init__(self):
         if self.strategy is not None and self.strategy not in LADDER:
@@ -97,6 +101,8 @@ class Plan:
     split: Split | None = None   # how the job uses several GPUs (None: one)
     decode_window: int = 1     # latent frames a call of the VAE's decoder takes after the first (1: one at a time)
     channels_last: bool = False   # the VAE's 3-D convolutions decode in channels-last layout (approximate)
+    guidance_batch: bool = False  # a step's two guided passes run as one batch (engine/run/guidance_batch.py)
+    fp8_compute: bool = False     # the transformer's block linears compute in float8 (approximate)
 
     @property
     def swaps_experts(self) -> bool:
@@ -122,4 +128,5 @@ class Plan:
     def reload_key(self) -> tuple:
         """What cannot change on a loaded pipeline without loading it again (another VAE precision loads the VAE
         alone again: engine/run/apply_plan.py use_vae_dtype)."""
-        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load, self.transformer_files)
+        return (self.strategy, self.device, self.dtype, self.transformer, self.fp8, self.load, self.transformer_files,
+                self.fp8_compute)

@@ -16,7 +16,7 @@ from engine.planning import memory as mem
 from engine.planning.explain import explain, explain_files
 from engine.planning.phases import Rung, attention_kind, compute_dtype, copy_streams, disk_room, phase_table, round_up
 from engine.planning.plan import Override, Plan, PlanRequest
-from engine.planning.speed import SpeedRequest, choose_speed, compile_key, vae_dtype_for
+from engine.planning.speed import SpeedRequest, choose_speed, compile_key, fp8_compute_missing, vae_dtype_for
 from engine.planning.split import CONTEXT_PARALLEL_BACKENDS, NO_COLLECTIVES, Split, choose_split
 from engine.settings.choices import LADDER, TEXT_ENCODER_PLACES, TextEncoderPlace
 from engine.words import plural
@@ -44,13 +44,14 @@ def plan_request_for(settings) -> PlanRequest:
                        window=settings.window, overlap=settings.overlap, interpolate=settings.interpolate,
                        upscale=settings.upscale,
                        video_input=settings.mode == "v2v" and settings.denoise_steps < settings.steps,
-                       decoder=settings.decoder)
+                       decoder=settings.decoder, compute=settings.compute,
+                       loras=any(lora.strength for lora in settings.loras))
 
 
 def override_for(settings) -> Override:
     """The memory and speed choices a job's Settings force on the planner."""
     return Override(settings.strategy, settings.text_encoder, settings.vae_tiling, settings.vae_dtype,
-                    settings.compile, settings.attention)
+                    settings.compile, settings.attention, settings.guidance_batch)
 
 
 def budgets(hw: HardwareProfile) -> tuple[float, float]:
@@ -198,8 +199,10 @@ def plan_memory(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override
         conv=speed.conv, compile=speed.compile, attention_backend=speed.attention_backend,
         transformer_files=tuple(file.source if file else None for file in spec.transformer_files), split=split)
     plan = _with_decode_window(spec, req, hw, plan, rung.vae_bytes)
+    plan, batch_said = _with_guidance_batch(spec, req, hw, plan, override.guidance_batch)
+    plan, fp8_said = _with_fp8_compute(req, hw, plan, override.compile)
     decisions = (explain(spec, req, hw, plan, override) + explain_files(spec, hw, plan) + list(speed.decisions)
-                 + split_said + _windows_said(spec, req) + _decode_window_said(plan))
+                 + split_said + _windows_said(spec, req) + _decode_window_said(plan) + batch_said + fp8_said)
     suggestions = () if fits_ else _suggest(spec, req, hw, override)
     if not fits_ and not suggestions:
         decisions.append("Neither fewer frames, a smaller size nor a smaller known model makes it fit this "
@@ -238,6 +241,65 @@ def _decode_window_said(plan: Plan) -> list[str]:
               if plan.decode_window > 1 else "")
     return [f"The VAE decodes faster and approximately (your choice): channels-last convolutions{frames}; the "
             f"frames differ from the exact decode's by a few levels."]
+
+
+def _with_guidance_batch(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan,
+                         forced: bool | None) -> tuple[Plan, list[str]]:
+    """A step's conditional and unconditional passes as one batch (engine/run/guidance_batch.py), with what the
+    plan says of it: by default on a GPU whose budget holds a second pass's activations beside the denoise's peak
+    (that peak raised by them), or where the user turns it on and it fits. Not with one pass a step (no guidance),
+    a step cache (it keeps the two passes' states apart), a video in windows, or a denoise split across GPUs."""
+    if forced is False or req.speed.guidance <= 1.0:
+        return plan, []
+    why_not = ("a step cache keeps the two passes apart" if req.speed.step_cache else
+               "the video is denoised in windows" if req.frames > mem.pass_frames(spec, req.frames, req.window) else
+               "the denoise is split across GPUs" if plan.split is not None and plan.split.possible else
+               "the plan does not fit" if not plan.fits else None)
+    if why_not is None and forced is None and hw.device == "cpu":
+        return plan, []   # a CPU computes both passes' rows at the same rate: nothing to gain, rounding to lose
+    said = f"Guidance's two passes run one after the other ({why_not})."
+    if why_not is not None:
+        return plan, [said] if forced else []
+    denoise = next(phase for phase in plan.phases if phase.phase == "denoise")
+    tokens = mem.denoise_tokens(spec, req.width, req.height, req.frames, req.window)
+    extra = mem.denoise_activations_gb(spec, tokens, compute_dtype(hw)[1], attention_kind(hw) == "math")
+    budget, peak = (plan.budget_ram_gb, denoise.peak_ram_gb) if hw.device == "cpu" else \
+        (plan.budget_vram_gb, denoise.peak_vram_gb)
+    if peak + extra > budget:
+        return plan, [f"Guidance's two passes run one after the other: batched, their activations (+{extra:.1f} GB) "
+                      f"would not fit."]
+    raised = replace(denoise, **{"peak_ram_gb" if hw.device == "cpu" else "peak_vram_gb": round_up(peak + extra)})
+    phases = tuple(raised if phase is denoise else phase for phase in plan.phases)
+    plan = replace(plan, guidance_batch=True, phases=phases,
+                   predicted_peak_vram_gb=max(plan.predicted_peak_vram_gb, raised.peak_vram_gb),
+                   predicted_peak_ram_gb=max(plan.predicted_peak_ram_gb, raised.peak_ram_gb))
+    streamed = plan.transformer != "device"
+    return plan, [f"Guidance's two passes run as one batch{' (your choice)' if forced else ''}: the weights are "
+                  f"read once a step{', which halves what is streamed' if streamed else ''}, for +{extra:.1f} GB of "
+                  f"activations."]
+
+
+def _with_fp8_compute(req: PlanRequest, hw: HardwareProfile, plan: Plan, compile_: bool | None) -> tuple[Plan, list[str]]:
+    """The transformer's block linears in float8 through torchao where the user asks for it (approximate) and
+    this machine and plan allow it: a GPU with float8 tensor cores, torchao and Triton, the transformer whole on
+    the device in 16-bit (not streamed, swapped or stored in fp8), no LoRAs (they go into 16-bit weights), and
+    compiled (uncompiled, quantizing the activations each pass costs more than the float8 matmuls save)."""
+    if req.compute != "fp8":
+        return plan, []
+    why_not = (fp8_compute_missing(hw)
+               or ("the plan does not fit" if not plan.fits else None)
+               or ("the transformer is not whole on the device in 16-bit here (the plan "
+                   f"{'stores it in fp8' if plan.fp8 else 'streams or swaps it'})"
+                   if plan.fp8 or plan.transformer != "device" or plan.swaps_experts else None)
+               or ("LoRAs go into the 16-bit weights" if req.loras else None)
+               or ("a step cache runs the blocks uncompiled" if req.speed.step_cache else None)
+               or ("it needs the transformer compiled, which you turned off" if compile_ is False else None))
+    if why_not is not None:
+        return plan, [f"The transformer's linears compute in {plan.dtype} (exact): float8 was asked for, but "
+                      f"{why_not}."]
+    return replace(plan, fp8_compute=True, compile=True), [
+        "The transformer's block linears compute in float8 (your choice, approximate: about 2% off a pass's output), "
+        "their activations scaled each pass, and the blocks compiled."]
 
 
 def _suggest(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, override: Override) -> list[str]:

@@ -165,15 +165,39 @@ def compile_key(spec, width: int, height: int, frames: int, window: int, image_t
             f"{'i2v' if image_to_video else 't2v'}/{device_name}/{torch_version}")
 
 
+# The GPUs whose tensor cores multiply float8 and torchao's float8 linears support: NVIDIA from compute capability
+# 8.9 (Ada, Hopper, Blackwell), AMD's MI300 and MI350 (torchao/float8/inference.py checks the same).
+FP8_MIN_CUDA_CAPABILITY = 89
+FP8_ROCM_ARCHS = ("gfx942", "gfx950")
+FP8_GPUS = "NVIDIA from Ada and Hopper on (RTX 40xx, L4, L40, H100, H200), AMD MI300"
+
+
+def fp8_compute_missing(hw) -> str | None:
+    """Why this machine cannot compute the transformer's linears in float8 (None: it can)."""
+    capable = (hw.backend == "rocm" and hw.arch in FP8_ROCM_ARCHS) or (
+        hw.backend == "cuda" and hw.arch.startswith("sm_") and hw.arch[3:].isdigit()
+        and int(hw.arch[3:]) >= FP8_MIN_CUDA_CAPABILITY)
+    if not capable:
+        where = "the CPU" if hw.backend == "cpu" else f"{hw.device_name or 'this GPU'}"
+        return f"{where} has no float8 tensor cores (they are on {FP8_GPUS})"
+    if not hw.torchao:
+        return "torchao is not installed (pip install torchao)"
+    if not hw.triton:
+        return "it runs compiled, and Triton is not available here"
+    return None
+
+
 def speed_line(plan) -> str:
     """The plan's speed choices in one line: "VAE bfloat16, convolutions: cuDNN benchmark, compiled, attention
     native" (a CPU plan: its precision only)."""
     conv = {"benchmark": "cuDNN benchmark", "no_miopen": "MIOpen off", "default": "defaults"}[plan.conv]
     if plan.device == "cpu":
-        return f"VAE {plan.vae_dtype}"
+        return f"VAE {plan.vae_dtype}" + (", guidance in one batch" if getattr(plan, "guidance_batch", False) else "")
     layout = ""
     if getattr(plan, "channels_last", False):
         frames = f", {plan.decode_window} latent frames a call" if plan.decode_window > 1 else ""
         layout = f" (channels-last{frames}, approximate)"
+    batch = ", guidance in one batch" if getattr(plan, "guidance_batch", False) else ""
+    batch += ", float8 linears (approximate)" if getattr(plan, "fp8_compute", False) else ""
     return (f"VAE {plan.vae_dtype}, convolutions: {conv}{layout}, transformer "
-            f"{'compiled' if plan.compile else 'not compiled'}, attention: {plan.attention_backend}")
+            f"{'compiled' if plan.compile else 'not compiled'}, attention: {plan.attention_backend}{batch}")

@@ -38,8 +38,7 @@ from engine.planning.plan import Plan
 from engine.planning.post_time import PostFiles, post_seconds, post_works
 from engine.planning.rates import Rates, bytes_per, copy_gbps, device_rates
 from engine.planning.speed import DECODERS
-from engine.planning.vae_time import (FAST_VAE_DECODE_FACTOR, fast_decode_seconds, vae_decode_seconds,
-                                      vae_encode_seconds)
+from engine.planning.vae_time import decode_seconds, vae_encode_seconds, video_encode_seconds
 from engine.settings.choices import TextEncoderPlace
 
 
@@ -62,6 +61,12 @@ IMAGE_TOKENS = 257
 # torch.compile of the repeated blocks fuses the elementwise work: 1.07 s instead of 1.23 s for a 1.3B step on
 # an H200 (docs/reference-figures.md), which is half of that step's elementwise time (2 x 0.16 s).
 COMPILED_ELEMENTWISE = 0.5
+# Guidance in one batch (engine/run/guidance_batch.py): a batch of 2 against two passes, the linear layers' time
+# (twice the rows a matmul); the attention and the elementwise work scale with the batch.
+GUIDANCE_BATCH_LINEAR = 1.0
+# The block linears in float8 (torchao, compiled) against compiled bfloat16, a whole 1.3B pass at 32,760 tokens
+# on an H200: 0.484 s against 0.520 s (docs/speed.md).
+FP8_COMPUTE_PASS = 0.93
 # Its one-off cost at each new size: 11 s for 1.3B on an H200 (docs/reference-figures.md); charged when not yet
 # compiled.
 COMPILE_FIRST_S = 11.0
@@ -213,6 +218,13 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], tokens: int, image_to_
     image_tokens = IMAGE_TOKENS if image_to_video and spec.image_encoder_params else 0
     compile_on = bool(plan.compile)
     one = transformer_pass(spec, tokens, image_tokens, rates, act_bytes, factor, compile_on)
+    if getattr(plan, "fp8_compute", False):   # float8 linears: measured on the whole compiled pass
+        one = PassTime(one.linear * FP8_COMPUTE_PASS, one.attention * FP8_COMPUTE_PASS,
+                       one.elementwise * FP8_COMPUTE_PASS)
+    batched = bool(getattr(plan, "guidance_batch", False)) and passes == 2
+    if batched:   # one pass of batch 2 a step: twice the compute, the weights read (and streamed) once
+        one = PassTime(one.linear * 2 * GUIDANCE_BATCH_LINEAR, one.attention * 2, one.elementwise * 2)
+        passes = 1
     nbytes = bytes_per(plan.dtype)
     cast = ""
     if plan.fp8:
@@ -247,7 +259,8 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], tokens: int, image_to_
     if compile_on and not compiled:
         seconds += COMPILE_FIRST_S
         first_compile = f"; +{COMPILE_FIRST_S:.0f} s compiling at this size"
-    how = (f"{steps} steps x {passes} pass{'es' if passes > 1 else ''} x {one.total:.3f} s: linear {one.linear:.3f} s, "
+    shape = "1 batched pass of 2" if batched else f"{passes} pass{'es' if passes > 1 else ''}"
+    how = (f"{steps} steps x {shape} x {one.total:.3f} s: linear {one.linear:.3f} s, "
            f"attention {one.attention:.3f} s ({tokens} tokens, {backend}), elementwise {one.elementwise:.3f} s"
            f"{cast}{offload}{condition}{first_compile}" + (f" ({rates.note})" if rates.note else ""))
     return seconds, step, how
@@ -382,24 +395,12 @@ def _export(pixels: int, cal: Calibration) -> tuple[float, str]:
     return pixels / (rate * 1e6) + fixed, f"{pixels / 1e6:.0f} megapixels of H.264 at {rate:.1f} MP/s ({source}) + {fixed:.2f} s"
 
 
-# Encoding a video-to-video input takes this share of decoding the same frames: measured on an H200 at 832x480x81
-# (bench/from_video_gpu.py, docs/data/from-video-h200.json): the Wan2.1 VAE 0.72 in float32 and 0.77 in bfloat16,
-# Wan2.2 TI2V-5B's 0.48 (on this project's 2-core CPU the Wan2.1 VAE's was 0.56, at 17x256x256).
-VIDEO_ENCODE_SHARE = 0.75
-VIDEO_ENCODE_SHARE_WAN22 = 0.48
 # An extension's colour match, per megapixel of its part on the CPU (engine/post/extend.py, measured on the 2-core
 # CPU: 15 MP/s at 832x480); the part is read, matched and encoded again, the video's own streams copied.
 COLOUR_MATCH_MPS = 15.0
 # Its ffmpeg processes (the video's last frame read, the part read, the new frames encoded, the streams joined) and
 # their files, whatever the length: a 9-frame 64x64 join took 0.68 s on that CPU.
 JOIN_FIXED_S = 0.6
-
-
-def _video_encode(spec: ModelSpec, width: int, height: int, frames: int, plan: Plan,
-                  cal: Calibration) -> tuple[float, str]:
-    decode, _ = vae_decode_seconds(spec, width, height, frames, plan.vae_dtype, plan.vae_tile, cal, plan.conv)
-    share = VIDEO_ENCODE_SHARE_WAN22 if spec.wan22_vae else VIDEO_ENCODE_SHARE
-    return decode * share, f"the input's {frames} frames through the VAE's encoder: x{share} of decoding as many"
 
 
 def _join(frames: int, width: int, height: int, cal: Calibration) -> tuple[float, str]:
@@ -409,19 +410,6 @@ def _join(frames: int, width: int, height: int, cal: Calibration) -> tuple[float
     return encode + match + JOIN_FIXED_S, (
         f"the part's {frames - 1} new frames colour-matched ({match:.2f} s at {COLOUR_MATCH_MPS:g} MP/s) and encoded "
         f"again ({encode:.2f} s), + {JOIN_FIXED_S} s for ffmpeg's processes; the video's streams copied")
-
-
-def _decode(spec: ModelSpec, width: int, height: int, frames: int, plan: Plan, cal: Calibration,
-            decoder: str) -> tuple[float, str]:
-    """The decode alone: the fast decoder's, or the VAE's (exact, or faster and approximate: a measured factor)."""
-    if decoder == "fast":
-        return fast_decode_seconds(spec, width, height, frames, plan.dtype, cal)
-    decode, how = vae_decode_seconds(spec, width, height, frames, plan.vae_dtype, plan.vae_tile, cal, plan.conv)
-    if getattr(plan, "channels_last", False):
-        factor = FAST_VAE_DECODE_FACTOR[(spec.wan22_vae, plan.decode_window > 1)]
-        decode *= factor
-        how += f"; x{factor:.2f} channels-last, {plan.decode_window} latent frames a call (measured)"
-    return decode, how
 
 
 # ----- the prediction ------------------------------------------------------------------------------------
@@ -459,12 +447,13 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
     if image_to_video and spec.image_encoder_params:
         seconds["image_encode"], how["image_encode"] = _image_encode(spec, plan, calibration)
     if video_input:
-        seconds["video_encode"], how["video_encode"] = _video_encode(spec, width, height, frames, plan, calibration)
+        seconds["video_encode"], how["video_encode"] = video_encode_seconds(spec, width, height, frames, plan,
+                                                                            calibration)
     seconds["denoise"], step, how["denoise"] = _denoise(spec, (width, height, frames), tokens, image_to_video, steps,
                                                         passes, plan, calibration, compiled)
     if _swaps_experts(spec, plan):
         seconds["expert_swap"], how["expert_swap"] = _expert_swap(spec, plan, calibration, 2 if loaded else 1)
-    decode, decode_how = _decode(spec, width, height, frames, plan, calibration, decoder)
+    decode, decode_how = decode_seconds(spec, width, height, frames, plan, calibration, decoder)
     tiled = plan.vae_tile is not None and (plan.vae_tile < width or plan.vae_tile < height)
     streamed = frames > 1 and (decoder == "fast" or not tiled)
     post = _postprocess(pixels, plan, calibration, streamed)

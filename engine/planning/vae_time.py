@@ -177,3 +177,30 @@ def vae_encode_seconds(spec: ModelSpec, width: int, height: int, frames: int, pl
     encoded = 1 if spec.expand_timesteps else frames
     flops = width * height * (vae.encode_first_flops_per_pixel + (encoded - 1) * vae.encode_flops_per_pixel)
     return flops / (conv_rate(cal, "default", plan.vae_dtype, 96) * 1e12) * VAE_ENCODE_OVERHEAD
+
+
+# Encoding a video-to-video input takes this share of decoding the same frames: measured on an H200 at 832x480x81
+# (bench/from_video_gpu.py, docs/data/from-video-h200.json): the Wan2.1 VAE 0.72 in float32 and 0.77 in bfloat16,
+# Wan2.2 TI2V-5B's 0.48 (on this project's 2-core CPU the Wan2.1 VAE's was 0.56, at 17x256x256).
+VIDEO_ENCODE_SHARE = 0.75
+VIDEO_ENCODE_SHARE_WAN22 = 0.48
+
+
+def video_encode_seconds(spec: ModelSpec, width: int, height: int, frames: int, plan: Plan,
+                         cal: Calibration) -> tuple[float, str]:
+    decode, _ = vae_decode_seconds(spec, width, height, frames, plan.vae_dtype, plan.vae_tile, cal, plan.conv)
+    share = VIDEO_ENCODE_SHARE_WAN22 if spec.wan22_vae else VIDEO_ENCODE_SHARE
+    return decode * share, f"the input's {frames} frames through the VAE's encoder: x{share} of decoding as many"
+
+
+def decode_seconds(spec: ModelSpec, width: int, height: int, frames: int, plan: Plan, cal: Calibration,
+                   decoder: str) -> tuple[float, str]:
+    """The decode alone: the fast decoder's, or the VAE's (exact, or faster and approximate: a measured factor)."""
+    if decoder == "fast":
+        return fast_decode_seconds(spec, width, height, frames, plan.dtype, cal)
+    decode, how = vae_decode_seconds(spec, width, height, frames, plan.vae_dtype, plan.vae_tile, cal, plan.conv)
+    if getattr(plan, "channels_last", False):
+        factor = FAST_VAE_DECODE_FACTOR[(spec.wan22_vae, plan.decode_window > 1)]
+        decode *= factor
+        how += f"; x{factor:.2f} channels-last, {plan.decode_window} latent frames a call (measured)"
+    return decode, how

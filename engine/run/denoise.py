@@ -17,6 +17,7 @@ from engine.models.windows import job_windows
 from engine.run.apply_plan import encoder_visiting, torch_dtype
 from engine.run.clip_input import clip_image_embeds
 from engine.run.experts import switch_step
+from engine.run.guidance_batch import batched_guidance
 from engine.run.job import Cancelled, Job
 from engine.run.job_scope import JobScope
 from engine.run.loaded import ImageInputs, LoadedModel, reusing_image_embeds
@@ -43,10 +44,12 @@ class Denoiser:
     # ----- the step's speed: attention, compiling, LoRAs -------------------------
     def apply_speed(self) -> None:
         """The plan's attention backend and compiling, on the loaded pipeline (cheap when unchanged)."""
-        from engine.run.speedups import compile_transformer, set_attention, uncompile_transformer
+        from engine.run.speedups import compile_transformer, fp8_linears, set_attention, uncompile_transformer
 
         plan = self.loaded.plan
         set_attention(self.pipe, None if plan.attention_backend == "native" else plan.attention_backend)
+        if plan.fp8_compute and fp8_linears(self.pipe):   # before compiling: the graphs take the float8 linears
+            self.job.info("The transformer's block linears now compute in float8 (approximate).")
         if plan.compile:
             if compile_transformer(self.pipe):
                 self.job.info("Compiling the transformer's blocks: the first step at each new size takes longer "
@@ -139,8 +142,10 @@ class Denoiser:
             windows = job_windows(self.loaded.model.spec, self.request.settings)
             if windows is not None:
                 self.job.ran_windows(windows)
+            batched = embeds[1] if self.loaded.plan.guidance_batch and self.request.settings.guidance > 1.0 else None
             try:
                 with reusing_image_embeds(self.pipe, image.embeds), self._step_cache(), \
+                        batched_guidance(transformers_of(self.pipe), batched), \
                         windowed(transformers_of(self.pipe), windows, lambda i, n: self.job.window_done(i, n, total)), \
                         prepared.watching(transformers_of(self.pipe)):
                     output = self._call_pipe(embeds, image, callbacks, start)

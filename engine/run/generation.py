@@ -266,12 +266,14 @@ def speed_record(plan: Plan, request: GenerationRequest, job: Job) -> dict:
     cache = request.settings.step_cache
     decoder = "vae_fast" if job.decoder == "vae" and plan.channels_last else job.decoder
     return {"decoder": decoder, "step_cache": cache, "step_cache_detail": job.cache,
-            "approximate": decoder != "vae" or bool(cache),
+            "approximate": decoder != "vae" or bool(cache) or plan.fp8_compute,
+            "compute": "fp8" if plan.fp8_compute else "exact",
             "vae_dtype": plan.vae_dtype, "conv": plan.conv, "decode_window": plan.decode_window,
             "compiled": plan.compile and not job.loras_beside,
             "loras": ("beside the weights" if job.loras_beside else "merged")
             if any(lora.strength for lora in request.settings.loras) else None,
             "attention": plan.attention_backend,
+            "guidance_batch": plan.guidance_batch and request.settings.guidance > 1.0,
             "predicted_seconds": dict(job.predicted.seconds) if job.predicted is not None else None}
 
 

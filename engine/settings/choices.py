@@ -33,7 +33,11 @@ class TextEncoderPlace(Named):
 TEXT_ENCODER_PLACES = tuple(TextEncoderPlace)
 VAE_DTYPES = ("float32", "bfloat16")
 # diffusers' attention backends the app offers ("native" is torch's SDPA, which picks flash or
-# memory-efficient kernels by itself); the *_hub ones download kernels and are never offered.
-ATTENTION_BACKENDS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "flash", "sage")
+# memory-efficient kernels by itself); the *_hub ones download kernels and are never offered. "flash" (FlashAttention
+# 2), "sage" (SageAttention 2.1.1 or newer) and "_flash_3" (FlashAttention 3's flash_attn_interface) run where
+# their packages are installed: the calibration measures them there (engine/run/speedups.py).
+ATTENTION_BACKENDS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "flash", "sage", "_flash_3")
 STEP_CACHES = ("first_block", "mag", "taylor")
 DECODERS = ("vae", "vae_fast", "fast")
+# The transformer's block linears: in the model's precision, or in float8 through torchao (approximate).
+COMPUTES = ("exact", "fp8")

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from enum import Enum
 
 from engine.models.loras import Lora
-from engine.settings.choices import ATTENTION_BACKENDS, DECODERS, LADDER, STEP_CACHES, TEXT_ENCODER_PLACES, VAE_DTYPES
+from engine.settings.choices import (ATTENTION_BACKENDS, COMPUTES, DECODERS, LADDER, STEP_CACHES, TEXT_ENCODER_PLACES,
+                                     VAE_DTYPES)
 from engine.settings.loras import parse_lora_lines
 
 # Video to video's strength when none is given: most of the steps run, so the input's layout and motion stay while
@@ -194,6 +195,16 @@ FIELDS: tuple[Field, ...] = (
           option=Option("--upscale", int, metavar="N",
                         help="after the video is written, N times its width and height (2 or 4; 1: off): an upscaler "
                              "model file from models/upscalers/, else Lanczos")),
+    # Added after the settings above: positional API callers keep their places.
+    Field("guidance_batch", "Guidance batch", Group.SPEED, (bool, _NONE), Parse.ON_OFF, (True, False),
+          (AUTO, *ON_OFF), AUTO, Place.PLAN,
+          option=Option("--guidance-batch", help="run a step's two guided passes as one batch (auto: on a GPU with "
+                                                 "room for their activations)")),
+    Field("compute", "Linears", Group.SPEED, (str,), Parse.FIRST, COMPUTES,
+          (("Model's precision (exact)", "exact"), ("float8 (approximate)", "fp8")), "exact", Place.PLAN,
+          option=Option("--compute", help="exact: the transformer's linears in the model's precision (default); "
+                                          "fp8: in float8 through torchao, about 7%% faster a step and approximate, "
+                                          "on GPUs with fp8 tensor cores (NVIDIA Ada, Hopper and newer; AMD MI300)")),
     # The videos a run starts from (after the settings above, so that older callers of the image-to-video API keep
     # working), and how much of a video-to-video input is made anew.
     Field("extend", "Video to extend", Group.REQUEST, place=Place.VIDEOS, modes=("i2v",),

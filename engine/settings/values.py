@@ -24,7 +24,8 @@ from engine.post.steps import post_problems
 from engine.models.loras import LORA_EXPERTS, Lora, as_lora, lora_file_problem
 from engine.models.single_file import TRANSFORMER_FILE_NAMES, TRANSFORMER_FILE_SUFFIXES
 from engine.settings.fields import DEFAULT_VIDEO_STRENGTH, SETTING_TYPES, Group, names_in
-from engine.settings.choices import ATTENTION_BACKENDS, DECODERS, LADDER, STEP_CACHES, TEXT_ENCODER_PLACES, VAE_DTYPES
+from engine.settings.choices import (ATTENTION_BACKENDS, COMPUTES, DECODERS, LADDER, STEP_CACHES, TEXT_ENCODER_PLACES,
+                                     VAE_DTYPES)
 
 if TYPE_CHECKING:
     from engine.models.limits import Limits
@@ -70,6 +71,8 @@ class Settings:
     decoder: str = "vae"                # one of DECODERS: the model's VAE, exact or faster, or the fast decoder
     step_cache: str | None = None       # one of STEP_CACHES: reuse transformer work between steps
     compile: bool | None = None
+    guidance_batch: bool | None = None  # a step's conditional and unconditional passes as one batch
+    compute: str = "exact"              # one of COMPUTES: the block linears in float8 ("fp8") is approximate
     attention: str | None = None        # one of ATTENTION_BACKENDS
     vae_dtype: str | None = None        # one of VAE_DTYPES
     # Model sources and adapters: a single transformer file in place of the model's own (GGUF or safetensors;
@@ -376,6 +379,11 @@ def _speed_choices(settings: Settings, problems: list[str]) -> None:
         problems.append(f"step cache {settings.step_cache!r} is unknown: use none or one of {', '.join(STEP_CACHES)}")
     if settings.compile is not None and not isinstance(settings.compile, bool):
         problems.append(f"compile must be on, off or auto, got {settings.compile!r}")
+    if settings.compute not in COMPUTES:
+        problems.append(f"compute {settings.compute!r} is unknown: use 'exact' (the model's precision) or 'fp8' "
+                        "(float8 linears, approximate, on GPUs with fp8 tensor cores)")
+    if settings.guidance_batch is not None and not isinstance(settings.guidance_batch, bool):
+        problems.append(f"guidance batch must be on, off or auto, got {settings.guidance_batch!r}")
     if settings.attention not in (None, *ATTENTION_BACKENDS):
         problems.append(f"attention backend {settings.attention!r} is unknown: use auto or one of "
                         f"{', '.join(ATTENTION_BACKENDS)}")

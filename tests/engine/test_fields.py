@@ -68,7 +68,8 @@ def test_the_page_api_s_order_is_the_table_s_and_its_names_map_back_to_fields():
     assert [field.name for field in api_fields("i2v")] == ["image", "last_image", *text, "extend"]
     assert [field.name for field in api_fields("v2v")] == [*text, "video", "strength"]
     # What was added later comes last, in the order it was added, so that older callers keep working.
-    assert text[-6:] == ["guidance_2", "window", "overlap", "count", "interpolate", "upscale"] and text.index("seed") < text.index("strategy")
+    assert text[-8:] == ["guidance_2", "window", "overlap", "count", "interpolate", "upscale", "guidance_batch",
+                         "compute"] and text.index("seed") < text.index("strategy")
     assert by_field({"vae_precision": "float32", "width": 64}) == {"vae_dtype": "float32", "width": 64}
     plan = [field.name for field in plan_fields()]
     assert plan[:5] == ["preset", "model", "width", "height", "frames"] and len(plan) == len(set(plan))

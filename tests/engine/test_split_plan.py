@@ -8,6 +8,7 @@ import pytest
 from engine.device.hardware import GpuDevice, HardwareProfile
 from engine.models.spec import KNOWN_MODELS
 from engine.planning import memory as mem
+from engine.planning.plan import Override
 from engine.planning.planner import gpus_for, override_for, plan_memory, plan_request_for
 from engine.planning.split import choose_split
 from engine.settings.presets import load_presets
@@ -59,7 +60,7 @@ def test_an_explicit_count_wins_capped_by_the_gpus_present(hd_14b):
 
 def test_a_split_plan_holds_the_whole_model_and_a_share_of_the_activations_on_each_gpu(hd_14b):
     spec, hw = KNOWN_MODELS[hd_14b.model], cards(2, 80)
-    one = plan_memory(spec, plan_request_for(hd_14b), hw)
+    one = plan_memory(spec, plan_request_for(hd_14b), hw, Override(guidance_batch=False))   # one pass's activations
     two = plan_memory(spec, replace(plan_request_for(hd_14b), ranks=2), hw)
     assert one.split is None and two.split.kind == "ulysses" and two.split.ranks == 2
     assert one.strategy == two.strategy == "all_on_device"

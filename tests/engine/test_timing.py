@@ -15,7 +15,7 @@ import pytest
 from engine.device.calibrate import CALIBRATION_FILE, Calibration
 from engine.device.hardware import HardwareProfile
 from engine.models.spec import KNOWN_MODELS
-from engine.planning import post_time, timing
+from engine.planning import post_time, timing, vae_time
 from engine.planning.learning import STEP_TOKEN_EXPONENT, MeasuredRun, learn, token_exponent
 from engine.planning.planner import PlanRequest, plan_memory
 from engine.planning.post_time import PostFiles
@@ -228,7 +228,7 @@ def test_the_phases_are_those_a_run_goes_through():
     remade = predict_times(T2V_13, 832, 480, 81, 7, 5.0, plan_for(T2V_13), H200_CALIBRATION, loaded=True,
                            video_input=True)
     assert tuple(remade.seconds)[:2] == ("text_encode", "video_encode")
-    assert remade.seconds["video_encode"] == pytest.approx(timing.VIDEO_ENCODE_SHARE * loaded.seconds["vae_decode"],
+    assert remade.seconds["video_encode"] == pytest.approx(vae_time.VIDEO_ENCODE_SHARE * loaded.seconds["vae_decode"],
                                                            rel=0.05)
     assert remade.seconds["denoise"] == pytest.approx(loaded.seconds["denoise"] * 7 / 10, rel=0.02)
 

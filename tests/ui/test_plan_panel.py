@@ -84,13 +84,13 @@ def test_a_cpu_plan_has_no_device_column():
 def test_dropdowns_become_request_overrides():
     defaults = {"strategy": None, "text_encoder": None, "vae_tiling": None, "decoder": "vae", "step_cache": None,
                 "compile": None, "attention": None, "vae_dtype": None, "loras": (), "transformer": None,
-                "transformer_2": None, "gpus": 0}
+                "transformer_2": None, "gpus": 0, "guidance_batch": None, "compute": "exact"}
     assert overrides() == defaults
     assert overrides(None, None, None, None, None, None, None, None) == overrides(AUTO, AUTO, AUTO) == defaults
     assert overrides("group_offload", "cpu", "On", "fast", "mag", "Off", "_native_cudnn", "float32") == {
         "strategy": "group_offload", "text_encoder": "cpu", "vae_tiling": True, "decoder": "fast", "step_cache": "mag",
         "compile": False, "attention": "_native_cudnn", "vae_dtype": "float32", "loras": (), "transformer": None,
-        "transformer_2": None, "gpus": 0}
+        "transformer_2": None, "gpus": 0, "guidance_batch": None, "compute": "exact"}
     assert overrides(AUTO, "offload", "Off")["vae_tiling"] is False
     assert overrides(*[None] * 8, "a.safetensors: 0.5\n\nb.safetensors")["loras"] == (
         Lora("a.safetensors", 0.5), Lora("b.safetensors", 1.0))

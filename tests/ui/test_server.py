@@ -32,13 +32,13 @@ def test_api_names_are_stable(client):
     for name in ("/text_to_video", "/text_to_image", "/image_to_video", "/video_to_video"):
         tail = {"/image_to_video": 1, "/video_to_video": 2}.get(name, 0)   # the videos, added after these
         parameters = endpoints[name]["parameters"]
-        last = parameters[len(parameters) - 18 - tail:len(parameters) - tail]
+        last = parameters[len(parameters) - 20 - tail:len(parameters) - tail]
         assert [(p["parameter_name"], p["parameter_default"]) for p in last] == [
             ("strategy", "Auto"), ("text_encoder", "Auto"), ("vae_tiling", "Auto"), ("decoder", "vae"),
             ("step_cache", "Off"), ("compile", "Auto"), ("attention", "Auto"), ("vae_precision", "Auto"),
             ("loras", ""), ("transformer", "(the model's own)"), ("transformer_2", "(the model's own)"),
             ("gpus", "Auto"), ("guidance_2", 0), ("window", 0), ("overlap", 16), ("count", 1),
-            ("interpolate", 1), ("upscale", 1)], name
+            ("interpolate", 1), ("upscale", 1), ("guidance_batch", "Auto"), ("compute", "exact")], name
     # The videos come last and may be left out: none to extend; the input video's absence said in a sentence.
     extend, = endpoints["/image_to_video"]["parameters"][-1:]
     video, strength = endpoints["/video_to_video"]["parameters"][-2:]

@@ -16,7 +16,8 @@ from engine.settings.fields import AUTO, FIELD, FIELDS, OWN_TRANSFORMER, Place, 
 from ui.views.plan_panel import form_plan_markdown, gpu_choices, lora_text, transformer_choice
 
 CPU_NOTE = ("On a CPU-only machine every weight stays in RAM: there is no strategy or text-encoder place to choose, "
-            "and nothing to compile or other attention to pick. VAE tiling still lowers the decode's memory.")
+            "nothing to compile, no other attention to pick and no float8 maths. VAE tiling still lowers the decode's "
+            "memory.")
 # Width, height, frames and steps share one row of a half-width column (gradio's default minimum is 160 px).
 NUMBER_MIN_WIDTH = 100
 # Under the negative prompt box: the presets' suggestion is the models' official one, in Chinese.
@@ -277,17 +278,17 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
     panel = PlanPanel(form.plan, plan)
 
     def for_this_machine():
-        """On a CPU-only engine, Strategy, Text encoder, Compile and Attention mean nothing: they are hidden, and
-        the note says why. GPUs shows only when the app runs several engines (one per GPU), offering as many."""
+        """On a CPU-only engine, Strategy, Text encoder, Compile, Attention and Linears mean nothing: they are hidden,
+        and the note says why. GPUs shows only when the app runs several engines (one per GPU), offering as many."""
         try:
             hardware = ctx.client.hardware_profile()
         except (EOFError, OSError):
-            return (gr.skip(),) * 6
+            return (gr.skip(),) * (len(hidden_on_cpu) + 2)
         cpu, count = hardware.backend == "cpu", ctx.client.engine_count()
-        return (*(gr.Dropdown(visible=not cpu) for _ in range(4)), gr.Markdown(visible=cpu),
+        return (*(gr.Dropdown(visible=not cpu) for _ in hidden_on_cpu), gr.Markdown(visible=cpu),
                 gr.Dropdown(choices=gpu_choices(count), visible=count > 1))
 
-    hidden_on_cpu = [boxes[name] for name in ("strategy", "text_encoder", "compile", "attention")]
+    hidden_on_cpu = [boxes[name] for name in ("strategy", "text_encoder", "compile", "attention", "compute")]
     gr.on(None, for_this_machine, None, [*hidden_on_cpu, cpu_note, boxes["gpus"]],
           api_visibility="private", show_progress="hidden")
 
@@ -377,11 +378,16 @@ def _transformer_row(ctx: AppContext, form: Form, mode: str, prefix: str) -> dic
 
 
 def _speed_row(prefix: str) -> dict:
-    """The speed choices: the exact defaults first; the approximate ones say so in their names."""
+    """The speed choices in two rows: what the picture is made with (the exact defaults first; the approximate ones
+    say so in their names), then how the plan runs it."""
     with gr.Row(elem_id=f"{prefix}-speed"):
-        return {"decoder": _dropdown("decoder", prefix, min_width=NUMBER_MIN_WIDTH, scale=2),
-                "step_cache": _dropdown("step_cache", prefix, min_width=NUMBER_MIN_WIDTH, scale=2),
-                "compile": _dropdown("compile", prefix, min_width=NUMBER_MIN_WIDTH),
-                "attention": _dropdown("attention", prefix, min_width=NUMBER_MIN_WIDTH),
-                "vae_dtype": gr.Dropdown(list(FIELD["vae_dtype"].shown), value=AUTO, label=FIELD["vae_dtype"].label,
-                                         elem_id=f"{prefix}-vae-precision", min_width=NUMBER_MIN_WIDTH)}
+        boxes = {"decoder": _dropdown("decoder", prefix, min_width=NUMBER_MIN_WIDTH, scale=2),
+                 "step_cache": _dropdown("step_cache", prefix, min_width=NUMBER_MIN_WIDTH, scale=2),
+                 "compute": _dropdown("compute", prefix, min_width=NUMBER_MIN_WIDTH, scale=2)}
+    with gr.Row(elem_id=f"{prefix}-speed-run"):
+        return boxes | {
+            "compile": _dropdown("compile", prefix, min_width=NUMBER_MIN_WIDTH),
+            "guidance_batch": _dropdown("guidance_batch", prefix, min_width=NUMBER_MIN_WIDTH),
+            "attention": _dropdown("attention", prefix, min_width=NUMBER_MIN_WIDTH),
+            "vae_dtype": gr.Dropdown(list(FIELD["vae_dtype"].shown), value=AUTO, label=FIELD["vae_dtype"].label,
+                                     elem_id=f"{prefix}-vae-precision", min_width=NUMBER_MIN_WIDTH)}
