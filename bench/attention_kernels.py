@@ -1,6 +1,7 @@
 """Attention kernels the app does not ship, against torch's SDPA at Wan's real shapes, on one GPU.
 
     python bench/attention_kernels.py OUT.json
+    python bench/attention_kernels.py OUT.json --tiny    # the same code on the CPU at a small shape (CI)
 
 diffusers reaches FlashAttention 4 only through its hub kernels (downloaded at run time, never offered here);
 the ``flash-attn-4`` package (CuTe DSL, Hopper and Blackwell) runs it without a download. This measures its
@@ -20,18 +21,17 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SHAPES = {"1.3b": (12, 128, 32760), "14b": (40, 128, 32760)}
+TINY_SHAPES = {"tiny": (2, 64, 256)}
 
 
-def timed(fn, repeats: int = 10) -> float:
-    import torch
-
+def timed(fn, sync, repeats: int = 10) -> float:
     for _ in range(3):
         fn()
-    torch.cuda.synchronize()
+    sync()
     started = time.perf_counter()
     for _ in range(repeats):
         fn()
-    torch.cuda.synchronize()
+    sync()
     return (time.perf_counter() - started) / repeats
 
 
@@ -39,9 +39,12 @@ def main() -> None:
     import torch
     import torch.nn.functional as F
 
-    out = Path(sys.argv[1])
-    results: dict = {"machine": torch.cuda.get_device_name(0), "torch": torch.__version__,
-                     "date": time.strftime("%Y-%m-%d")}
+    out, tiny = Path(sys.argv[1]), "--tiny" in sys.argv[2:]
+    device = "cpu" if tiny or not torch.cuda.is_available() else "cuda"
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    results: dict = {"machine": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+                     "torch": torch.__version__, "date": time.strftime("%Y-%m-%d")}
     try:
         from flash_attn.cute import flash_attn_func as fa4
     except Exception as exc:   # noqa: BLE001 - recorded, the rest still runs
@@ -50,11 +53,11 @@ def main() -> None:
 
     from engine.run.speedups import usable_attention_backends
 
-    backends = usable_attention_backends("cuda")
+    backends = usable_attention_backends(device)
     results["diffusers_backends"] = list(backends)
-    for name, (heads, dim, tokens) in SHAPES.items():
-        g = torch.Generator("cuda").manual_seed(0)
-        q, k, v = (torch.randn(1, tokens, heads, dim, device="cuda", dtype=torch.bfloat16, generator=g)
+    for name, (heads, dim, tokens) in (TINY_SHAPES if device == "cpu" else SHAPES).items():
+        g = torch.Generator(device).manual_seed(0)
+        q, k, v = (torch.randn(1, tokens, heads, dim, device=device, dtype=dtype, generator=g)
                    for _ in range(3))   # diffusers' layout: batch, tokens, heads, dim
         flops = 4 * heads * tokens * tokens * dim
         reference = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
@@ -64,7 +67,7 @@ def main() -> None:
         def record(label, fn):
             try:
                 output = fn()
-                seconds = timed(fn)
+                seconds = timed(fn, sync)
                 row[label] = {"ms": round(seconds * 1e3, 3), "tflops": round(flops / seconds / 1e12, 1),
                               "max_vs_sdpa": round(float((output.float() - reference.float()).abs().max()), 5)}
             except Exception as exc:   # noqa: BLE001
@@ -75,7 +78,7 @@ def main() -> None:
                                                               v.transpose(1, 2)).transpose(1, 2))
         for backend in backends:
             record(f"diffusers {backend}", lambda b=backend: dispatch_attention_fn(q, k, v, backend=b))
-        if fa4 is not None:
+        if fa4 is not None and device == "cuda":
             def flash4():
                 output = fa4(q, k, v)
                 return output[0] if isinstance(output, tuple) else output

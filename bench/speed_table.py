@@ -193,7 +193,8 @@ def _predicted(data: dict) -> str:
 
     calibration = Calibration.from_dict({k: v for k, v in data["calibration"].items() if k != "seconds"})
     hw = HardwareProfile(backend="cuda", device_name=data["machine"], arch="sm_90", vram_total_gb=139.8,
-                         vram_free_gb=139.0, ram_total_gb=128.0, ram_available_gb=120.0, triton=True)
+                         vram_free_gb=139.0, ram_total_gb=128.0, ram_available_gb=120.0, triton=True,
+                         torchao=True)
     spec = KNOWN_MODELS[ONE_3B]
     width, height, frames = data["size"]
     steps = {"fastwan": (3, 1.0), "long": (len(data["warm"]["long"]["engine"]) and 50, 5.0)}
@@ -204,12 +205,15 @@ def _predicted(data: dict) -> str:
     for case in ("fastwan", "long"):
         count, guidance = steps[case]
         for row in data["warm"][case]["engine"]:
-            compiled = row["plan"]["compile"]
-            plan = plan_memory(spec, PlanRequest(width, height, frames, speed=SpeedRequest(count, guidance)), hw,
-                               Override(compile=compiled))
+            compiled, speed = row["plan"]["compile"], row.get("speed") or {}
+            decoder = (speed.get("decoder") or ("fast" if "fast decoder" in row["variant"] else "vae")).split()[0]
+            request = PlanRequest(width, height, frames, speed=SpeedRequest(count, guidance),
+                                  decoder=decoder, compute=speed.get("compute") or "exact")
+            plan = plan_memory(spec, request, hw, Override(compile=compiled,
+                                                           guidance_batch=row["plan"].get("guidance_batch")))
             loaded = "load" not in row["timings"]
             guess = predict_times(spec, width, height, frames, count, guidance, plan, calibration,
-                                  "fast" if "fast" in row["variant"] else "vae", loaded=loaded,
+                                  "fast" if decoder == "fast" else "vae", loaded=loaded,
                                   compiled=compiled and compiled_before)
             compiled_before = compiled_before or compiled
             cells = []

@@ -108,3 +108,14 @@ def test_the_decode_window_bench_runs_on_the_cpu_and_finds_every_window_exact(tm
     # On the CPU every window decodes the same frames as one latent frame at a time.
     assert all(run["frames_vs_window_1"]["max"] == 0 for name, run in runs.items() if name.startswith("window"))
     assert all(run["seconds"] > 0 for run in runs.values())
+
+
+def test_the_attention_kernel_bench_runs_on_the_cpu_and_says_what_did_not_import(tmp_path):
+    out = tmp_path / "attention.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "attention_kernels.py"), str(out), "--tiny"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    results = json.loads(out.read_text())
+    assert results["diffusers_backends"][0] == "native"
+    assert results["tiny"]["sdpa"]["max_vs_sdpa"] == 0.0 and results["tiny"]["diffusers native"]["ms"] > 0
+    assert "flash_attn_4" not in results["tiny"]   # a GPU kernel: never run on the CPU (nor installed here)

@@ -61,12 +61,14 @@ IMAGE_TOKENS = 257
 # torch.compile of the repeated blocks fuses the elementwise work: 1.07 s instead of 1.23 s for a 1.3B step on
 # an H200 (docs/reference-figures.md), which is half of that step's elementwise time (2 x 0.16 s).
 COMPILED_ELEMENTWISE = 0.5
-# Guidance in one batch (engine/run/guidance_batch.py): a batch of 2 against two passes, the linear layers' time
-# (twice the rows a matmul); the attention and the elementwise work scale with the batch.
-GUIDANCE_BATCH_LINEAR = 1.0
-# The block linears in float8 (torchao, compiled) against compiled bfloat16, a whole 1.3B pass at 32,760 tokens
-# on an H200: 0.484 s against 0.520 s (docs/speed.md).
-FP8_COMPUTE_PASS = 0.93
+# Guidance in one batch (engine/run/guidance_batch.py): one pass of batch 2 against two passes, compiled, 1.3B at
+# 832x480x81 on an H100: 1.071 s a step against 1.096 s (docs/data/speed-past-bf16-long-h100.json).
+GUIDANCE_BATCH_FACTOR = 0.977
+# The block linears in float8 (torchao, compiled) against compiled bfloat16, a 1.3B step at 32,760 tokens: 0.501 s
+# against 0.532 s on an H100 (docs/data/speed-past-bf16-h100.json; a pass on an H200: 0.484 s against 0.520 s).
+# Compiling them took 184 s at a new size, not the 11-17 s of the 16-bit blocks.
+FP8_COMPUTE_PASS = 0.94
+FP8_COMPILE_FIRST_S = 180.0
 # Its one-off cost at each new size: 11 s for 1.3B on an H200 (docs/reference-figures.md); charged when not yet
 # compiled.
 COMPILE_FIRST_S = 11.0
@@ -223,7 +225,7 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], tokens: int, image_to_
                        one.elementwise * FP8_COMPUTE_PASS)
     batched = bool(getattr(plan, "guidance_batch", False)) and passes == 2
     if batched:   # one pass of batch 2 a step: twice the compute, the weights read (and streamed) once
-        one = PassTime(one.linear * 2 * GUIDANCE_BATCH_LINEAR, one.attention * 2, one.elementwise * 2)
+        one = PassTime(*(2 * GUIDANCE_BATCH_FACTOR * part for part in (one.linear, one.attention, one.elementwise)))
         passes = 1
     nbytes = bytes_per(plan.dtype)
     cast = ""
@@ -257,8 +259,9 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], tokens: int, image_to_
         condition = f"; +{encode:.2f} s to VAE-encode the image condition"
     first_compile = ""
     if compile_on and not compiled:
-        seconds += COMPILE_FIRST_S
-        first_compile = f"; +{COMPILE_FIRST_S:.0f} s compiling at this size"
+        first = FP8_COMPILE_FIRST_S if getattr(plan, "fp8_compute", False) else COMPILE_FIRST_S
+        seconds += first
+        first_compile = f"; +{first:.0f} s compiling at this size"
     shape = "1 batched pass of 2" if batched else f"{passes} pass{'es' if passes > 1 else ''}"
     how = (f"{steps} steps x {shape} x {one.total:.3f} s: linear {one.linear:.3f} s, "
            f"attention {one.attention:.3f} s ({tokens} tokens, {backend}), elementwise {one.elementwise:.3f} s"

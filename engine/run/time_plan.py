@@ -89,7 +89,7 @@ class TimePlanner:
     _calibration: object = None          # engine.device.calibrate.Calibration
     _folder: Path | None = None          # where it is kept
     _runs: dict | None = None                       # plan family (family_key) -> [MeasuredRun], newest last
-    _compiled: set = field(default_factory=set)     # (model, width, height, frames) already run compiled
+    _compiled: set = field(default_factory=set)     # the shapes (``_shape``) already run compiled
 
     def calibration(self, folder: Path, hardware, measure: Callable[[Callable], object]):
         """This machine's rates: in memory, else read from ``folder``, else measured now through ``measure``
@@ -148,7 +148,7 @@ class TimePlanner:
         if calibration is None:
             return None
         s = request.settings
-        compiled = plan.compile and self._shape(resolved.ref, s) in self._compiled
+        compiled = plan.compile and self._shape(resolved.ref, s, plan) in self._compiled
         return predict_job(resolved.spec, resolved.ref, s, plan, calibration, self._known_runs(calibration), loaded,
                            compiled, None if loaded else read_bytes(resolved) or None, post_files(self.models_dir),
                            extends=bool(request.extend))
@@ -181,7 +181,7 @@ class TimePlanner:
         runs.append(run)
         del runs[:-KEPT_RUNS]
         if plan.compile:
-            self._compiled.add(self._shape(ref, s))
+            self._compiled.add(self._shape(ref, s, plan))
         if self._folder is not None and self._calibration is not None:
             keep_runs(self._folder, self._calibration, self._runs)
 
@@ -193,8 +193,11 @@ class TimePlanner:
         return {work.phase: work.to_dict() for work in works if work.phase in seconds}
 
     @staticmethod
-    def _shape(ref: str, settings) -> tuple:
-        return ref, settings.width, settings.height, settings.frames
+    def _shape(ref: str, settings, plan) -> tuple:
+        """What a compiled graph is made for: the model, the size, the batch and the linears' kind."""
+        batched = getattr(plan, "guidance_batch", False) and settings.guidance > 1.0
+        return (ref, settings.width, settings.height, settings.frames, batched,
+                getattr(plan, "fp8_compute", False))
 
 
 # The runs this machine made, kept beside the calibration: the page's plan (in the app's process) and a later

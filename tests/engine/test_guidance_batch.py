@@ -80,11 +80,16 @@ def _denoise(plan):
     return {phase.phase: phase for phase in plan.phases}["denoise"]
 
 
-def test_a_gpu_with_room_batches_guidance_and_counts_the_second_pass_activations():
-    h200 = HARDWARE["h200"]
+def test_a_gpu_with_room_batches_guidance_where_it_compiles_and_counts_the_second_pass_activations():
+    h200 = replace(HARDWARE["h200"], triton=True)
     two = plan_memory(T2V_13, PlanRequest(832, 480, 81, speed=GUIDED), h200, Override(guidance_batch=False))
     one = plan_memory(T2V_13, PlanRequest(832, 480, 81, speed=GUIDED), h200)
-    assert one.guidance_batch and not two.guidance_batch
+    assert one.compile and one.guidance_batch and not two.guidance_batch
+    # The plain, uncompiled path keeps its two calls (its latents are plain diffusers' bit for bit) unless asked.
+    exact = plan_memory(T2V_13, PlanRequest(832, 480, 81, speed=GUIDED), h200, Override(compile=False))
+    assert not exact.compile and not exact.guidance_batch
+    assert plan_memory(T2V_13, PlanRequest(832, 480, 81, speed=GUIDED), h200,
+                       Override(compile=False, guidance_batch=True)).guidance_batch
     extra = mem.denoise_activations_gb(T2V_13, mem.denoise_tokens(T2V_13, 832, 480, 81), 2,
                                        attention_kind(h200) == "math")
     assert extra > 1.0
@@ -94,8 +99,18 @@ def test_a_gpu_with_room_batches_guidance_and_counts_the_second_pass_activations
     assert not plan_memory(T2V_13, PlanRequest(832, 480, 81, speed=SpeedRequest(4, 1.0)), h200).guidance_batch
 
 
+def test_a_streamed_transformer_batches_guidance_to_copy_its_weights_once_a_step():
+    card = HARDWARE["24gb-64"]   # no Triton here: nothing compiles
+    plan = plan_memory(I2V_14, PlanRequest(832, 480, 81, image_to_video=True, speed=GUIDED), card)
+    assert plan.transformer != "device" and not plan.compile
+    if plan.guidance_batch:
+        assert any("which halves what is streamed" in d for d in plan.decisions)
+    else:
+        assert any("would not fit" in d for d in plan.decisions)
+
+
 def test_a_step_cache_windows_or_a_cpu_keep_the_two_passes():
-    h200 = HARDWARE["h200"]
+    h200 = replace(HARDWARE["h200"], triton=True)
     cached = plan_memory(T2V_13, PlanRequest(832, 480, 81, speed=SpeedRequest(50, 5.0, "mag")), h200,
                          Override(guidance_batch=True))
     assert not cached.guidance_batch
@@ -115,8 +130,9 @@ def test_a_batch_is_chosen_only_where_its_activations_fit(hw_name):
         plan = plan_memory(spec, request, hardware)
         if plan.guidance_batch:
             assert _denoise(plan).peak_vram_gb <= plan.budget_vram_gb and plan.fits
-        elif plan.fits:
-            assert any("one after the other" in d for d in plan.decisions) or hardware.backend == "cpu", hw_name
+        elif plan.fits:   # said why, or the exact path (uncompiled, on the device), which keeps its two calls
+            exact_path = not plan.compile and plan.transformer == "device"
+            assert any("one after the other" in d for d in plan.decisions) or exact_path, hw_name
 
 
 def test_the_time_plan_streams_an_offloaded_transformer_once_a_step():

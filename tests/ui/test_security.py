@@ -29,9 +29,9 @@ I2V_TAIL = ["selftest-i2v", "waves", "", "selftest-i2v", 64, 64, 9, 2, 5.0, 3.0,
 PASSWD = Path("/etc/passwd")
 # The raw API wants every input, the plan overrides included (gradio_client fills them in itself).
 OVERRIDES = ["Auto", "Auto", "Auto", "vae", "Off", "Auto", "Auto", "Auto", "", "(the model's own)",
-             "(the model's own)", "Auto", 0, 0, 16, 1, 1, 1]
+             "(the model's own)", "Auto", 0, 0, 16, 1, 1, 1, "Auto", "exact"]
 # (the plan panel's dropdowns, LoRAs, transformer files, GPUs, Guidance 2, the window and overlap, the count,
-# smoother and larger)
+# smoother and larger, the guidance batch and the linears)
 GPUS_AT = 11   # the GPUs choice's place in OVERRIDES
 
 
