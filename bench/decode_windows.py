@@ -29,27 +29,34 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def measure(vae, latents, window: int, device: str, repeats: int = 2) -> tuple[dict, object]:
-    """The best of ``repeats`` decodes after one warm-up, and the peak allocated above what was there."""
-    import numpy as np
+def timed(decode, device: str, repeats: int = 2) -> tuple[dict, object]:
+    """(the best of ``repeats`` runs of ``decode()`` after one warm-up and the peak allocated above what was there,
+    the last run's result)."""
     import torch
 
-    from engine.run.decoding import decode_stream
-
-    times, frames = [], None
+    times, result = [], None
     base = torch.cuda.memory_allocated() if device == "cuda" else 0
     for number in range(repeats + 1):
         _sync(device)
         if device == "cuda":
             torch.cuda.reset_peak_memory_stats()
         started = time.perf_counter()
-        frames = np.concatenate(list(decode_stream(vae, latents, device, window=window)))
+        result = decode()
         _sync(device)
         if number:
             times.append(time.perf_counter() - started)
     peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 30 if device == "cuda" else None
     return {"seconds": round(min(times), 3), "all_s": [round(t, 3) for t in times],
-            "peak_above_gb": None if peak is None else round(peak, 3)}, frames
+            "peak_above_gb": None if peak is None else round(peak, 3)}, result
+
+
+def measure(vae, latents, window: int, device: str, repeats: int = 2) -> tuple[dict, object]:
+    """The VAE's decode in ``window`` latent frames a call: timed, and its frames."""
+    import numpy as np
+
+    from engine.run.decoding import decode_stream
+
+    return timed(lambda: np.concatenate(list(decode_stream(vae, latents, device, window=window))), device, repeats)
 
 
 def difference(a, b) -> dict:

@@ -63,6 +63,7 @@ RUNS = {
                 ("engine", "fast decoder", 0, {"decoder": "fast"}),
                 ("engine", "fast decoder + compile", 0, {"decoder": "fast", "compile": True}),
                 ("engine", "vae_fast + compile", 0, {"decoder": "vae_fast", "compile": True}),
+                ("engine", "light VAE + compile", 0, {"decoder": "vae_light", "compile": True}),
                 ("engine", "fp8 compute", 1, {"compute": "fp8"}), ("engine", "fp8 compute", 0, {"compute": "fp8"}),
                 ("engine", "fp8 + fast decoder", 0, {"compute": "fp8", "decoder": "fast"})],
     "long": [("plain", "diffusers", 0, {}),
@@ -286,14 +287,21 @@ class _Calling:
 
 
 # ----- the whole run -------------------------------------------------------------------------------------------------
-def make_engine(setup: Setup):
-    """The engine as the app makes it, with a fast decoder file (random weights) in its models folder."""
+def make_engine(setup: Setup, folder: Path):
+    """The engine as the app makes it, with a fast decoder and a light VAE (random weights, the light VAE at a
+    quarter of the width of ``folder``'s VAE, in the published layout) in its models folder."""
+    import json
+
     from engine.models.fast_decoder_file import random_fast_decoder_state, write_fast_decoder
+    from engine.models.light_vae_file import random_light_vae, write_light_vae
     from engine.run.engine import Engine
 
     models = setup.work / "models"
     (models / "fast_decoders").mkdir(parents=True, exist_ok=True)
     write_fast_decoder(models / "fast_decoders" / "taew2_1.safetensors", random_fast_decoder_state(16, 1))
+    config = json.loads((folder / "vae" / "config.json").read_text())
+    write_light_vae(models / "fast_decoders" / "lightvaew2_1.safetensors",
+                    random_light_vae(config, max(2, config["base_dim"] // 4)))
     return Engine(models, latents_hours=24.0, calibrate=True)
 
 
@@ -308,7 +316,7 @@ def run(setup: Setup, models: list[str], parts: list[str]) -> None:
     if "1.3b" in models:
         with part(setup, "folder"):
             folder = build_folder(setup)
-        engine = make_engine(setup)
+        engine = make_engine(setup, folder)
         with part(setup, "calibrate"):
             measure_machine(setup, engine)
         if "cold" in parts:

@@ -28,6 +28,8 @@ def test_the_speed_bench_runs_every_part_on_the_self_test_model(tmp_path):
         exact = [r for r in engine if r["variant"] in ("default", "compile off") and r["latents_vs_plain"] is not None]
         assert exact and all(r["latents_vs_plain"] == 0.0 for r in exact)   # the engine's latents are diffusers'
         assert all(r["predicted"] and r["timings"] for r in engine)
+    light = [r for r in results["warm"]["fastwan"]["engine"] if r["variant"] == "light VAE + compile"]
+    assert light and light[0]["speed"]["decoder"] == "vae_light (lightvaew2_1)", light
     assert results["decode"]["streamed equals whole"] is True
     assert results["decode"]["fast decoder frames"] == [9, 64, 64, 3]
     assert {"none", "first_block", "taylor", "mag", "mag (calibrated)"} <= set(results["caches"])
@@ -98,24 +100,47 @@ def test_the_lora_differences_check_runs_every_placement_on_the_cpu(tmp_path):
         assert row["lora_vs_hand_rel"] < 1e-5 < 1e-2 < row["lora_effect_rel"], row
 
 
-def test_the_decode_window_bench_runs_on_the_cpu_and_finds_every_window_exact(tmp_path):
+def test_the_decode_window_bench_runs_on_the_cpu_and_finds_every_window_within_a_level(tmp_path):
     out = tmp_path / "windows.json"
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "decode_windows.py"), str(out), "--tiny",
                            "--windows", "1,3,20"], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     runs = json.loads(out.read_text())["wan21 tiny"]
     assert {"window 1", "window 3", "window 20"} <= set(runs)
-    # On the CPU every window decodes the same frames as one latent frame at a time.
-    assert all(run["frames_vs_window_1"]["max"] == 0 for name, run in runs.items() if name.startswith("window"))
+    # On the CPU every window decodes the frames of one latent frame at a time, or within one level of them: on some
+    # CPUs the self-test VAE's larger convolutions round a few pixels the other way (3 in a million at window 3).
+    # The engine's own decodes are held to exact in tests/engine/test_decoding.py.
+    assert all(run["frames_vs_window_1"]["max"] <= 1 for name, run in runs.items() if name.startswith("window"))
+    assert runs["window 20"]["frames_vs_window_1"]["share_differing"] < 1e-4
     assert all(run["seconds"] > 0 for run in runs.values())
 
 
-def test_the_attention_kernel_bench_runs_on_the_cpu_and_says_what_did_not_import(tmp_path):
-    out = tmp_path / "attention.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "attention_kernels.py"), str(out), "--tiny"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+def _run_plain_tiny(script: str, tmp_path) -> dict:
+    out = tmp_path / f"{script}.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / script), str(out), "--tiny"], capture_output=True,
+                          text=True, timeout=600, cwd=ROOT)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    results = json.loads(out.read_text())
+    return json.loads(out.read_text())
+
+
+def test_the_attention_kernel_bench_runs_on_the_cpu_and_says_what_did_not_import(tmp_path):
+    results = _run_plain_tiny("attention_kernels.py", tmp_path)
     assert results["diffusers_backends"][0] == "native"
     assert results["tiny"]["sdpa"]["max_vs_sdpa"] == 0.0 and results["tiny"]["diffusers native"]["ms"] > 0
     assert "flash_attn_4" not in results["tiny"]   # a GPU kernel: never run on the CPU (nor installed here)
+
+
+def test_the_light_vae_bench_decodes_with_all_three_and_models_each(tmp_path):
+    results = _run_plain_tiny("light_vae.py", tmp_path)
+    assert set(results["measured"]) == {"vae", "vae_light", "fast"}
+    assert all(row["seconds"] > 0 for row in results["measured"].values())
+    assert results["light_vae"]["parameters"] < results["light_vae"]["vae_parameters"]
+    assert results["light_vae_factor"] == round(results["measured"]["vae_light"]["seconds"]
+                                                / results["predicted"]["vae_light_modelled"], 3)
+    assert results["calibration"]["fp8_matmul_tflops"] == []        # quick, on the CPU: not measured
+
+
+def test_the_guidance_batch_bench_compares_one_batch_with_two_calls(tmp_path):
+    results = _run_plain_tiny("guidance_batch.py", tmp_path)
+    assert results["conditional"]["equal"] and results["unconditional"]["equal"]   # exact on the CPU
+    assert results["one_batch"]["step_s"] > 0 and results["two_calls"]["step_s"] > 0

@@ -81,6 +81,7 @@ class Calibration:
     disk_gbps: float | None = None                   # weights read by the last real load; None: not yet known
     conv2d_tflops: tuple[tuple[str, str, int, float], ...] = ()   # (set-up, dtype, width, TFLOP/s): 3x3 conv2d
     attention_seconds: dict = field(default_factory=dict)   # diffusers backend -> s for one self-attention call
+    fp8_matmul_tflops: tuple[tuple[int, float], ...] = ()   # (inner dimension, TFLOP/s): float8 matmul; () not run
     quick: bool = False
     seconds: float = 0.0                             # how long the calibration took
     schema: int = SCHEMA
@@ -99,6 +100,7 @@ class Calibration:
         try:
             values["matmul_tflops"] = tuple((int(k), float(v)) for k, v in values["matmul_tflops"])
             values["attention_tflops"] = tuple((int(k), float(v)) for k, v in values["attention_tflops"])
+            values["fp8_matmul_tflops"] = tuple((int(k), float(v)) for k, v in values.get("fp8_matmul_tflops", ()))
             values["conv3d_tflops"] = tuple((str(m), str(d), int(c), float(v)) for m, d, c, v in values["conv3d_tflops"])
             values["conv2d_tflops"] = tuple((str(m), str(d), int(c), float(v))
                                             for m, d, c, v in values.get("conv2d_tflops", ()))
@@ -188,6 +190,23 @@ def _matmul(torch, device, dtype, seconds, tokens: int, dims) -> tuple[tuple[int
     return tuple(points)
 
 
+def fp8_matmul(torch, device, seconds, tokens: int, dims) -> tuple[tuple[int, float], ...]:
+    """float8 (e4m3) matrix products as torchao's float8 linears run them (torch._scaled_mm, one scale a tensor,
+    bfloat16 out) at the matmul shapes: (inner dimension, TFLOP/s); () where this device has no float8 kernel."""
+    points = []
+    scale = torch.ones((), device=device)
+    try:
+        for dim in dims:
+            a = torch.randn(tokens, dim, device=device).to(torch.float8_e4m3fn)
+            b = torch.randn(4 * dim, dim, device=device).to(torch.float8_e4m3fn).t()   # column-major, as it wants
+            t = seconds(lambda: torch._scaled_mm(a, b, scale_a=scale, scale_b=scale, out_dtype=torch.bfloat16),
+                        3, 5 if device != "cpu" else 1)
+            points.append((dim, float(f"{2 * tokens * dim * 4 * dim / t / 1e12:.4g}")))
+    except (RuntimeError, AttributeError, TypeError, NotImplementedError):   # no float8 type or kernel here
+        return ()
+    return tuple(points)
+
+
 def _attention(torch, device, dtype, seconds, lengths, heads) -> tuple[tuple[int, float], ...]:
     import torch.nn.functional as F
 
@@ -265,7 +284,8 @@ def calibrate(device: str, dtype, quick: bool = False, *, export_rates: Callable
     """Measure this machine's rates on ``device`` in the compute ``dtype`` (a torch dtype or its name).
 
     5-8 s on an H200 (about 1.3 s with ``quick``); ``quick`` on a 2-core CPU about 1-2 s. The CPU's matrix
-    rate is measured too, for encoders the plan runs on the CPU. On CUDA and ROCm the decoder's convolutions
+    rate is measured too, for encoders the plan runs on the CPU; on a GPU (not ``quick``) float8 matrix products
+    too, for the float8 linears. On CUDA and ROCm the decoder's convolutions
     are measured in the set-up the planner picks too (cudnn.benchmark, MIOpen off), after the defaults.
     ``export_rates(quick)``: the export's fields (``to_uint8_gbps``, the H.264 rates), measured by the layer that
     exports (engine/outputs/export_rates.py's export_rates), so the device never imports it.
@@ -292,6 +312,8 @@ def calibrate(device: str, dtype, quick: bool = False, *, export_rates: Callable
             cpu_matmul = max(v for _, v in _matmul(torch, "cpu", compute, timer("cpu"),
                                                     **_MATMUL["cpu_quick" if quick else "cpu"]))
             copies = _copies(torch, device, seconds, _COPY_BYTES[size]) if device.startswith("cuda") else {}
+        # float8 linears are offered on CUDA and ROCm GPUs only (engine/planning/speed.py fp8_compute_missing).
+        fp8 = fp8_matmul(torch, device, seconds, **_MATMUL[size]) if device.startswith("cuda") and not quick else ()
     export = export_rates(quick)
     name, backend = _machine(device)
     if device.startswith("cuda"):
@@ -299,6 +321,6 @@ def calibrate(device: str, dtype, quick: bool = False, *, export_rates: Callable
     return Calibration(
         device_name=name, backend=backend, torch_version=torch.__version__, dtype=_dtype_name(compute),
         matmul_tflops=matmul, attention_tflops=attention, conv3d_tflops=conv, conv2d_tflops=conv_2d,
-        memory_gbps=memory,
+        memory_gbps=memory, fp8_matmul_tflops=fp8,
         cpu_matmul_tflops=cpu_matmul, **copies, **export, quick=quick,
         seconds=round(time.perf_counter() - started, 2))

@@ -207,8 +207,9 @@ def _info_of(path: Path, state: dict, layers: Sequence[DecoderLayer], vae_space_
         vae_space_latents=bool(vae_space_latents), parameters=sum(int(t.numel()) for t in state.values()))
 
 
-def _load_file(path: Path) -> dict:
-    """The tensors of a .safetensors or .pth file (a .pth may nest them under "state_dict")."""
+def load_tensors(path: Path) -> dict:
+    """The tensors of a .safetensors or .pth file (a .pth may nest them under "state_dict"), on the CPU as stored;
+    a damaged safetensors file is WeightFileError in a sentence of ours. Decoder files of either kind use it."""
     import torch
 
     if path.suffix == ".safetensors":
@@ -220,6 +221,20 @@ def _load_file(path: Path) -> dict:
     if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
         loaded = loaded["state_dict"]
     return loaded if isinstance(loaded, dict) else {}
+
+
+def fetch_once(repo: str, name: str, folder: Path, what: str, where: str, offline: bool, error: type) -> Path:
+    """``name`` from the Hub repo ``repo`` downloaded into ``folder``; ``error`` (a ValueError kind) saying
+    ``where`` to put it by hand when the app is offline or the download fails."""
+    if offline:
+        raise error(f"no {what} is on disk and the app is offline: {where}")
+    try:
+        from huggingface_hub import hf_hub_download
+
+        folder.mkdir(parents=True, exist_ok=True)
+        return Path(hf_hub_download(repo, name, local_dir=folder))
+    except Exception as exc:   # no network, no such file: the user can still place it by hand
+        raise error(f"the {what} could not be downloaded ({type(exc).__name__}): {where}") from exc
 
 
 def read_fast_decoder(path: Path | str, vae_space_latents: bool | None = None) -> tuple[FastDecoderInfo, dict]:
@@ -245,7 +260,7 @@ def read_fast_decoder_layers(path: Path,
         raise FastDecoderError(f"{path.name} is not a .safetensors or .pth file: use taew2_1 or taew2_2 "
                                f"as .safetensors or .pth")
     try:
-        loaded = _load_file(path)
+        loaded = load_tensors(path)
     except WeightFileError as exc:
         raise FastDecoderError(f"the fast decoder {path.name} cannot be used: {exc}; {DOWNLOAD_AGAIN}") from None
     except Exception as exc:  # noqa: BLE001 - any reading error means the same thing: a damaged or other file
@@ -302,15 +317,8 @@ def locate_fast_decoder(models_dir: Path | str, z_dim: int, model_folder: Path |
         raise FastDecoderError(f"no fast decoder is known for {z_dim}-channel latents: choose the VAE decoder")
     where = (f"put {stem}.safetensors (from {FAST_DECODER_HUB_REPO} on the Hugging Face Hub, or "
              f"{FAST_DECODER_SOURCE}) in {folder}, or choose the VAE decoder")
-    if offline:
-        raise FastDecoderError(f"no fast decoder for this model is on disk and the app is offline: {where}")
-    try:
-        from huggingface_hub import hf_hub_download
-
-        folder.mkdir(parents=True, exist_ok=True)
-        return Path(hf_hub_download(FAST_DECODER_HUB_REPO, f"{stem}.safetensors", local_dir=folder))
-    except Exception as exc:   # no network, no such file: the user can still place it by hand
-        raise FastDecoderError(f"the fast decoder could not be downloaded ({type(exc).__name__}): {where}") from exc
+    return fetch_once(FAST_DECODER_HUB_REPO, f"{stem}.safetensors", folder, "fast decoder for this model", where,
+                      offline, FastDecoderError)
 
 
 def _published_layers(latent_channels: int, patch_size: int,

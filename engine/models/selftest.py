@@ -105,6 +105,31 @@ def write_selftest_fast_decoder(folder: Path) -> Path:
     return write_fast_decoder(path, random_fast_decoder_state(16, 1, seed=_WEIGHT_SEED, dtype=torch.float16))
 
 
+# The self-test light VAE's width: the model's VAE (width 3) narrowed, as LightX2V's narrows Wan2.1's 96 to 24.
+_LIGHT_VAE_WIDTH = 2
+
+
+def _light_vae_path(folder: Path) -> Path:
+    from engine.models.light_vae_file import LIGHT_VAE_FILES, MODEL_OWN_FOLDER
+
+    return Path(folder) / MODEL_OWN_FOLDER / f"{LIGHT_VAE_FILES[16]}.safetensors"
+
+
+def write_selftest_light_vae(folder: Path) -> Path:
+    """A light VAE (engine/models/light_vae_file.py) for the self-test model's VAE, with random weights, in the
+    model's folder, so "Light VAE" runs offline; written whole or not at all."""
+    import json
+
+    from engine.atomic import write_atomically
+    from engine.models.light_vae_file import random_light_vae, write_light_vae
+
+    config = json.loads((Path(folder) / "vae" / "config.json").read_text(encoding="utf-8"))
+    path = _light_vae_path(folder)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    light = random_light_vae(config, _LIGHT_VAE_WIDTH, seed=_WEIGHT_SEED)
+    return write_atomically(path, lambda temporary: write_light_vae(temporary, light))
+
+
 def selftest_built(ref: str, models_dir: Path) -> bool:
     """Whether the self-test model ``ref`` has been built in ``models_dir`` already."""
     return (Path(models_dir) / ref / "model_index.json").is_file()
@@ -117,6 +142,8 @@ def ensure_selftest_model(ref: str, models_dir: Path) -> Path:
 
     folder = Path(models_dir) / ref
     if selftest_built(ref, models_dir):
+        if not _light_vae_path(folder).is_file():   # built before the light VAE was offered
+            write_selftest_light_vae(folder)
         return folder
     folder.parent.mkdir(parents=True, exist_ok=True)
     # Build in a private folder and rename it into place: two processes building at once
@@ -125,6 +152,7 @@ def ensure_selftest_model(ref: str, models_dir: Path) -> Path:
     try:
         build_selftest_pipeline(ref).save_pretrained(tmp)
         write_selftest_fast_decoder(tmp)
+        write_selftest_light_vae(tmp)
         try:
             tmp.rename(folder)
         except OSError:

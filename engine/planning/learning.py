@@ -93,8 +93,10 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
             step = run.step / run.passes * (prediction.tokens / run.tokens) ** a * prediction.passes
             words = f"{run.step:.3f} s a step x (tokens ratio)^{a:.2f} x passes ratio"
         rest = max(run.seconds.get("denoise", 0.0) - run.step * run.steps, 0.0) * prediction.pixels / run.pixels
-        seconds["denoise"] = step * prediction.steps + rest
-        how["denoise"] = f"{said}: {words}"
+        # The runs kept their steady steps; a compile this run still has to make is the model's figure.
+        seconds["denoise"] = step * prediction.steps + rest + prediction.compile_seconds
+        compiling = f", +{prediction.compile_seconds:.0f} s compiling at this size" if prediction.compile_seconds else ""
+        how["denoise"] = f"{said}: {words}{compiling}"
     for phase in ("vae_decode", "export"):
         # The first decode after a load pays one-off costs (1.80 s later, 3.01 s first on an H200): a decode is
         # learned from the nearest run in the same state; from one in the other state only when the model's

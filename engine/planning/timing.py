@@ -36,6 +36,7 @@ from engine.planning.memory import FP8_KEPT_FRACTION, pass_frames
 from engine.planning.places import TransformerPlace
 from engine.planning.plan import Plan
 from engine.planning.post_time import PostFiles, post_seconds, post_works
+from engine.planning.fp8_time import FP8_COMPILE_FIRST_S, fp8_linears
 from engine.planning.rates import Rates, bytes_per, copy_gbps, device_rates
 from engine.planning.speed import DECODERS
 from engine.planning.vae_time import decode_seconds, vae_encode_seconds, video_encode_seconds
@@ -64,11 +65,6 @@ COMPILED_ELEMENTWISE = 0.5
 # Guidance in one batch (engine/run/guidance_batch.py): one pass of batch 2 against two passes, compiled, 1.3B at
 # 832x480x81 on an H100: 1.071 s a step against 1.096 s (docs/data/speed-past-bf16-long-h100.json).
 GUIDANCE_BATCH_FACTOR = 0.977
-# The block linears in float8 (torchao, compiled) against compiled bfloat16, a 1.3B step at 32,760 tokens: 0.501 s
-# against 0.532 s on an H100 (docs/data/speed-past-bf16-h100.json; a pass on an H200: 0.484 s against 0.520 s).
-# Compiling them took 184 s at a new size, not the 11-17 s of the 16-bit blocks.
-FP8_COMPUTE_PASS = 0.94
-FP8_COMPILE_FIRST_S = 180.0
 # Its one-off cost at each new size: 11 s for 1.3B on an H200 (docs/reference-figures.md); charged when not yet
 # compiled.
 COMPILE_FIRST_S = 11.0
@@ -144,6 +140,7 @@ class PhaseTimes:
     prompts: int = 0         # prompts encoded (2 with guidance); 0: as many as ``passes`` (before windows)
     # The steps after the video, as the time model counted them: phase -> PostWork.to_dict() (how, how much).
     post: dict = field(default_factory=dict)
+    compile_seconds: float = 0.0   # the one-off compile inside the denoise (a first compiled run at this size)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -210,8 +207,8 @@ def _transformer_bytes(spec: ModelSpec, nbytes: int, fp8: bool) -> float:
 
 
 def _denoise(spec: ModelSpec, size: tuple[int, int, int], tokens: int, image_to_video: bool, steps: int,
-             passes: int, plan: Plan, cal: Calibration, compiled: bool) -> tuple[float, float, str]:
-    """(phase seconds, step seconds, how) of the denoising loop: ``passes`` transformer passes of ``tokens`` a
+             passes: int, plan: Plan, cal: Calibration, compiled: bool) -> tuple[float, float, str, float]:
+    """(phase seconds, step seconds, how, the one-off compile's seconds in them) of the denoising loop: ``passes`` transformer passes of ``tokens`` a
     step (a window's each, in a longer video), the video of ``size`` (width, height, frames)."""
     rates = device_rates(plan, cal)
     act_bytes = bytes_per(plan.dtype)
@@ -220,9 +217,9 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], tokens: int, image_to_
     image_tokens = IMAGE_TOKENS if image_to_video and spec.image_encoder_params else 0
     compile_on = bool(plan.compile)
     one = transformer_pass(spec, tokens, image_tokens, rates, act_bytes, factor, compile_on)
-    if getattr(plan, "fp8_compute", False):   # float8 linears: measured on the whole compiled pass
-        one = PassTime(one.linear * FP8_COMPUTE_PASS, one.attention * FP8_COMPUTE_PASS,
-                       one.elementwise * FP8_COMPUTE_PASS)
+    fp8_how = ""
+    if getattr(plan, "fp8_compute", False):
+        one, fp8_how = fp8_linears(one, spec, tokens, rates, cal)
     batched = bool(getattr(plan, "guidance_batch", False)) and passes == 2
     if batched:   # one pass of batch 2 a step: twice the compute, the weights read (and streamed) once
         one = PassTime(*(2 * GUIDANCE_BATCH_FACTOR * part for part in (one.linear, one.attention, one.elementwise)))
@@ -257,7 +254,7 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], tokens: int, image_to_
         encode = vae_encode_seconds(spec, *size, plan, cal)
         seconds += encode
         condition = f"; +{encode:.2f} s to VAE-encode the image condition"
-    first_compile = ""
+    first_compile, first = "", 0.0
     if compile_on and not compiled:
         first = FP8_COMPILE_FIRST_S if getattr(plan, "fp8_compute", False) else COMPILE_FIRST_S
         seconds += first
@@ -265,11 +262,9 @@ def _denoise(spec: ModelSpec, size: tuple[int, int, int], tokens: int, image_to_
     shape = "1 batched pass of 2" if batched else f"{passes} pass{'es' if passes > 1 else ''}"
     how = (f"{steps} steps x {shape} x {one.total:.3f} s: linear {one.linear:.3f} s, "
            f"attention {one.attention:.3f} s ({tokens} tokens, {backend}), elementwise {one.elementwise:.3f} s"
-           f"{cast}{offload}{condition}{first_compile}" + (f" ({rates.note})" if rates.note else ""))
-    return seconds, step, how
+           f"{fp8_how}{cast}{offload}{condition}{first_compile}" + (f" ({rates.note})" if rates.note else ""))
+    return seconds, step, how, first
 
-
-# ----- the encoders --------------------------------------------------------------------------------------
 
 def _encode(flops: float, launch_s: float, weights: float, place: str, plan: Plan, cal: Calibration,
             prompts: int) -> tuple[float, str]:
@@ -452,8 +447,9 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
     if video_input:
         seconds["video_encode"], how["video_encode"] = video_encode_seconds(spec, width, height, frames, plan,
                                                                             calibration)
-    seconds["denoise"], step, how["denoise"] = _denoise(spec, (width, height, frames), tokens, image_to_video, steps,
-                                                        passes, plan, calibration, compiled)
+    seconds["denoise"], step, how["denoise"], compiling = _denoise(spec, (width, height, frames), tokens,
+                                                                   image_to_video, steps, passes, plan, calibration,
+                                                                   compiled)
     if _swaps_experts(spec, plan):
         seconds["expert_swap"], how["expert_swap"] = _expert_swap(spec, plan, calibration, 2 if loaded else 1)
     decode, decode_how = decode_seconds(spec, width, height, frames, plan, calibration, decoder)
@@ -472,7 +468,7 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
         seconds["join"], how["join"] = _join(*made, calibration)
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     return PhaseTimes(seconds, how, round(step, 4), steps, passes, tokens, pixels, round(sum(seconds.values()), 2),
-                      loaded, model_step_seconds=step, prompts=prompts, post=after)
+                      loaded, model_step_seconds=step, prompts=prompts, post=after, compile_seconds=compiling)
 
 
 def _steps_after(width: int, height: int, frames: int, interpolate: int, upscale: int, plan: Plan, cal: Calibration,

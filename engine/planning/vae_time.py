@@ -42,6 +42,12 @@ class VaeShape:
 VAE21 = VaeShape(decoder_dim=96, z_dim=16)
 VAE22 = VaeShape(decoder_dim=256, z_dim=48, residual=True, out_channels=12, patch=2,
                  encode_first_flops_per_pixel=4.64e6, encode_flops_per_pixel=3.49e6, elementwise_bytes=75.0)
+# LightX2V's light VAE (decoder "vae_light", engine/models/light_vae_file.py): Wan2.1's at a quarter of the width.
+LIGHT_VAE21 = VaeShape(decoder_dim=24, z_dim=16)
+# Its narrow layers run far below the calibrated rates of the released widths (the smallest measured is 96
+# channels): the modelled time times this, measured in bfloat16 at 832x480x81 on an H200 (bench/light_vae.py,
+# docs/data/light-vae-h200.json): 0.667 s against 0.353 s modelled, and 1.930 s for the VAE (1.907 modelled).
+LIGHT_VAE_DECODE_FACTOR = 1.89
 # cudnn.benchmark (the plan's "benchmark" convolution set-up) speeds up Wan2.1's whole decode although none
 # of its convolutions timed alone gains (docs/data/timing-h200.json, "conv_variants"): 2.80 -> 2.16 s in
 # float32 and 1.83 -> 1.71 s in bfloat16 (832x480x81 on an H200); Wan2.2's decode gains nothing (1.41 -> 1.38
@@ -131,9 +137,10 @@ def _tiled_area(width: int, height: int, spatial: int, tile: int) -> float:
 
 
 def vae_decode_seconds(spec: ModelSpec, width: int, height: int, frames: int, vae_dtype: str, tile: int | None,
-                       cal: Calibration, conv: str = "default") -> tuple[float, str]:
-    """The Wan VAE's decode alone (no frame conversion), on the calibrated device: seconds and how."""
-    vae = VAE22 if spec.wan22_vae else VAE21
+                       cal: Calibration, conv: str = "default", shape: VaeShape | None = None) -> tuple[float, str]:
+    """The Wan VAE's decode alone (no frame conversion), on the calibrated device: seconds and how. ``shape``: another
+    decoder of the same kind in its place (the light VAE), else the model's own."""
+    vae = shape or (VAE22 if spec.wan22_vae else VAE21)
     latent_frames = (frames - 1) // spec.vae_temporal + 1
     area = (width // spec.vae_spatial) * (height // spec.vae_spatial)
     flops = decoder_flops(vae, latent_frames, area)
@@ -195,9 +202,14 @@ def video_encode_seconds(spec: ModelSpec, width: int, height: int, frames: int, 
 
 def decode_seconds(spec: ModelSpec, width: int, height: int, frames: int, plan: Plan, cal: Calibration,
                    decoder: str) -> tuple[float, str]:
-    """The decode alone: the fast decoder's, or the VAE's (exact, or faster and approximate: a measured factor)."""
+    """The decode alone: the fast decoder's, the light VAE's, or the VAE's (exact, or faster and approximate: a
+    measured factor)."""
     if decoder == "fast":
         return fast_decode_seconds(spec, width, height, frames, plan.dtype, cal)
+    if decoder == "vae_light" and not spec.wan22_vae:
+        decode, how = vae_decode_seconds(spec, width, height, frames, plan.vae_dtype, plan.vae_tile, cal, plan.conv,
+                                         LIGHT_VAE21)
+        return decode * LIGHT_VAE_DECODE_FACTOR, f"the light VAE (width 24): {how}; x{LIGHT_VAE_DECODE_FACTOR:.2f} (measured)"
     decode, how = vae_decode_seconds(spec, width, height, frames, plan.vae_dtype, plan.vae_tile, cal, plan.conv)
     if getattr(plan, "channels_last", False):
         factor = FAST_VAE_DECODE_FACTOR[(spec.wan22_vae, plan.decode_window > 1)]

@@ -99,6 +99,7 @@ class Decoder:
         self.job = job
         self.models_dir = models_dir
         self.fast_file: Path | None = None   # the fast decoder's file, when the job decodes with it
+        self.light_file: Path | None = None  # the light VAE's file, when the job decodes with it
 
     # ----- decode, with its own fallbacks --------------------------------------
     def decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle):
@@ -108,16 +109,17 @@ class Decoder:
         pipe, plan = loaded.pipe, loaded.plan
         if self.fast_file is not None:
             return self._fast_decode_and_write(loaded, request, latents, bundle)
+        vae = pipe.vae if self.light_file is None else self._light_vae(loaded)
         first = 0
         if request.settings.mode != "t2i" and plan.vae_tile is None:
             try:
-                return self._decode_streaming(pipe.vae, plan, request, latents, bundle)
+                return self._decode_streaming(vae, plan, request, latents, bundle)
             except Exception as exc:
                 if not is_out_of_memory(exc) or self.job.phase != "vae_decode":
                     raise
                 first = 1   # the stream was the planned attempt; it left nothing on disk
                 self._retrying(decode_attempts(plan.vae_tile, plan.device, VAE_TILES)[first][0])
-        frames = self._decode(pipe.vae, pipe.video_processor, plan, latents, first)
+        frames = self._decode(vae, pipe.video_processor, plan, latents, first)
         with self.job.in_phase(Phase.EXPORT):
             media = write_media(request, frames, bundle)
         return media, frames.shape
@@ -178,19 +180,25 @@ class Decoder:
         what is wrong with it."""
         from engine.models.fast_decoder_file import (FastDecoderError, check_matches, find_fast_decoder,
                                                      locate_fast_decoder, read_fast_decoder)
-        from engine.models.refs import hub_offline
 
         z_dim = 48 if resolved.spec.wan22_vae else 16
         try:
-            found = find_fast_decoder(self.models_dir, z_dim, resolved.folder)
-            if found is None:
-                with self.job.in_phase(Phase.DOWNLOAD):
-                    found = locate_fast_decoder(self.models_dir, z_dim, resolved.folder, offline=hub_offline())
+            found = self._on_disk_or_fetched(find_fast_decoder, locate_fast_decoder, resolved, z_dim)
             if loaded is None or found not in loaded.fast_decoders:
                 check_matches(read_fast_decoder(found)[0], z_dim)
         except FastDecoderError as exc:
             raise InputError(str(exc)) from None
         self.fast_file = found
+
+    def _on_disk_or_fetched(self, find, locate, resolved: ResolvedModel, z_dim: int) -> Path:
+        """A decoder's file for these latents: ``find`` on disk, else ``locate`` (the download, its own phase)."""
+        from engine.models.refs import hub_offline
+
+        found = find(self.models_dir, z_dim, resolved.folder)
+        if found is None:
+            with self.job.in_phase(Phase.DOWNLOAD):
+                found = locate(self.models_dir, z_dim, resolved.folder, offline=hub_offline())
+        return found
 
     def _fast_decode_and_write(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle):
         """(the media file, the frames' shape) from the fast decoder: approximate, a fraction of the VAE's time
@@ -210,6 +218,38 @@ class Decoder:
         batches = (frames.cpu().numpy() for frames in decoder.stream(latents, FAST_DECODE_CHUNK,
                                                                     config.latents_mean, config.latents_std))
         return self._write_streaming(request, shape, batches, bundle)
+
+    # ----- the light VAE (approximate) ----------------------------------------
+    def use_light_vae(self, resolved: ResolvedModel, loaded: LoadedModel | None) -> None:
+        """Decode with the light VAE for this model's latents: on disk, else downloaded once (its own phase), and
+        read against the model's VAE config (its layout, width and values checked) unless ``loaded`` (the model
+        loaded now) has it already, all before the denoise; InputError saying where to put one when there is
+        none, or what is wrong with it."""
+        import json
+
+        from engine.models.light_vae_file import LightVaeError, find_light_vae, locate_light_vae, read_light_vae
+
+        z_dim = 48 if resolved.spec.wan22_vae else 16
+        try:
+            found = self._on_disk_or_fetched(find_light_vae, locate_light_vae, resolved, z_dim)
+            if loaded is None or found not in loaded.light_vaes:
+                config = json.loads((Path(resolved.folder) / "vae" / "config.json").read_text(encoding="utf-8"))
+                read_light_vae(found, config)
+        except LightVaeError as exc:
+            raise InputError(str(exc)) from None
+        self.light_file = found
+
+    def _light_vae(self, loaded: LoadedModel):
+        """The light VAE, loaded (untimed, the decode's) and said; InputError when it does not fit the model."""
+        from engine.models.light_vae_file import LightVaeError
+
+        try:
+            with self.job.in_phase(Phase.VAE_DECODE, timed=False):
+                vae = loaded.light_vae(self.light_file)
+        except LightVaeError as exc:
+            raise InputError(str(exc)) from None
+        self.job.decoding_light(self.light_file.stem)
+        return vae
 
     # ----- decode again, from saved latents ------------------------------------
     def vae_for(self, resolved: ResolvedModel, loaded: LoadedModel | None) -> VaeParts:

@@ -119,6 +119,8 @@ class Generation:
         each LoRA's file found (or fetched once) for the model's experts, the request given them."""
         if request.settings.decoder == "fast":
             self.decoder.use_fast_decoder(resolved, self.host.loaded)
+        elif request.settings.decoder == "vae_light":
+            self.decoder.use_light_vae(resolved, self.host.loaded)
         check_step_files(self.host.models_dir, post_steps(request.settings.interpolate, request.settings.upscale))
         if not request.settings.loras:
             return request

@@ -75,7 +75,7 @@ class Job:
         self.decode_fallback: str | None = None
         self.latents: str | None = None      # its saved latents' file, once they are written
         self.inputs: dict | None = None      # input images kept beside the output: {field: file name or None}
-        self.decoder = "vae"                 # what made the frames: "vae" or "fast (<file stem>)"
+        self.decoder = "vae"                 # what made the frames: "vae", "vae_light (<stem>)" or "fast (<stem>)"
         self.cache: str | None = None        # the step cache's own account of what it did, when one was on
         self.predicted = None                # the time plan's PhaseTimes for this run, when the machine is measured
         self.experts: dict | None = None     # Wan2.2 A14B: the steps each expert ran, the switch step (the sidecar's)
@@ -233,6 +233,11 @@ class Job:
         self.decoder = f"fast ({name})"
         self.info(f"Decoding with the fast decoder {name}: approximate, softer than the model's VAE; choose the VAE "
                   "decoder for the final video.")
+
+    def decoding_light(self, name: str) -> None:
+        self.decoder = f"vae_light ({name})"
+        self.info(f"Decoding with the light VAE {name}: the model's VAE pruned to a quarter of its channels, "
+                  "approximate; choose the VAE decoder for the exact video.")
 
     def decode_fell_back(self, how: str) -> None:
         self.decode_fallback = how

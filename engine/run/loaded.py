@@ -2,8 +2,8 @@
 
 ``LoadedModel`` is the one loaded pipeline with its plan, and what is made for it at first use and kept as long
 as it stays loaded: the image-to-video pipeline over its components (TI2V-5B), the live preview's map, the fast
-decoders. ``ImageInputs`` and ``reusing_image_embeds`` carry an image-to-video run's frames and their encoding
-into the pipeline's call.
+decoders, the light VAE. ``ImageInputs`` and ``reusing_image_embeds`` carry an image-to-video run's frames and
+their encoding into the pipeline's call.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ class LoadedModel:
     preview_map: PreviewMap | None = None   # latent -> RGB for live previews, made at the first one
     image_pipe: object = None   # Wan2.2 TI2V-5B's image-to-video pipeline, over the same components
     fast_decoders: dict = field(default_factory=dict)   # file -> its FastDecoder, loaded at first use
+    light_vaes: dict = field(default_factory=dict)   # file -> the light VAE (an AutoencoderKLWan), loaded at first use
     experts: ExpertSwap | None = None   # Wan2.2 A14B with one expert on the device at a time (the plan's swap)
 
     def for_mode(self, mode: str):
@@ -58,6 +59,18 @@ class LoadedModel:
                 check_matches(decoder.info, check_z_dim)
             self.fast_decoders[path] = decoder
         return self.fast_decoders[path]
+
+    def light_vae(self, path: Path):
+        """The light VAE in ``path`` (engine/models/light_vae_file.py), read against this model's VAE, loaded onto
+        the plan's device in the VAE's dtype at its first use and kept; LightVaeError when it does not fit."""
+        from engine.models.light_vae_file import build_light_vae, light_vae_config, read_light_vae
+
+        if path not in self.light_vaes:
+            vae = self.pipe.vae
+            info, state = read_light_vae(path, dict(vae.config))
+            light = build_light_vae(light_vae_config(dict(vae.config), info.base_dim), state, vae.dtype)
+            self.light_vaes[path] = light.to(self.plan.device)
+        return self.light_vaes[path]
 
     def previews(self, models_dir: Path) -> PreviewMap | DecoderPreview:
         """How this model's previews are made, chosen once: through its fast decoder on a GPU when one is on disk

@@ -208,8 +208,9 @@ RUNS_FILE = ".time-runs.json"
 def family_key(ref: str, plan, settings) -> str:
     """What makes two runs comparable, as text: the model and every choice that changes a phase's speed."""
     return json.dumps([ref, plan.strategy, plan.text_encoder, plan.vae_dtype, plan.vae_tile, plan.compile,
-                       plan.attention_backend, settings.decoder, settings.step_cache, plan.transformer_files],
-                      default=str)
+                       plan.attention_backend, settings.decoder, settings.step_cache, plan.transformer_files,
+                       getattr(plan, "fp8_compute", False),
+                       getattr(plan, "guidance_batch", False) and settings.guidance > 1.0], default=str)
 
 
 def predict_job(spec, ref: str, settings, plan, calibration, runs: dict, loaded: bool, compiled: bool = False,

@@ -89,7 +89,7 @@ def _loaded_files(engine) -> LoadedFiles | str:
                  if any(adapter_name(str(folder / name), expert) in adapters for expert in LORA_EXPERTS)]
         files = [file[0] for file in loaded.plan.transformer_files if file]
         return LoadedFiles(loaded.model.ref, (str(loaded.model.folder), *files, *loras,
-                                              *map(str, loaded.fast_decoders)))
+                                              *map(str, loaded.fast_decoders), *map(str, loaded.light_vaes)))
     except Exception as exc:   # never let a status question take the engine down
         return f"{type(exc).__name__}: {exc}"
 

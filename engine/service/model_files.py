@@ -33,6 +33,7 @@ SELFTEST_MODEL = "self-test model"
 TRANSFORMER_FILE = "transformer file"
 LORA = "LoRA"
 FAST_DECODER = "fast decoder"
+LIGHT_VAE = "light VAE"
 OTHER = "other"
 
 
@@ -43,7 +44,8 @@ class DeleteRefused(ModelError):
 @dataclass(frozen=True)
 class LoadedFiles:
     """What an engine process's loaded pipeline holds, as it says (engine/service/worker.py): the model's
-    reference (None: nothing loaded) and the paths of its folder, transformer files, LoRAs and fast decoders."""
+    reference (None: nothing loaded) and the paths of its folder, transformer files, LoRAs, fast decoders and light
+    VAEs."""
     model: str | None
     paths: tuple[str, ...]
 
@@ -105,7 +107,9 @@ def _kind_of(path: Path, inside: str) -> str | None:
     if inside == LORAS_FOLDER:
         return LORA if path.suffix in WEIGHT_SUFFIXES else None
     if inside == FAST_DECODER_FOLDER:
-        return FAST_DECODER if path.suffix in FAST_DECODER_SUFFIXES else None
+        if path.suffix not in FAST_DECODER_SUFFIXES:
+            return None
+        return LIGHT_VAE if path.name.lower().startswith("lightvae") else FAST_DECODER
     if inside == TRANSFORMERS_FOLDER:
         return TRANSFORMER_FILE if path.is_file() and path.suffix in TRANSFORMER_FILE_SUFFIXES else None
     if path.is_dir():
@@ -117,7 +121,8 @@ def _kind_of(path: Path, inside: str) -> str | None:
 
 def local_entries(models_dir: Path) -> list[ModelEntry]:
     """The models folder's diffusers folders, single transformer files (transformers/, or loose at its top), LoRAs
-    (loras/) and fast decoders (fast_decoders/); hidden names (the engine's calibration) and unfinished downloads are left out."""
+    (loras/), fast decoders and light VAEs (fast_decoders/); hidden names (the engine's calibration) and unfinished
+    downloads are left out."""
     models = Path(models_dir)
     found = []
     subfolders = (LORAS_FOLDER, FAST_DECODER_FOLDER, TRANSFORMERS_FOLDER)

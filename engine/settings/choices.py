@@ -38,6 +38,6 @@ VAE_DTYPES = ("float32", "bfloat16")
 # their packages are installed: the calibration measures them there (engine/run/speedups.py).
 ATTENTION_BACKENDS = ("native", "_native_cudnn", "_native_flash", "_native_efficient", "flash", "sage", "_flash_3")
 STEP_CACHES = ("first_block", "mag", "taylor")
-DECODERS = ("vae", "vae_fast", "fast")
+DECODERS = ("vae", "vae_fast", "vae_light", "fast")
 # The transformer's block linears: in the model's precision, or in float8 through torchao (approximate).
 COMPUTES = ("exact", "fp8")

@@ -134,12 +134,14 @@ FIELDS: tuple[Field, ...] = (
     Field("vae_tiling", "VAE tiling", Group.MEMORY, (bool, _NONE), Parse.ON_OFF, (True, False), (AUTO, *ON_OFF),
           AUTO, Place.PLAN, option=Option("--vae-tiling", help="force VAE tiling on or off")),
     Field("decoder", "Decoder", Group.SPEED, (str,), Parse.FIRST, DECODERS,
-          (("VAE (exact)", "vae"), ("VAE, faster (approximate)", "vae_fast"), ("Fast (approximate)", "fast")),
+          (("VAE (exact)", "vae"), ("VAE, faster (approximate)", "vae_fast"), ("Light VAE (approximate)", "vae_light"),
+           ("Fast (approximate)", "fast")),
           "vae", Place.PLAN,
           option=Option("--decoder", help="vae: the model's own (default); vae_fast: the model's own with "
                                           "channels-last convolutions and several latent frames a call (up to a few "
-                                          "levels off, 10-20%% faster); fast: the small approximate decoder, if "
-                                          "installed")),
+                                          "levels off, 10-20%% faster); vae_light: LightX2V's pruned Wan2.1 VAE "
+                                          "(approximate; Wan2.1 and Wan2.2-A14B); fast: the small approximate "
+                                          "decoder, if installed")),
     Field("step_cache", "Step cache", Group.SPEED, (str, _NONE), Parse.OFF, STEP_CACHES,
           ((OFF, OFF), ("First block (approximate)", "first_block"), ("MagCache (approximate)", "mag"),
            ("TaylorSeer (approximate)", "taylor")), OFF, Place.PLAN,

@@ -45,9 +45,12 @@ def check_model_kind(spec: ModelSpec, ref: str, mode: str, last_image: bool | No
 
 def check_model_fits(info: ModelInfo, settings: Settings, last_image: bool | None) -> None:
     """InputError when the model cannot make what the settings ask: its kind, its frames, its size, its experts
-    (its single transformer files were checked when ``info`` was read), its window."""
+    (its single transformer files were checked when ``info`` was read), its window, the light VAE for its latents."""
     check_model_kind(info.spec, info.ref, settings.mode, last_image)
     check_model_limits(info.spec, settings.width, settings.height, settings.frames, settings.mode)
+    if settings.decoder == "vae_light" and info.spec.wan22_vae:
+        raise InputError(f"{info.ref} makes Wan2.2-5B's 48-channel latents and the light VAE decodes Wan2.1's "
+                         "(Wan2.1, Wan2.2-A14B): choose the VAE or the fast decoder")
     problems: list[str] = []
     window_choices(settings, settings.frames, problems, info.limits)   # the model's own window is known now
     if problems:

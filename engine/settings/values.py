@@ -68,7 +68,7 @@ class Settings:
     text_encoder: str | None = None
     vae_tiling: bool | None = None
     # Speed choices: None leaves each to the planner; "fast" decoder and the step caches are approximate.
-    decoder: str = "vae"                # one of DECODERS: the model's VAE, exact or faster, or the fast decoder
+    decoder: str = "vae"                # one of DECODERS: the model's VAE (exact or faster), the light VAE, the fast one
     step_cache: str | None = None       # one of STEP_CACHES: reuse transformer work between steps
     compile: bool | None = None
     guidance_batch: bool | None = None  # a step's conditional and unconditional passes as one batch
@@ -374,7 +374,8 @@ def _memory_choices(settings: Settings, problems: list[str]) -> None:
 def _speed_choices(settings: Settings, problems: list[str]) -> None:
     if settings.decoder not in DECODERS:
         problems.append(f"decoder {settings.decoder!r} is unknown: use 'vae' (the model's own), 'vae_fast' (the "
-                        "model's own, faster and approximate) or 'fast' (approximate, needs a fast decoder file)")
+                        "model's own, faster and approximate), 'vae_light' (a pruned VAE, approximate) or 'fast' "
+                        "(approximate, needs a fast decoder file)")
     if settings.step_cache not in (None, *STEP_CACHES):
         problems.append(f"step cache {settings.step_cache!r} is unknown: use none or one of {', '.join(STEP_CACHES)}")
     if settings.compile is not None and not isinstance(settings.compile, bool):

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from engine.events import JobFailed, JobFinished, PhaseStarted
 from engine.models.fast_decoder_file import MODEL_OWN_FOLDER, find_fast_decoder
@@ -40,14 +41,15 @@ def test_a_fast_decoded_run_says_so_and_differs_from_the_vae(model_dirs, presets
     assert not np.array_equal(frames, exact_frames)
 
 
-def test_without_a_fast_decoder_offline_the_run_is_refused_before_it_denoises(model_dirs, presets, tmp_path,
-                                                                               monkeypatch):
+@pytest.mark.parametrize("decoder, file", [("fast", "taew2_1.safetensors"), ("vae_light", "lightvaew2_1.safetensors")])
+def test_without_its_decoder_file_offline_the_run_is_refused_before_it_denoises(model_dirs, presets, tmp_path,
+                                                                                monkeypatch, decoder, file):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     engine = Engine(tmp_path / "models", hardware=CPU, preview_seconds=-1)
     result, events = run_engine(engine, tiny_request(presets, model_dirs["tiny-t2v"], tmp_path / "out",
-                                                     decoder="fast"))
+                                                     decoder=decoder))
     assert isinstance(result, JobFailed) and result.kind == "input", result
-    assert "fast_decoders" in result.message and "taew2_1.safetensors" in result.message
+    assert "fast_decoders" in result.message and file in result.message and "offline" in result.message
     assert not any(isinstance(e, PhaseStarted) and e.phase in ("load", "denoise") for e in events)
 
 

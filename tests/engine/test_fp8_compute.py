@@ -84,3 +84,85 @@ def test_a_cpu_run_asked_for_float8_computes_exactly_and_says_so(model_dirs, pre
 def test_the_hardware_profile_reads_torchao_back():
     profile = HardwareProfile.from_dict({**H200.to_dict(), "torchao": True})
     assert profile.torchao and not HardwareProfile.from_dict({**H200.to_dict(), "torchao": False}).torchao
+
+
+def _h200_measured():
+    """The calibration made on an H200 in the light VAE's benchmark run (docs/data/light-vae-h200.json): it has
+    the float8 matmul rates."""
+    from engine.device.calibrate import Calibration
+
+    data = json.loads((Path(__file__).resolve().parents[2] / "docs/data/light-vae-h200.json").read_text())
+    return Calibration.from_dict(data["calibration"])
+
+
+def test_the_calibration_measures_float8_matmuls_where_they_run():
+    import torch
+
+    from engine.device.calibrate import fp8_matmul, timer
+
+    points = fp8_matmul(torch, "cpu", timer("cpu"), 64, (128, 256))    # torch multiplies float8 on the CPU too
+    assert [dim for dim, _ in points] == [128, 256] and all(rate > 0 for _, rate in points)
+    cal = _h200_measured()
+    assert [dim for dim, _ in cal.fp8_matmul_tflops] == [1536, 5120]
+    assert all(fp8 > 1.5 * bf16 for (_, fp8), (_, bf16) in zip(cal.fp8_matmul_tflops, cal.matmul_tflops))
+    from engine.device.calibrate import Calibration
+
+    assert Calibration.from_dict(json.loads(json.dumps(cal.to_dict()))) == cal
+    older = {k: v for k, v in cal.to_dict().items() if k != "fp8_matmul_tflops"}
+    assert Calibration.from_dict(older).fp8_matmul_tflops == ()     # a file from before it still reads
+
+
+def _denoise_step(cal, compute: str) -> float:
+    plan = plan_memory(T2V_13, replace(FP8, compute=compute), H200, Override(compile=True))
+    return predict_times(T2V_13, 832, 480, 81, 4, 1.0, plan, cal, loaded=True, compiled=True).step_seconds
+
+
+def test_with_a_calibrated_float8_rate_the_time_plan_counts_the_linears_at_it():
+    cal = _h200_measured()
+    ratio = _denoise_step(cal, "fp8") / _denoise_step(cal, "exact")
+    # Measured: a compiled 1.3B pass at 32,760 tokens 0.484 s against 0.520 s on an H200 (0.93), a step 0.501 s
+    # against 0.532 s on an H100 (0.94; docs/data/speed-past-bf16-h100.json).
+    assert 0.92 <= ratio <= 0.95, ratio
+    faster = replace(cal, fp8_matmul_tflops=tuple((d, 2 * r) for d, r in cal.fp8_matmul_tflops))
+    assert _denoise_step(faster, "fp8") < _denoise_step(cal, "fp8")
+    without = replace(cal, fp8_matmul_tflops=())
+    from engine.planning.fp8_time import FP8_COMPUTE_PASS
+
+    assert _denoise_step(without, "fp8") == pytest.approx(FP8_COMPUTE_PASS * _denoise_step(without, "exact"),
+                                                                rel=1e-3)
+    plan = plan_memory(T2V_13, FP8, H200)
+    how = predict_times(T2V_13, 832, 480, 81, 4, 1.0, plan, cal, loaded=True, compiled=True).how["denoise"]
+    assert "float8 linears at 1280 TFLOP/s (x1.67)" in how and "casting their inputs" in how
+    # The H100's own calibration (the end-to-end run's) against its measured 0.94.
+    data = json.loads((Path(__file__).resolve().parents[2] / "docs/data/speed-light-vae-h100.json").read_text())
+    from engine.device.calibrate import Calibration
+
+    h100 = Calibration.from_dict(data["calibration"])
+    assert 0.93 <= _denoise_step(h100, "fp8") / _denoise_step(h100, "exact") <= 0.96
+
+
+def test_learned_runs_keep_a_first_compile_and_float8_runs_learn_from_their_own():
+    """The first float8 run after compiled bfloat16 ones was predicted at 1.55 s (learned from the bfloat16 runs'
+    steady steps) and took 158.6 s on an H100 (docs/data/speed-light-vae-h100.json): float8 runs are a family of
+    their own, and a compile still to come stays in a learned prediction."""
+    from engine.planning.learning import MeasuredRun
+    from engine.planning.fp8_time import FP8_COMPILE_FIRST_S
+    from engine.run.time_plan import family_key, predict_job
+    from engine.settings.values import Settings
+
+    ref = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+    settings = Settings(model=ref, mode="t2v", width=832, height=480, frames=81, steps=3, guidance=1.0, shift=1.0)
+    exact = plan_memory(T2V_13, replace(FP8, compute="exact"), H200, Override(compile=True))
+    fp8 = plan_memory(T2V_13, FP8, H200)
+    assert family_key(ref, exact, settings) != family_key(ref, fp8, settings)
+    tokens = T2V_13.tokens(832, 480, 81)
+    steady = MeasuredRun({"denoise": 1.6, "vae_decode": 2.25, "export": 0.16}, tokens, 3, 1, 832 * 480 * 81,
+                         step_seconds=0.52, loaded=True, model_step=0.55)
+    runs = {family_key(ref, exact, settings): [steady]}
+    first_fp8 = predict_job(T2V_13, ref, settings, fp8, H200_CALIBRATION, runs, loaded=True, compiled=False)
+    assert first_fp8.seconds["denoise"] > FP8_COMPILE_FIRST_S
+    learned = predict_job(T2V_13, ref, settings, exact, H200_CALIBRATION, runs, loaded=True, compiled=True)
+    assert learned.seconds["denoise"] == pytest.approx(1.6, rel=0.05) and "learned" in learned.how["denoise"]
+    new_size = predict_job(T2V_13, ref, settings, exact, H200_CALIBRATION, runs, loaded=True, compiled=False)
+    assert new_size.seconds["denoise"] == pytest.approx(learned.seconds["denoise"] + new_size.compile_seconds)
+    assert new_size.compile_seconds > 10 and "compiling at this size" in new_size.how["denoise"]

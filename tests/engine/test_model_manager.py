@@ -223,6 +223,10 @@ def test_the_list_shows_each_model_with_its_size_kind_and_presets(disk):
     assert found["models:my-wan"].presets == ("folder",) and found["models:wan-q4.gguf"].presets == ("folder",)
     assert found["models:wan-q4.gguf"].size_bytes == 1234 and found["models:wan-q4.gguf"].kind == "transformer file"
     assert found["models:fast_decoders/taew2_1.safetensors"].kind == "fast decoder"
+    (models / "fast_decoders" / "lightvaew2_1.safetensors").write_bytes(b"l" * 300)
+    found = {e.key: e for e in list_models(models, presets, cache)}
+    assert found["models:fast_decoders/lightvaew2_1.safetensors"].kind == "light VAE"
+    (models / "fast_decoders" / "lightvaew2_1.safetensors").unlink()
     # The page's Transformer file lists models/transformers/ and its folders: so does the Models tab.
     (models / "transformers" / "wan22").mkdir(parents=True)
     (models / "transformers" / "wan22" / "high-q8.gguf").write_bytes(b"\0" * 99)

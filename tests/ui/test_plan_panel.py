@@ -239,6 +239,12 @@ def test_with_this_machine_measured_the_plan_says_how_long_the_video_takes(ctx, 
                                                            "width": 64, "height": 64, "frames": 9, "count": 2,
                                                            "upscale": 2})
     assert "the prompt encoded once; each video larger " in many, many
+    # An extension is joined after the video it continues: counted in the time (the page sends its video's file).
+    values = {"preset": "selftest-i2v", "model": "selftest-i2v", "width": 64, "height": 64, "frames": 9}
+    alone = plan_panel.form_plan_markdown(ctx, CPU, "i2v", values)
+    joined = plan_panel.form_plan_markdown(ctx, CPU, "i2v", {**values, "extend": {"path": "/tmp/earlier.mp4"}})
+    assert "joining" not in alone and re.search(r"joining [\d.]+ s\)", joined), joined
+    assert total(joined) > total(alone)
 
 
 def test_the_transformer_dropdowns_list_the_models_folder_s_transformers(presets, selftest_models_dir, outputs,

@@ -305,6 +305,8 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
     inputs = {f.api_name: every[f.name] for f in plan_fields()}
     if form.strength is not None:   # video to video: the steps it runs, so the time it takes
         inputs["strength"] = form.strength
+    if form.extend is not None:     # an extension: its join after the video it continues
+        inputs["extend"] = form.extend
     # The values as typed (preprocess=False): a number out of range gets the plan's own sentence, not an error.
     gr.on(None, show_plan, inputs_kwargs=inputs, outputs=plan, api_name=api_name,
           api_visibility="public" if api_name else "private", concurrency_id="plan", trigger_mode="always_last",

@@ -31,7 +31,7 @@ COLUMNS = ["Name", "Kind", "Where", "Size", "Used by presets"]
 # Where one file of a repo may go, inside the models folder (where the page's lists look for it).
 FILE_FOLDERS = {f"models/{TRANSFORMERS_FOLDER}/ (a transformer file)": TRANSFORMERS_FOLDER,
                 f"models/{LORAS_FOLDER}/ (a LoRA)": LORAS_FOLDER,
-                f"models/{FAST_DECODER_FOLDER}/ (a fast decoder)": FAST_DECODER_FOLDER}
+                f"models/{FAST_DECODER_FOLDER}/ (a fast decoder or light VAE)": FAST_DECODER_FOLDER}
 # Seconds between two progress lines of a download.
 PROGRESS_EVERY_S = 0.5
 CONFIRM_FIRST = "Tick “Yes, delete it from disk” first: a delete cannot be undone."

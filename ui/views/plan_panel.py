@@ -115,7 +115,10 @@ def _where(placement: dict) -> str:
 
 def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, values: dict) -> str:
     """The plan for a generation tab's current values (raw, by field name: the preset, the form's model, size
-    and frames, the plan panel's choices), or one line saying why there is none."""
+    and frames, the plan panel's choices; ``extend``: the video an extension continues, if any), or one line
+    saying why there is none."""
+    values = dict(values)
+    extends = bool(values.pop("extend", None))
     try:
         settings = form_settings(ctx, mode, values)
         plan = plan_settings(settings, hardware, ctx.client.catalog, ctx.client.engine_count())
@@ -127,12 +130,12 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, va
     kind = {"i2v": "image to video", "v2v": "video to video"}.get(mode, "video")
     subject = (f"_For {code(settings.model)}, {kind} {settings.width}x{settings.height}, "
                f"{plural(settings.frames, 'frame')}, on {hardware.summary()}._")
-    return subject + "\n\n" + time_line(ctx, settings, plan, hardware) + plan_markdown(plan)
+    return subject + "\n\n" + time_line(ctx, settings, plan, hardware, extends) + plan_markdown(plan)
 
 
-def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: HardwareProfile) -> str:
+def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: HardwareProfile, extends: bool = False) -> str:
     """'**About 41 s**' for these settings, from this machine's measured rates (none before they are measured:
-    the first run measures them)."""
+    the first run measures them); ``extends``: the video is joined after the one it extends, which is counted."""
     from engine.device.calibrate import Calibration
     from engine.run.time_plan import kept_runs, post_files, predict_job, videos_seconds
 
@@ -142,8 +145,8 @@ def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: Hardwar
     spec = ctx.client.catalog.info(settings).spec
     runs = kept_runs(ctx.outputs_dir, calibration)   # the engine's runs on this machine: one prediction everywhere
     files = post_files(ctx.client.models_dir)        # the files the engine's steps after the video will find
-    first, loaded = (predict_job(spec, settings.model, settings, plan, calibration, runs, loaded=state, files=files)
-                     for state in (False, True))
+    first, loaded = (predict_job(spec, settings.model, settings, plan, calibration, runs, loaded=state, files=files,
+                                 extends=extends) for state in (False, True))
     count = settings.count if isinstance(settings.count, int) and settings.count > 1 else 1
     if count > 1:
         return (f"**About {_secs(videos_seconds(first, loaded, count))}** to make these {count} videos (the first "
@@ -157,7 +160,7 @@ def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: Hardwar
 
 
 # How the time line names the steps after the video.
-AFTER_WORDS = {"interpolate": "smoother", "upscale": "larger"}
+AFTER_WORDS = {"interpolate": "smoother", "upscale": "larger", "join": "joining"}
 
 
 def _after_words(seconds: dict, before: str) -> str:
