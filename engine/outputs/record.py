@@ -97,8 +97,14 @@ def run_record(request: GenerationRequest, media: Path, frames, *, model, plan: 
 
 def redecode_record(request: GenerationRequest, media: Path, latents: Path, how: str, model: dict | None,
                     parameters: dict, timings: dict, peak_ram_gb: float, hardware: dict,
-                    inputs: dict | None = None) -> Sidecar:
-    """The sidecar of a video decoded again from saved latents (``model``: as the latents recorded it)."""
+                    inputs: dict | None = None, extend: dict | None = None, shape: tuple | None = None) -> Sidecar:
+    """The sidecar of a video decoded again from saved latents (``model``: as the latents recorded it; ``extend``:
+    an extension's part joined again after its video, as ``run_record`` has it, and ``shape`` the joined video's)."""
+    output = None
+    if shape is not None:
+        count, height, width = (int(n) for n in shape[:3])
+        output = {"frames": count, "height": height, "width": width, "fps": request.settings.fps}
     return Sidecar(
         **_made_with(request, parameters, model, timings, peak_ram_gb, hardware),
-        file=media.name, decoded=DecodeDetails(how=how, latents=str(latents)), inputs=inputs)
+        file=media.name, decoded=DecodeDetails(how=how, latents=str(latents)), inputs=inputs, output=output,
+        extend=_as_json(extend) if extend is not None else None)

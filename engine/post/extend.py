@@ -21,7 +21,7 @@ import os
 import subprocess
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Iterator
 
@@ -225,6 +225,28 @@ def _encode_both(job, video: VideoInfo, tail: Path, dest: Path, total: int) -> N
                     stream.send(_fitted(frame, video.width, video.height)[None])
         stream.close()
 
+
+
+def join_extension(job, request, media: Path) -> tuple[tuple, dict]:
+    """An extension's new part (the mp4 at ``media``, made for ``request``) joined after the video it extends,
+    taking that file's place: (the joined video's shape, the sidecar's "extend")."""
+    from engine.post.apply import replace_file, work_path
+
+    source, video, sidecar = source_of(Path(request.extend), Path(request.outputs_dir))
+    dest = work_path(media, "join")
+    try:
+        made = join(job, video, media, dest, source, [])
+        record = replace(made, parts=parts_of(source, video, sidecar, request, made.part_frames))
+        replace_file(dest, media)
+    finally:
+        dest.unlink(missing_ok=True)
+    return (record.frames, video.height, video.width, 3), record.to_dict()
+
+
+def joined_note(joined: dict) -> str:
+    """What a run's note says of its join."""
+    return (f"It extends {joined['source']}: its {joined['source_frames']} frames and {joined['part_frames']} new "
+            f"({joined['frames']} in all).")
 
 # ----- the parts ---------------------------------------------------------------------------------------------------
 def source_of(path: Path, outputs_dir: Path) -> tuple[str, VideoInfo, object]:

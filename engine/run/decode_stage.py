@@ -12,7 +12,7 @@ the plan and the saved latents come with each call.
 from __future__ import annotations
 
 from contextlib import closing, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.device.runtime import free_device_memory, peak_vram_gb
@@ -281,11 +281,33 @@ class Decoder:
             bundle = Bundle(output_stem(saved.path.parent.parent, request.settings.mode, request.prompt, request.seed))
         with job.in_phase(Phase.EXPORT):
             media = write_media(request, frames, bundle)
+        shape, joined, joining = self._join_again(request, media, Bundle.from_latents(saved.path).input("extend"))
         how = ", ".join(("tiled" if tile else "untiled", *(["on the CPU"] if on_cpu else [])))
         meta = saved.meta
         inputs = carry_inputs(meta["inputs"], saved.path.parent, bundle.stem) if meta.get("inputs") else None
         record = redecode_record(request, media, saved.path, how, meta.get("model"), dict(meta["request"]),
-                                 job.timings, job.ram.peak_gb, hardware, inputs=inputs)
+                                 job.timings, job.ram.peak_gb, hardware, inputs=inputs, extend=joined, shape=shape)
         sidecar = write_sidecar(record, bundle.sidecar)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
-                           job.ram.peak_gb, f"Decoded again ({how}) from saved latents.")
+                           job.ram.peak_gb, f"Decoded again ({how}) from saved latents. {joining}".strip())
+
+    def _join_again(self, request: GenerationRequest, media: Path, kept: Path
+                    ) -> tuple[tuple | None, dict | None, str]:
+        """An extension's part, decoded again at ``media``, joined after the video it extends as its run did (or
+        after the copy its run ``kept`` of a video from outside the outputs folder): (the joined video's shape and
+        the sidecar's "extend", or None and None; what the note says of it). A video no longer there leaves the
+        part alone, said so; a join that fails takes the part with it (the latents stay, to decode again)."""
+        if not request.extend:
+            return None, None, ""
+        from engine.post.extend import join_extension, joined_note
+
+        video = next((path for path in (Path(request.extend), kept) if path.is_file()), None)
+        if video is None:
+            return None, None, (f"The video it extended ({Path(request.extend).name}) is no longer there: this is "
+                                "the new part alone.")
+        try:
+            shape, joined = join_extension(self.job, replace(request, extend=str(video)), media)
+        except BaseException:
+            media.unlink(missing_ok=True)
+            raise
+        return shape, joined, joined_note(joined)

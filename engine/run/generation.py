@@ -22,7 +22,7 @@ from engine.settings.model_fit import check_model_fits
 from engine.models.refs import ResolvedModel
 from engine.models.single_file import use_transformer_files
 from engine.models.spec import ModelSpec
-from engine.outputs.bundle import Bundle
+from engine.outputs.bundle import INPUT_SUFFIXES, VIDEO_INPUT_SUFFIXES, Bundle
 from engine.outputs.export import output_stem
 from engine.outputs.kept_inputs import keep_inputs
 from engine.outputs.latents import cleanup_latents, save_latents
@@ -35,7 +35,7 @@ from engine.run.apply_plan import set_vae_tiling
 from engine.run.decode_stage import Decoder, check_latents
 from engine.run.denoise import Denoiser
 from engine.run.failures import is_out_of_memory
-from engine.run.job import Job
+from engine.run.job import Cancelled, Job
 from engine.run.job_scope import JobScope
 from engine.run.loaded import LoadedModel
 from engine.run.lora import lora_files
@@ -190,6 +190,28 @@ class Generation:
         job = self.job
         check_latents(loaded, request, latents)   # NaN latents: nothing to save or decode
         bundle = self._save_latents(loaded, request, latents)
+        try:
+            return self._made(loaded, request, latents, bundle)
+        except Cancelled:
+            self._discard(bundle, request)
+            raise
+
+    def _discard(self, bundle: Bundle, request: GenerationRequest) -> None:
+        """What a run cancelled after its latents were saved (in the decode, a step after it, the join) wrote:
+        removed, as a cancel keeps nothing new; only the latents (and the inputs kept for them) stay when the
+        request asked to keep them."""
+        keep = (bundle.latents, *(bundle.input(f) for f in (*INPUT_SUFFIXES, *VIDEO_INPUT_SUFFIXES))) \
+            if request.keep_latents else ()
+        for path in bundle.existing():
+            if path not in keep:
+                path.unlink(missing_ok=True)
+        if not request.keep_latents:
+            self.job.latents = None
+
+    def _made(self, loaded: LoadedModel, request: GenerationRequest, latents, bundle: Bundle) -> JobFinished:
+        """The saved latents decoded and exported, the steps after the decode and an extension's join run; the
+        sidecar last."""
+        job = self.job
         media, shape = self.decoder.decode_and_write(loaded, request, latents, bundle)
         if self.host.latents_hours <= 0 and not request.keep_latents:
             job.removed_latents()
@@ -200,10 +222,11 @@ class Generation:
             shape, post = self._post_steps(loaded, request, media, shape, steps)
             sidecar = self._write_sidecar(loaded, request, bundle, media, shape, post)
         if request.extend:
-            shape, joined = self._join(request, media)
+            from engine.post.extend import join_extension, joined_note
+
+            shape, joined = join_extension(job, request, media)
             sidecar = self._write_sidecar(loaded, request, bundle, media, shape, post, joined)
-            note = (f"It extends {joined['source']}: its {joined['source_frames']} frames and "
-                    f"{joined['part_frames']} new ({joined['frames']} in all). {note}").strip()
+            note = f"{joined_note(joined)} {note}".strip()
         self.host.timing.finished(loaded, request, job.timings, job.step_seconds, "load" not in job.timings,
                                   job.decoder, job.predicted.model_step_seconds if job.predicted else None)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
@@ -231,24 +254,13 @@ class Generation:
         count, height, width = (int(n) for n in shape[:3])
         fps = request.settings.fps if request.settings.mode != "t2i" else None
         runner = StepRunner(self.host.models_dir, loaded.plan.device, job)
-        made, records = run_steps(job, runner, steps, Media(media, count, width, height, fps), work_path(media, 0))
-        replace_file(made.path, media)
-        return (made.frames, made.height, made.width, 3), [record.to_dict() for record in records]
-
-    def _join(self, request: GenerationRequest, media: Path) -> tuple[tuple, dict]:
-        """An extension's part (the file at ``media``) joined after its video, taking that file's place: (the joined
-        video's shape, the sidecar's "extend")."""
-        from engine.post.extend import join, parts_of, source_of
-
-        source, video, sidecar = source_of(Path(request.extend), Path(request.outputs_dir))
-        dest = work_path(media, "join")
+        dest = work_path(media, 0)
         try:
-            made = join(self.job, video, media, dest, source, [])
-            record = replace(made, parts=parts_of(source, video, sidecar, request, made.part_frames))
-            replace_file(dest, media)
+            made, records = run_steps(job, runner, steps, Media(media, count, width, height, fps), dest)
+            replace_file(made.path, media)
         finally:
-            dest.unlink(missing_ok=True)
-        return (record.frames, video.height, video.width, 3), record.to_dict()
+            dest.unlink(missing_ok=True)   # a step cancelled or failed part way
+        return (made.frames, made.height, made.width, 3), [record.to_dict() for record in records]
 
     def _write_sidecar(self, loaded: LoadedModel, request: GenerationRequest, bundle: Bundle, media: Path,
                        shape: tuple, post: list | None = None, extend: dict | None = None) -> Path:

@@ -162,3 +162,61 @@ def test_what_cannot_be_joined_is_refused_before_any_work(presets, outputs, made
     with pytest.raises(InputError, match="does not exist"):
         check_request(tiny_request(presets, "selftest-i2v", outputs, mode="i2v", extend=str(tmp_path / "gone.mp4"),
                                    **PART))
+
+
+# ----- decoding an extension again, cancelling its join -----------------------------------------------------------
+def _latents_of(result: JobFinished) -> Path:
+    from engine.outputs.bundle import Bundle
+
+    return Bundle.from_media(result.paths[0]).latents
+
+
+def test_decode_again_joins_the_new_part_after_its_video_again(made, engine):
+    latents = _latents_of(made["extended"])
+    assert latents.exists()
+    again = engine.decode_saved(str(latents), "again", lambda event: None)
+    assert isinstance(again, JobFinished), again
+    frames, _ = read_video(again.paths[0])
+    assert len(frames) == 13 and again.paths[0] != made["extended"].paths[0]
+    assert np.array_equal(frames[:9], read_video(made["first"].paths[0])[0])   # the video's own frames, bit for bit
+    sidecar = json.loads(Path(again.sidecar).read_text())
+    assert sidecar["extend"]["source"] == _key(made["first"]) and sidecar["extend"]["frames"] == 13
+    assert sidecar["decoded_from"] == str(latents) and sidecar["output"]["frames"] == 13 and "It extends" in again.note
+
+
+def test_decode_again_joins_a_kept_copy_or_says_the_part_is_alone(engine, presets, outputs, tmp_path):
+    clip = tmp_path / "clip.mp4"
+    write_mp4(np.full((7, 64, 64, 3), 90, np.uint8), clip, 16)
+    result, _ = run_engine(engine, check_request(tiny_request(presets, "selftest-i2v", outputs, mode="i2v",
+                                                              extend=str(clip), **PART)))
+    assert isinstance(result, JobFinished), result
+    latents = _latents_of(result)
+    clip.unlink()   # the upload is gone: the copy the run kept beside its output is joined instead
+    again = engine.decode_saved(str(latents), "kept", lambda event: None)
+    assert isinstance(again, JobFinished) and video_frame_count(again.paths[0]) == 11, again
+    assert np.array_equal(read_video(again.paths[0])[0], read_video(result.paths[0])[0])
+    Path(result.paths[0]).with_name(Path(result.paths[0]).stem + ".source.mp4").unlink()
+    alone = engine.decode_saved(str(latents), "alone", lambda event: None)
+    assert isinstance(alone, JobFinished) and video_frame_count(alone.paths[0]) == PART["frames"], alone
+    assert "clip.mp4) is no longer there: this is the new part alone" in alone.note
+    assert "extend" not in json.loads(Path(alone.sidecar).read_text())
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_a_cancel_in_the_join_keeps_nothing_new(engine, presets, made, tmp_path, keep):
+    from engine.events import JobCancelled, PhaseStarted
+
+    outputs = tmp_path / "outputs"
+    before = {p.name for p in Path(made["first"].paths[0]).parent.iterdir()}
+    events = []
+    joining = lambda: any(isinstance(e, PhaseStarted) and e.phase == "join" for e in events)   # noqa: E731
+    request = check_request(tiny_request(presets, "selftest-i2v", outputs, mode="i2v", extend=made["first"].paths[0],
+                                         keep_latents=keep, **PART))
+    result = engine.run(request, "cancelled", events.append, joining)
+    assert isinstance(result, JobCancelled) and result.phase == "join", result
+    written = sorted(p.name for p in outputs.rglob("*") if p.is_file())
+    # Nothing at the output's name (no part alone, no sidecar); the latents (and the inputs kept to decode them
+    # again) only when they were asked for.
+    kept = (".latents.safetensors", ".first.png", ".source.mp4")
+    assert sorted(name[name.index("."):] for name in written) == (sorted(kept) if keep else []), written
+    assert {p.name for p in Path(made["first"].paths[0]).parent.iterdir()} == before   # the video extended is kept

@@ -164,6 +164,16 @@ def test_a_run_with_both_options_writes_the_final_file_its_sidecar_and_the_chart
     assert sorted(p.name for p in Path(result.paths[0]).parent.iterdir() if p.name.startswith(".")) == []
 
 
+def test_a_run_cancelled_in_its_step_after_the_decode_keeps_nothing_new(tmp_path, presets, outputs):
+    engine = Engine(tmp_path / "models", CPU)
+    events: list = []
+    request = tiny_request(presets, "selftest-t2v", outputs, frames=9, steps=2, interpolate=2)
+    result = engine.run(request, "job", events.append, lambda: any(isinstance(e, PostProgress) for e in events))
+    assert isinstance(result, JobCancelled) and result.phase == "interpolate", result
+    # The decoded video, its sidecar, its latents and the step's file between: all gone, as the page says.
+    assert [p.name for p in Path(outputs).rglob("*") if p.is_file()] == []
+
+
 def test_a_broken_upscaler_file_is_refused_before_the_run(tmp_path, presets, outputs):
     models = tmp_path / "models"
     (_made(models / "upscalers") / "broken.pth").write_bytes(b"not a model at all")
