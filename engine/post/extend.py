@@ -226,7 +226,6 @@ def _encode_both(job, video: VideoInfo, tail: Path, dest: Path, total: int) -> N
         stream.close()
 
 
-
 def join_extension(job, request, media: Path) -> tuple[tuple, dict]:
     """An extension's new part (the mp4 at ``media``, made for ``request``) joined after the video it extends,
     taking that file's place: (the joined video's shape, the sidecar's "extend")."""
@@ -247,6 +246,7 @@ def joined_note(joined: dict) -> str:
     """What a run's note says of its join."""
     return (f"It extends {joined['source']}: its {joined['source_frames']} frames and {joined['part_frames']} new "
             f"({joined['frames']} in all).")
+
 
 # ----- the parts ---------------------------------------------------------------------------------------------------
 def source_of(path: Path, outputs_dir: Path) -> tuple[str, VideoInfo, object]:
