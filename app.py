@@ -166,15 +166,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 # ----- generate -----------------------------------------------------------
 def _pick_preset(presets, args):
-    from engine.settings.presets import get_preset
+    from engine.settings.presets import get_preset, preset_for_model
 
     if args.preset:
         return get_preset(presets, args.preset)
     mode = "i2v" if getattr(args, "image", None) or getattr(args, "extend", None) else "t2v"
-    if args.model:
-        for preset in presets.values():
-            if preset.settings.model == args.model and preset.settings.mode == mode:
-                return preset
+    found = preset_for_model(presets, args.model, mode) if args.model else None
+    if found is not None:
+        return found
     if getattr(args, "extend", None):   # the extended output's family (engine/post/sources.py)
         from engine.post.sources import extension_preset
 

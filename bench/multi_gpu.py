@@ -7,8 +7,8 @@ two engines against the same two on one.
 
 Everything goes through the app's own path: an EnginePool of two engine processes (one per GPU, as
 ``serve --gpus 2`` starts them) given requests as the queue gives them. The models are saved to disk first
-(real-size random weights, ``save_pretrained``: Wan2.1 T2V 1.3B, and Wan2.1 T2V 14B, 40 heads), since every
-engine process loads its own copy. Per model:
+(real-size random weights, in float32 shards as the repositories store them: Wan2.1 T2V 1.3B, and Wan2.1 T2V 14B,
+40 heads), since every engine process loads its own copy. Per model:
 
 - whole: the job on engine 0 alone (after a warm-up run that loads it), per-step time and request to mp4;
 - split: the same job split across both engines (context parallel; a warm-up run first), the same figures,
@@ -96,7 +96,9 @@ def build_folder(setup: Setup, key: str) -> Path:
                            scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                                              flow_shift=3.0))
         pipe.to("cpu")
-    pipe.save_pretrained(folder)
+        realsize.save_as_published(pipe, folder)   # float32 shards with index files, as the repositories store it
+    if not (folder / "model_index.json").exists():
+        pipe.save_pretrained(folder)
     del pipe
     import torch
 

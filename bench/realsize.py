@@ -65,3 +65,68 @@ def tokenizer():
 
 def latent_shape(width, height, frames, z=16, spatial=8):
     return (1, z, (frames - 1) // 4 + 1, height // spatial, width // spatial)
+
+
+# How the published repositories store each component (tests/fixtures/published/ holds their headers): the dtype of
+# each component, in shards of at most 5 GB (diffusers' conversion script) with an index file beside them.
+PUBLISHED_SHARD_SIZE = "5GB"
+PUBLISHED_DTYPES = {
+    "wan21": {"transformer": "float32", "text_encoder": "float32", "vae": "float32", "image_encoder": "bfloat16"},
+    "fastwan": {"transformer": "bfloat16", "text_encoder": "float32", "vae": "float32"},
+    "wan22": {"transformer": "float32", "transformer_2": "float32", "text_encoder": "bfloat16", "vae": "float32"},
+}
+
+
+def save_as_published(pipe, folder, family: str | None = "wan21", shard_size: str = PUBLISHED_SHARD_SIZE) -> None:
+    """Save ``pipe`` as its published repository stores it: each component in the published dtype of ``family`` (None:
+    as they are), in shards of ``shard_size`` with index files (a load then reads what users download: twice the bytes
+    of bf16 for Wan2.1's float32 files)."""
+    for name, dtype in PUBLISHED_DTYPES.get(family, {}).items():
+        component = getattr(pipe, name, None)
+        if component is not None:
+            component.to(getattr(torch, dtype))
+    pipe.save_pretrained(folder, max_shard_size=shard_size)
+
+
+# FastVideo's name for the gate of FastWan's sparse attention: a linear layer in every block.
+FASTWAN_GATE = "to_gate_compress"
+
+
+def with_gate(pipe, gate: str = FASTWAN_GATE, seed: int = 7):
+    """``pipe`` with a transformer of the same weights and a random gate in every block, as FastWan's has."""
+    from engine.run.gated import gated_transformer_class
+
+    plain = pipe.transformer
+    with torch.device(plain.device):
+        gated = gated_transformer_class(gate)(**plain.config).to(plain.dtype)
+    missing, unexpected = gated.load_state_dict(plain.state_dict(), strict=False)
+    assert not unexpected and all(gate in name for name in missing)
+    generator = torch.Generator(plain.device.type).manual_seed(seed)
+    with torch.no_grad():
+        for name, tensor in gated.named_parameters():
+            if gate in name:
+                tensor.copy_(torch.randn(tensor.shape, generator=generator, device=plain.device) * 0.02)
+    pipe.transformer = gated.eval().requires_grad_(False)
+    return pipe
+
+
+def save_as_fastwan(pipe, folder, family: str | None = "fastwan", shard_size: str = PUBLISHED_SHARD_SIZE) -> None:
+    """Save ``pipe`` as FastVideo publishes FastWan: its transformer with the sparse attention's gate (with_gate),
+    the pipeline named as FastVideo names it (name_as_fastwan)."""
+    save_as_published(with_gate(pipe), folder, family, shard_size)
+    name_as_fastwan(folder)
+
+
+def name_as_fastwan(folder) -> None:
+    """FastWan's names in a saved folder: ``WanDMDPipeline`` in model_index.json, and diffusers' transformer class in
+    it and in the transformer's config (a gated transformer saves its own class's name)."""
+    import json
+    from pathlib import Path
+
+    index_file, config_file = Path(folder) / "model_index.json", Path(folder) / "transformer" / "config.json"
+    index = json.loads(index_file.read_text())
+    index.update(_class_name="WanDMDPipeline", transformer=["diffusers", "WanTransformer3DModel"])
+    index_file.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    config = json.loads(config_file.read_text())
+    config["_class_name"] = "WanTransformer3DModel"
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")

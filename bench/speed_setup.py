@@ -89,7 +89,8 @@ def peak_gb() -> float | None:
 
 # ----- the model on disk -------------------------------------------------------------------------------
 def build_folder(setup: Setup) -> Path:
-    """The 1.3B text-to-video model saved as a diffusers folder (the self-test model with --tiny)."""
+    """The 1.3B text-to-video model saved as a diffusers folder as its repository stores it (the self-test model with
+    --tiny)."""
     folder = setup.work / "wan13"
     if (folder / "model_index.json").exists():
         return folder
@@ -108,7 +109,10 @@ def build_folder(setup: Setup) -> Path:
                            scheduler=UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True,
                                                              flow_shift=3.0))
         pipe.to("cpu")
-    pipe.save_pretrained(folder)
+    if setup.tiny:
+        pipe.save_pretrained(folder)
+    else:   # as the published repository stores it: float32 shards with index files
+        realsize.save_as_published(pipe, folder)
     del pipe
     from engine.models.weights import weight_bytes
 

@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import Callable
 
 from engine.models.limits import Limits, limits_of
-from engine.models.refs import ResolvedModel, check_model_folder, classify_ref, hub_cache_dir, locate_model
+from engine.models.refs import (ResolvedModel, check_model_folder, classify_ref, has_weights, hub_cache_dir,
+                                hub_offline, locate_model)
 from engine.errors import ModelError
 from engine.models.single_file import (TransformerFile, check_transformer_files, read_transformer_file,
                                        spec_with_files, transformer_paths)
@@ -30,11 +31,12 @@ REMEMBERED = 32
 
 
 def cached_snapshot(repo_id: str) -> Path | None:
-    """The newest downloaded snapshot of ``repo_id`` in the hub cache, without any network access."""
+    """The newest downloaded snapshot of ``repo_id`` in the hub cache, without any network access: one with its
+    weights (a repository read before its weights download, or cut short, has only its JSON files)."""
     snapshots = hub_cache_dir() / ("models--" + repo_id.replace("/", "--")) / "snapshots"
     if not snapshots.is_dir():
         return None
-    candidates = [p for p in snapshots.iterdir() if (p / "model_index.json").is_file()]
+    candidates = [p for p in snapshots.iterdir() if (p / "model_index.json").is_file() and has_weights(p)]
     return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
 
 
@@ -156,14 +158,37 @@ class ModelCatalog:
         self._folder_facts(ref.strip(), folder, files_stamp(folder))
 
     def resolve(self, ref: str, models_dir: Path,
-                on_progress: Callable[[float, float | None, str], None] | None = None) -> ResolvedModel:
+                on_progress: Callable[[float, float | None, str], None] | None = None,
+                vet: Callable[[ResolvedModel], None] | None = None) -> ResolvedModel:
         """``ref`` as a checked local folder (a self-test model built, a Hub model downloaded if needed), its folder
-        checked and its spec read once per version of its files (the Engine's way to a model)."""
+        checked and its spec read once per version of its files (the Engine's way to a model).
+
+        A Hub model whose weights are not all here yet is read first as its metadata (engine/models/hub_metadata.py):
+        its folder checked and ``vet`` (the job's own checks: does it fit the request, does its plan fit this
+        machine) run on what its JSON files and weight headers say, so that a repository the job cannot use is
+        refused before a byte of its weights downloads."""
         ref = (ref or "").strip()
+        if classify_ref(ref) == "hub" and not hub_offline():
+            self.read_before_download(ref, vet)
         folder, source, revision = locate_model(ref, models_dir, on_progress)
         stamp = files_stamp(folder)
         return ResolvedModel(ref, folder, source, revision, *self._folder_facts(ref, folder, stamp),
                              self._known(ref, folder, stamp))
+
+    def read_before_download(self, ref: str, vet: Callable[[ResolvedModel], None] | None = None,
+                             endpoint: str | None = None, cache_dir: Path | None = None) -> ResolvedModel | None:
+        """The Hub repository ``ref`` as its metadata says it is (None when its weights are all in the cache): its
+        JSON files fetched, its folder checked against its listing, its spec read from its weight files' headers,
+        and ``vet`` run on it; ModelError or the vet's error before any weight is fetched."""
+        from engine.models.hub_metadata import list_repo, read_before_weights, read_repo_metadata
+
+        listing = list_repo(ref, endpoint, cache_dir)
+        if not listing.weights_missing:
+            return None
+        found = read_before_weights(read_repo_metadata(listing, endpoint), ref)
+        if vet is not None:
+            vet(found)
+        return found
 
     def _folder_facts(self, ref: str, folder: Path, stamp: tuple) -> tuple:
         """(pipeline class, components, expand_timesteps) of a checked folder (ModelError when it is broken)."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Callable
 
+from engine.models.hub_errors import hub_failure, unreachable
 from engine.models.refs import REPO_ID, hub_cache_dir, hub_offline
 from engine.errors import DownloadError, ModelError
 
@@ -50,11 +51,6 @@ class DownloadPlan:
         return sum(size for _, size in self.files)
 
 
-def unreachable(exc: BaseException | str, where: str) -> DownloadError:
-    return DownloadError(f"Can't reach the Hugging Face Hub: {exc}; check the connection or put the files in "
-                         f"{where}")
-
-
 def free_space(folder: Path) -> int:
     """Free bytes on the disk that holds ``folder`` (or its nearest existing parent)."""
     folder = Path(folder).resolve()
@@ -87,45 +83,36 @@ def _offline_check(where: str) -> None:
         raise unreachable("offline mode is on (HF_HUB_OFFLINE=1)", where)
 
 
-def _hub_failure(exc: Exception, repo: str, where: str) -> DownloadError:
-    """A message for what went wrong when asking the Hub: not reachable, no such repo or file, or other."""
-    from huggingface_hub.errors import EntryNotFoundError, GatedRepoError, RepositoryNotFoundError
-
-    chain = [exc, *([exc.__cause__] if exc.__cause__ else [])]   # a dry run wraps the Hub's error in its own
-    cause = next((e for e in chain if isinstance(e, (RepositoryNotFoundError, GatedRepoError, EntryNotFoundError))
-                  or _is_connection_error(e)), chain[-1])
-    if isinstance(cause, (RepositoryNotFoundError, GatedRepoError)):
-        return DownloadError(f"{repo} is not on the Hugging Face Hub, or needs a login that this app does not have; "
-                             "check the repo id")
-    if isinstance(cause, EntryNotFoundError):
-        return DownloadError(f"{repo} has no such file; check the path in the repo")
-    if _is_connection_error(cause):
-        return unreachable(f"{type(cause).__name__}: {cause}", where)
-    return DownloadError(f"could not download {repo} ({type(cause).__name__}: {cause}); try again, or put the files "
-                         f"in {where}")
-
-
-def _is_connection_error(exc: BaseException) -> bool:
-    import httpx2
-
-    return isinstance(exc, (httpx2.TransportError, ConnectionError, TimeoutError))
-
-
 # ----- a snapshot, into the Hub cache --------------------------------------------------------------------------
 def plan_snapshot(repo: str, endpoint: str | None = None, cache_dir: Path | None = None) -> DownloadPlan:
     """The files of ``repo`` that are not in the Hub cache yet, with their sizes from the Hub."""
-    from huggingface_hub import snapshot_download
+    return _plan(_listing(repo, endpoint, cache_dir))
+
+
+def _listing(repo: str, endpoint: str | None, cache_dir: Path | None):
+    from engine.models.hub_metadata import list_repo
 
     repo = check_repo(repo)
     cache = Path(cache_dir) if cache_dir is not None else hub_cache_dir()
-    where = f"{cache} (the Hugging Face cache)"
-    _offline_check(where)
-    try:
-        infos = snapshot_download(repo, cache_dir=cache, endpoint=endpoint, dry_run=True)
-    except Exception as exc:   # the Hub's errors and the network's, worded by _hub_failure
-        raise _hub_failure(exc, repo, where) from exc
-    commit = next((i.commit_hash for i in infos), "")
-    return DownloadPlan(repo, tuple((i.filename, i.file_size or 0) for i in infos if i.will_download), cache, commit)
+    _offline_check(f"{cache} (the Hugging Face cache)")
+    return list_repo(repo, endpoint, cache)
+
+
+def _plan(listing) -> DownloadPlan:
+    return DownloadPlan(listing.repo, tuple((path, listing.sizes[path]) for path in listing.missing), listing.cache,
+                        listing.revision)
+
+
+def check_model_repo(listing, endpoint: str | None = None) -> None:
+    """Refuse a repository the app cannot run before its weights download: one that is no diffusers model (no
+    model_index.json), or whose folder check fails on its JSON files and weight headers (ModelError)."""
+    from engine.models.hub_metadata import read_before_weights, read_repo_metadata
+
+    if not listing.is_pipeline:
+        raise DownloadError(f"{listing.repo} has no model_index.json, so it is not a diffusers model the app can run; "
+                            "to download one file of it (a LoRA, a transformer file), give the file's path too")
+    if listing.weights_missing:
+        read_before_weights(read_repo_metadata(listing, endpoint), listing.repo)
 
 
 def bytes_progress(on_progress: Progress, total: int | None = None):
@@ -167,12 +154,15 @@ def download_snapshot(repo: str, on_progress: Progress | None = None, free_bytes
                       endpoint: str | None = None, cache_dir: Path | None = None,
                       resumable_bytes: int = RESUMABLE_BYTES) -> Path:
     """Download ``repo`` into the Hub cache (where the engine finds it by its repo id) and return its folder;
-    DownloadError, before any byte, when it does not fit, the Hub cannot be reached or the repo is unknown.
+    DownloadError, before any byte, when it does not fit, the Hub cannot be reached or the repo is unknown, and
+    before any byte of weights (ModelError) when its description says the app cannot run it.
     Files of ``resumable_bytes`` or more resume where a cut try stopped."""
     from huggingface_hub import snapshot_download
 
-    plan = plan_snapshot(repo, endpoint, cache_dir)
+    listing = _listing(repo, endpoint, cache_dir)
+    plan = _plan(listing)
     check_space(plan, free_bytes)
+    check_model_repo(listing, endpoint)   # its JSON files and weight headers, before the weights
     where = f"{plan.target} (the Hugging Face cache)"
     total, before = plan.needed_bytes, 0
     for path, size in plan.files:
@@ -188,7 +178,7 @@ def download_snapshot(repo: str, on_progress: Progress | None = None, free_bytes
         folder = snapshot_download(plan.repo, cache_dir=plan.target, endpoint=endpoint, tqdm_class=progress,
                                    revision=plan.revision or None)
     except Exception as exc:   # the files finished so far stay in the cache: the next try fetches the others
-        failure = _hub_failure(exc, plan.repo, where)
+        failure = hub_failure(exc, plan.repo, where)
         raise DownloadError(f"{failure}. The files finished so far are kept: Download again fetches the others") \
             from exc
     if on_progress:
@@ -220,8 +210,8 @@ def _remote_file(repo: str, path: str, endpoint: str | None, where: str, revisio
     try:
         url = hf_hub_url(repo, path, revision=revision or None, endpoint=endpoint)
         meta = get_hf_file_metadata(url, endpoint=endpoint)
-    except Exception as exc:   # the Hub's errors and the network's, worded by _hub_failure
-        raise _hub_failure(exc, repo, where) from exc
+    except Exception as exc:   # the Hub's errors and the network's, worded by hub_failure
+        raise hub_failure(exc, repo, where) from exc
     if meta.size is None:
         raise DownloadError(f"the Hub did not say how large {repo}/{path} is, so the free space cannot be checked; "
                             f"try again later, or put the file in {where}")

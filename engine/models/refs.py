@@ -10,9 +10,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Protocol
 
 from engine.errors import DownloadError, ModelError
+from engine.models.pipelines import PIPELINE_KINDS, PipelineKind, pipeline_kind
 from engine.models.selftest import SELFTEST_REFS, ensure_selftest_model
 from engine.models.spec import ModelSpec, spec_for
 from engine.models.weights import WeightFileError, read_header
@@ -21,7 +22,6 @@ REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf")
 # Components whose folder must hold weights, not only a config.
 WEIGHTED = {"transformer", "transformer_2", "vae", "text_encoder", "image_encoder"}
-PIPELINES = {"WanPipeline": "t2v", "WanImageToVideoPipeline": "i2v"}
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,14 @@ class ResolvedModel:
         return self.source == "selftest"
 
     @property
+    def kind(self) -> PipelineKind:
+        """Its pipeline class as the app runs it (engine/models/pipelines.py)."""
+        return pipeline_kind(self.pipeline_class)
+
+    @property
     def image_to_video(self) -> bool:
         """An image-to-video-only model (it needs a first frame)."""
-        return self.pipeline_class == "WanImageToVideoPipeline"
+        return self.kind.image_to_video
 
     @property
     def takes_image(self) -> bool:
@@ -69,7 +74,7 @@ def hub_offline() -> bool:
 
 
 @dataclass(frozen=True)
-class _Named:
+class NamedModel:
     """How the messages about a model folder name it: by ``shown``, the reference the user gave (a hub model's
     snapshot folder and a link's target are the machine's, not the user's), else by the folder's path."""
     folder: Path
@@ -87,11 +92,50 @@ class _Named:
         return file.relative_to(self.folder) if file.is_relative_to(self.folder) else file
 
 
-def check_model_folder(folder: Path, shown: str | None = None) -> tuple[str, tuple[str, ...], bool]:
+class FolderFiles(Protocol):
+    """The weight files of a model folder as the folder check sees them: on this disk (``DiskFiles``), or listed by
+    the Hub before they are downloaded, their headers fetched alone (engine/models/hub_metadata.py ``HubFiles``)."""
+
+    def names(self, part: str) -> list[str] | None:
+        """The names of the files in the component folder ``part`` (None: there is no such folder)."""
+
+    def header(self, part: str, name: str) -> dict:
+        """The safetensors header of ``part/name`` (WeightFileError when it is damaged, OSError when unreadable)."""
+
+    def damaged(self, named: "NamedModel", path: str, reason: str) -> ModelError:
+        """The error for a damaged weight file, saying what to do about it."""
+
+    @property
+    def redo(self) -> str:
+        """What to do about a file that is missing or broken ("download the model again")."""
+
+
+@dataclass(frozen=True)
+class DiskFiles:
+    """The files of a model folder on this disk."""
+    folder: Path
+
+    def names(self, part: str) -> list[str] | None:
+        where = self.folder / part
+        return sorted(f.name for f in where.iterdir()) if where.is_dir() else None
+
+    def header(self, part: str, name: str) -> dict:
+        return read_header(self.folder / part / name)
+
+    def damaged(self, named: "NamedModel", path: str, reason: str) -> ModelError:
+        return _damaged(named, self.folder / path, reason)
+
+    redo = "download the model again"
+
+
+def check_model_folder(folder: Path, shown: str | None = None,
+                       files: FolderFiles | None = None) -> tuple[str, tuple[str, ...], bool]:
     """Check a diffusers-layout folder; return its pipeline class, component names and whether it is a
     text-and-image-to-video model (Wan2.2 TI2V-5B: ``expand_timesteps``). ``shown``: the reference the user gave,
-    which the messages name the model by, without the folder's own path or a link's target."""
-    named = _Named(folder, shown)
+    which the messages name the model by, without the folder's own path or a link's target. ``files``: where its
+    weight files are (default: in the folder; a Hub repo's before its weights download: their listing and headers)."""
+    named = NamedModel(folder, shown)
+    files = files if files is not None else DiskFiles(folder)
     index_file = folder / "model_index.json"
     if not index_file.is_file():
         raise ModelError(
@@ -100,37 +144,59 @@ def check_model_folder(folder: Path, shown: str | None = None) -> tuple[str, tup
     try:
         index = json.loads(index_file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ModelError(f"{named.whole}/model_index.json is not valid JSON ({exc}); download the model again") from exc
+        raise ModelError(f"{named.whole}/model_index.json is not valid JSON ({exc}); {files.redo}") from exc
     if not isinstance(index, dict):
-        raise ModelError(f"{named.whole}/model_index.json is not a JSON object; download the model again")
+        raise ModelError(f"{named.whole}/model_index.json is not a JSON object; {files.redo}")
     pipeline_class = index.get("_class_name", "")
-    if pipeline_class not in PIPELINES:
+    if pipeline_class not in PIPELINE_KINDS:
         raise ModelError(
             f"{named.label}: pipeline {pipeline_class!r} is not supported; "
-            f"use a Wan model for {' or '.join(PIPELINES)}")
+            f"use a Wan model for {' or '.join(PIPELINE_KINDS)}")
     components = tuple(
         name for name, value in index.items()
         if not name.startswith("_") and isinstance(value, list) and value and value[0] is not None)
     for name in components:
-        _check_component(named, name)
+        _check_component(named, name, files)
     return pipeline_class, components, bool(index.get("expand_timesteps", False))
 
 
-def _check_component(named: _Named, name: str) -> None:
-    part = named.folder / name
-    if not part.is_dir():
-        raise ModelError(f"{named.label}: component '{name}' is missing (no folder {name}/ in it); "
-                         "download the model again")
+def has_weights(folder: Path) -> bool:
+    """Whether every weighted component model_index.json names has its weight files here, as a finished download
+    has (a Hub snapshot read before its weights download holds only its JSON files). Names only, nothing read."""
+    try:
+        index = json.loads((Path(folder) / "model_index.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    for name, value in index.items() if isinstance(index, dict) else ():
+        if name in WEIGHTED and isinstance(value, list) and value and value[0] is not None:
+            part = Path(folder) / name
+            if not part.is_dir() or not any(f.name.endswith(WEIGHT_SUFFIXES) for f in part.iterdir()):
+                return False
+            for index_file in part.glob("*.index.json"):
+                try:
+                    shards = set(json.loads(index_file.read_text(encoding="utf-8"))["weight_map"].values())
+                except (OSError, ValueError, KeyError, TypeError, AttributeError):
+                    return False
+                if not all((part / str(shard)).is_file() for shard in shards):
+                    return False
+    return True
+
+
+def _check_component(named: NamedModel, name: str, files: FolderFiles) -> None:
+    present = files.names(name)
+    if present is None:
+        raise ModelError(f"{named.label}: component '{name}' is missing (no folder {name}/ in it); {files.redo}")
     if name in WEIGHTED:
+        part = named.folder / name
         if not (part / "config.json").is_file():
-            raise ModelError(f"{named.label}: component '{name}' has no config.json; download the model again")
-        _check_json(named, part / "config.json")
-        if not any(f.name.endswith(WEIGHT_SUFFIXES) for f in part.iterdir()):
-            raise ModelError(f"{named.label}: component '{name}' has no weight files; download the model again")
-        check_weight_files(named.folder, part, named.shown)
+            raise ModelError(f"{named.label}: component '{name}' has no config.json; {files.redo}")
+        _check_json(named, part / "config.json", files.redo)
+        if not any(file.endswith(WEIGHT_SUFFIXES) for file in present):
+            raise ModelError(f"{named.label}: component '{name}' has no weight files; {files.redo}")
+        check_weight_files(named.folder, part, named.shown, files)
 
 
-def _damaged(named: _Named, file: Path, reason: str) -> ModelError:
+def _damaged(named: NamedModel, file: Path, reason: str) -> ModelError:
     if named.shown:
         todo = "Delete that file, or the whole model on the Models tab, and download the model again"
     else:   # a hub download is a link into the cache's blobs: that file is the one to delete
@@ -139,38 +205,42 @@ def _damaged(named: _Named, file: Path, reason: str) -> ModelError:
     return ModelError(f"{named.label}: weight file {named.where(file)} is damaged: {reason}. {todo}")
 
 
-def _check_json(named: _Named, file: Path) -> object:
+def _check_json(named: NamedModel, file: Path, redo: str = DiskFiles.redo) -> object:
     try:
         return json.loads(file.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ModelError(f"{named.label}: {named.where(file)} is not valid JSON ({exc.__class__.__name__}); "
-                         "download the model again") from exc
+                         f"{redo}") from exc
 
 
-def check_weight_files(folder: Path, part: Path, shown: str | None = None) -> None:
-    """Refuse a component whose safetensors files are truncated or have a garbage header (``shown``: as in
-    check_model_folder).
+def check_weight_files(folder: Path, part: Path, shown: str | None = None, files: FolderFiles | None = None) -> None:
+    """Refuse a component whose safetensors files are truncated or have a garbage header (``shown`` and ``files``:
+    as in check_model_folder).
 
     Cheap: reads each file's header and size only, never a tensor. A sharded component's index
     must name only shards that exist.
     """
-    named = _Named(folder, shown)
+    named = NamedModel(folder, shown)
+    files = files if files is not None else DiskFiles(folder)
+    present = files.names(part.name) or []
     for index_file in sorted(part.glob("*.safetensors.index.json")):
-        index = _check_json(named, index_file)
+        index = _check_json(named, index_file, files.redo)
         weight_map = index.get("weight_map") if isinstance(index, dict) else None
         if not isinstance(weight_map, dict):
-            raise ModelError(f"{named.label}: {named.where(index_file)} has no weight_map; download the model again")
+            raise ModelError(f"{named.label}: {named.where(index_file)} has no weight_map; {files.redo}")
         for shard in sorted(set(map(str, weight_map.values()))):
-            if not (part / shard).is_file():
+            if shard not in present:
                 raise ModelError(f"{named.label}: weight file {part.name}/{shard} is missing "
-                                 f"(named in {index_file.name}); download the model again")
-    for file in sorted(part.glob("*.safetensors")):
+                                 f"(named in {index_file.name}); {files.redo}")
+    for name in present:
+        if not name.endswith(".safetensors"):
+            continue
         try:
-            read_header(file)
+            files.header(part.name, name)
         except WeightFileError as exc:
-            raise _damaged(named, file, str(exc)) from None
+            raise files.damaged(named, f"{part.name}/{name}", str(exc)) from None
         except OSError as exc:
-            raise _damaged(named, file, f"it cannot be read ({exc.strerror or exc})") from None
+            raise files.damaged(named, f"{part.name}/{name}", f"it cannot be read ({exc.strerror or exc})") from None
 
 
 def _progress_class(on_progress: Callable[[float, float | None, str], None]):
@@ -258,6 +328,18 @@ def classify_ref(ref: str) -> str:
     raise ModelError(
         f"model {ref!r} is not a folder, a Hugging Face repo id (org/name) or a built-in "
         f"({', '.join(SELFTEST_REFS)})")
+
+
+def folder_pipeline_kind(ref: str) -> PipelineKind | None:
+    """The pipeline kind a local model folder's model_index.json names (None: not a local folder, or one the folder
+    check would refuse). Reads one small file; nothing is checked."""
+    try:
+        if classify_ref(ref) != "local":
+            return None
+        index = json.loads((Path(ref.strip()).expanduser() / "model_index.json").read_text(encoding="utf-8"))
+        return PIPELINE_KINDS.get(index.get("_class_name")) if isinstance(index, dict) else None
+    except (ModelError, OSError, ValueError):
+        return None
 
 
 def locate_model(ref: str, models_dir: Path,

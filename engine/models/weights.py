@@ -47,13 +47,28 @@ def read_header(path: Path) -> dict:
     """
     path = Path(path)
     size = path.stat().st_size
+    with open(path, "rb") as f:
+        def read(start: int, count: int) -> bytes:
+            f.seek(start)
+            return f.read(count)
+        return parse_header(read, size)
+
+
+def parse_header(read, size: int) -> dict:
+    """The header of a safetensors file of ``size`` bytes whose bytes ``read(start, count)`` gives (a file on
+    disk, or one on the Hub read by ranges before it is downloaded), checked as read_header says."""
     if size < 8:
         raise WeightFileError(f"it is {size} bytes long, too short for a safetensors file")
-    with open(path, "rb") as f:
-        (length,) = struct.unpack("<Q", f.read(8))
-        first = f.read(1)
-        _check_length(length, size, first)
-        raw = first + f.read(length - 1)
+    (length,) = struct.unpack("<Q", read(0, 8))
+    first = read(8, 1)
+    _check_length(length, size, first)
+    raw = first + read(9, length - 1)
+    if len(raw) != length:
+        raise WeightFileError("its header runs past the end of the file: the file is cut short")
+    return _parsed(raw, length, size)
+
+
+def _parsed(raw: bytes, length: int, size: int) -> dict:
     _check_tensor_count(raw)
     try:
         header = json.loads(raw.decode("utf-8"))
@@ -116,32 +131,55 @@ def _check_tensor_count(raw: bytes) -> None:
             "file holds: the file is damaged or is not a Wan weight file")
 
 
-def _header(path: Path) -> dict:
-    return read_header(path)
+# A component's headers: {file name: its safetensors header}.
+Headers = dict[str, dict]
 
 
-def safetensors_tensor_params(folder: Path) -> dict[str, int]:
-    """Parameter count of every tensor in the ``*.safetensors`` files of ``folder``."""
-    counts: dict[str, int] = {}
-    for path in sorted(Path(folder).glob("*.safetensors")):
-        for name, info in _header(path).items():
-            if name == "__metadata__":
-                continue
-            count = 1
-            for dim in info["shape"]:
-                count *= dim
-            counts[name] = count
-    return counts
+def component_headers(folder: Path) -> dict[str, Headers]:
+    """The safetensors headers of every weighted component of a diffusers folder, by component and file name."""
+    found = {}
+    for name in WEIGHTED_COMPONENTS:
+        part = Path(folder) / name
+        if part.is_dir():
+            files = {path.name: read_header(path) for path in sorted(part.glob("*.safetensors"))}
+            if files:
+                found[name] = files
+    return found
+
+
+def elements(shape) -> int:
+    count = 1
+    for dim in shape:
+        count *= dim
+    return count
+
+
+def tensor_params(headers: Headers) -> dict[str, int]:
+    """Parameter count of every tensor of a component's files."""
+    return {name: elements(info["shape"]) for header in headers.values() for name, info in header.items()
+            if name != "__metadata__"}
+
+
+def stored_bytes_per_param(headers: Headers) -> float:
+    """How wide a component is stored: its data bytes over its parameters (4 for float32 files, 2 for bf16)."""
+    data = params = 0
+    for header in headers.values():
+        for name, info in header.items():
+            if name != "__metadata__":
+                count = elements(info["shape"])
+                data += info["data_offsets"][1] - info["data_offsets"][0]
+                params += count
+    return data / params if params else 0.0
+
+
+def file_data_bytes(header: dict) -> int:
+    """The tensor bytes one file holds (its size without the header)."""
+    return max((info["data_offsets"][1] for name, info in header.items() if name != "__metadata__"), default=0)
 
 
 def component_tensors(folder: Path) -> dict[str, dict[str, int]]:
     """Parameter count of every tensor, per weighted component of a diffusers folder (headers read once)."""
-    counts = {}
-    for name in WEIGHTED_COMPONENTS:
-        part = Path(folder) / name
-        if part.is_dir() and any(part.glob("*.safetensors")):
-            counts[name] = safetensors_tensor_params(part)
-    return counts
+    return {name: tensor_params(headers) for name, headers in component_headers(folder).items()}
 
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pth", ".pt", ".gguf")

@@ -60,6 +60,7 @@ def explain(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: Plan, 
     said.extend(_explain_transformer(spec, hw, plan, tr_gb))
     if plan.load == "device_map":
         said.append("Weights load straight to the device: there is not enough RAM to stage them on the CPU first.")
+    said.extend(explain_mapped(plan))
     said.extend(_explain_tiles(req, plan, override))
     if plan.attention == "math":
         tokens = mem.denoise_tokens(spec, req.width, req.height, req.frames, req.window)
@@ -120,6 +121,17 @@ def _explain_swap(spec: ModelSpec, hw: HardwareProfile, plan: Plan, override: Ov
             + (", from pinned memory." if plan.pin_memory else "."))
 
 
+def explain_mapped(plan: Plan) -> list[str]:
+    """What the load reads of files stored in another precision than it computes in (memory.py mapped_gb)."""
+    load = next((phase for phase in plan.phases if phase.phase == "load"), None)
+    if load is None or not load.mapped_gb:
+        return []
+    return [f"The model's files are stored in another precision than {plan.dtype} (the published Wan2.1 ones in "
+            f"float32): the load casts them as it reads them, with up to {load.mapped_gb:.1f} GB of them mapped at once "
+            f"beside the {load.peak_ram_gb:.1f} GB it holds. Those are the system's page cache: they show in the "
+            "engine's RAM, and the system drops them when it needs the room."]
+
+
 def explain_files(spec: ModelSpec, hw: HardwareProfile, plan: Plan) -> list[str]:
     """What each single transformer file costs once loaded, against the model's own transformer."""
     _, nbytes = compute_dtype(hw)
@@ -172,6 +184,7 @@ def _explain_cpu(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, plan: P
     if override.text_encoder:
         said.append(f"Text encoder place forced to '{override.text_encoder}': on a CPU-only machine it runs on the "
                     "CPU wherever it is put.")
+    said.extend(explain_mapped(plan))
     if plan.fits:
         said.extend(_explain_tiles(req, plan, override))
     return said

@@ -110,6 +110,37 @@ def staging_gb(spec: ModelSpec) -> float:
     return sum(file.staging_bytes for file in spec.transformer_files if file is not None) / GIB
 
 
+def mapped_gb(spec: ModelSpec, bytes_per_param: float, vae_bytes: float) -> float:
+    """GiB of weight files a load reads through memory maps beside the weights it makes of them. A component stored
+    in another width than it loads in (the published Wan2.1 repositories' float32 files, loaded in bf16) is cast from
+    its files' pages, which stay mapped while it loads: each component's until its own load ends (the engine loads
+    such transformers one by one and makes each let go of its files: engine/run/apply_plan.py). Those pages are the
+    system's page cache, not the process's own memory: they show in its resident memory, and the system drops them
+    when it needs the room, so they are said but never make a plan not fit. A component stored as it loads is its
+    files' pages: its weights."""
+    def cast(component: str, params: float, width: float) -> float:
+        stored = spec.stored_width(component)
+        return params * stored if stored and stored != width else 0.0
+
+    parts = [cast(name, spec.transformer.params, bytes_per_param)
+             for expert, name in enumerate(("transformer", "transformer_2")[:spec.experts])
+             if spec.transformer_file(expert) is None]
+    parts += [cast("text_encoder", spec.text_encoder_params, bytes_per_param),
+              cast("image_encoder", spec.image_encoder_params, bytes_per_param),
+              cast("vae", spec.vae_params, vae_bytes)]
+    return max(parts) / GIB
+
+
+def stored_bytes(spec: ModelSpec) -> float:
+    """Bytes of the model's weight files as its repository stores them (0 when its widths are not known)."""
+    if not spec.stored:
+        return 0.0
+    params = {"transformer": spec.transformer.params, "transformer_2": spec.transformer.params if spec.experts > 1
+              else 0, "text_encoder": spec.text_encoder_params, "image_encoder": spec.image_encoder_params,
+              "vae": spec.vae_params}
+    return sum(params.get(component, 0) * width for component, width in spec.stored)
+
+
 def pass_frames(spec: ModelSpec, frames: int, window: int = 0) -> int:
     """The video frames one transformer pass sees: the whole video, or one window of a longer one
     (engine/models/windows.py; ``window`` 0: the model's own)."""

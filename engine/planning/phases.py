@@ -111,7 +111,8 @@ def phase_table(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
     places = _places(spec, req, rung)
     phases = [*_load_phases(spec, hw, rung, held, places), *_encode_phases(spec, req, hw, rung, held, places),
               *_run_phases(spec, req, hw, rung, held, places)]
-    return tuple(PhasePlan(p.phase, p.placement, round_up(p.peak_vram_gb), round_up(p.peak_ram_gb)) for p in phases)
+    return tuple(PhasePlan(p.phase, p.placement, round_up(p.peak_vram_gb), round_up(p.peak_ram_gb),
+                           round_up(p.mapped_gb)) for p in phases)
 
 
 def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Rung) -> tuple[PhasePlan, ...]:
@@ -141,7 +142,9 @@ def _cpu_phases(spec: ModelSpec, req: PlanRequest, hw: HardwareProfile, rung: Ru
          + mem.RUN_OVERHEAD_GB + frames_ram),
         ("export", frames_ram)]
     phases += [(name, gb) for name, gb in _post_phases(req, nbytes)]
-    return tuple(PhasePlan(name, places, 0.0, round_up(weights + extra)) for name, extra in phases)
+    mapped = round_up(mem.mapped_gb(spec, nbytes, rung.vae_bytes))
+    return tuple(PhasePlan(name, places, 0.0, round_up(weights + extra), mapped if name == "load" else 0.0)
+                 for name, extra in phases)
 
 
 def _join_phase(req: PlanRequest) -> list[tuple[str, float]]:
@@ -241,7 +244,7 @@ def _load_phases(spec: ModelSpec, hw: HardwareProfile, rung: Rung, held: _Held, 
         load_ram = (mem.BASE_RAM_GB + held.text_encoder + held.image_encoder + held.vae + held.transformer
                     + mem.staging_gb(spec))
     phases = [PhasePlan("load", {k: (ComponentPlace.CPU if rung.load == "cpu" else v) for k, v in places.items()},
-                        load_dev, load_ram)]
+                        load_dev, load_ram, mem.mapped_gb(spec, nbytes, rung.vae_bytes))]
     if rung.load == "cpu":
         # Pinning a streamed text encoder holds one of its tensors twice for a moment.
         pinning = (spec.text_encoder_largest_params * nbytes / mem.GIB

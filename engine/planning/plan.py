@@ -67,6 +67,9 @@ class PhasePlan:
     placement: dict            # Component -> ComponentPlace (engine/planning/places.py)
     peak_vram_gb: float
     peak_ram_gb: float
+    # The load's weight files read through memory maps beside peak_ram_gb: page cache, which the process's resident
+    # memory shows and the system can drop (engine/planning/memory.py mapped_gb); 0 for the other phases.
+    mapped_gb: float = 0.0
 
 
 @dataclass(frozen=True)

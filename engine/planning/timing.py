@@ -32,7 +32,7 @@ from engine.device.calibrate import Calibration
 from engine.device.hardware import DECIMAL_GB
 from engine.models.spec import TEXT_TOKENS, UMT5_XXL_PARAMS, ModelSpec
 from engine.models.windows import OVERLAP_FRAMES, model_windows
-from engine.planning.memory import FP8_KEPT_FRACTION, pass_frames
+from engine.planning.memory import FP8_KEPT_FRACTION, pass_frames, stored_bytes
 from engine.planning.places import TransformerPlace
 from engine.planning.plan import Plan
 from engine.planning.post_time import PostFiles, post_seconds, post_works
@@ -340,7 +340,8 @@ def _on_device_bytes(spec: ModelSpec, weights: dict[str, float], plan: Plan) -> 
 
 def _load(spec: ModelSpec, plan: Plan, cal: Calibration, weight_bytes: int | None) -> tuple[float, str]:
     weights = _weights(spec, plan)
-    nbytes = float(weight_bytes) if weight_bytes else sum(weights.values())
+    # The files' bytes: measured on disk, else as the repository stores them (Wan2.1's float32: twice bf16's).
+    nbytes = float(weight_bytes) if weight_bytes else (stored_bytes(spec) or sum(weights.values()))
     disk = cal.disk_gbps or DEFAULT_DISK_GBPS
     source = "measured by the last load" if cal.disk_gbps else "a conservative default: no load measured yet"
     seconds = nbytes / (disk * DECIMAL_GB)

@@ -42,19 +42,86 @@ def loaded_into_ram(plan: Plan) -> tuple[str, ...]:
     return ENCODERS if plan.load == "device_map" and plan.text_encoder != TextEncoderPlace.DEVICE else ()
 
 
-def load_into_ram(folder: Path, names: tuple[str, ...], plan: Plan) -> dict:
-    """Each named component that ``folder`` has, loaded on the CPU in the plan's dtype (for from_pretrained)."""
-    import importlib
-
+def load_into_ram(folder: Path, names: tuple[str, ...], plan: Plan, gate: str = "") -> dict:
+    """Each named component that ``folder`` has, loaded on the CPU in the plan's dtype (for from_pretrained);
+    ``gate``: where its transformers keep FastWan's gate (engine/run/gated.py), "" when they have none."""
     index = json.loads((Path(folder) / "model_index.json").read_text())
     parts = {}
     for name in names:
-        library, class_name = index.get(name) or (None, None)
-        if not library or not (Path(folder) / name).is_dir():
+        component = _component_class(index, name, gate)
+        if component is None or not (Path(folder) / name).is_dir():
             continue
-        component = getattr(importlib.import_module(library), class_name)
         parts[name] = component.from_pretrained(Path(folder) / name, dtype=torch_dtype(plan.dtype))
     return parts
+
+
+def _component_class(index: dict, name: str, gate: str):
+    """The class a component loads as: the one model_index.json names, a gated transformer for FastWan's."""
+    import importlib
+
+    library, class_name = index.get(name) or (None, None)
+    if not library:
+        return None
+    if gate and name in TRANSFORMERS:
+        from engine.run.gated import gated_transformer_class
+
+        return gated_transformer_class(gate)
+    return getattr(importlib.import_module(library), class_name)
+
+
+def load_transformers_alone(folder: Path, plan: Plan, gate: str, loaded: dict) -> dict:
+    """Each transformer of ``folder`` not in ``loaded``, loaded on its own as the rest of the pipeline loads (to the
+    device with a device-map plan, else on the CPU) and made to let go of its files at once (let_go_of_files): one
+    expert's files mapped at a time, not both until the whole pipeline is in. ``gate``: FastWan's, kept
+    (engine/run/gated.py), which diffusers' own loader would drop."""
+    index = json.loads((Path(folder) / "model_index.json").read_text())
+    kwargs = {"dtype": torch_dtype(plan.dtype)}
+    if plan.load == "device_map":
+        kwargs["device_map"] = plan.device
+    parts = {}
+    for name in TRANSFORMERS:
+        component = _component_class(index, name, gate)
+        if name in loaded or component is None or not (Path(folder) / name).is_dir():
+            continue
+        parts[name] = component.from_pretrained(Path(folder) / name, **kwargs)
+        let_go_of_files(parts[name])
+    return parts
+
+
+def let_go_of_files(module) -> None:
+    """Give the layers diffusers keeps in float32 (norms, the time embedding, the modulation tables) memory of their
+    own. Loaded from float32 files (the published Wan2.1 and Wan2.2 transformers are) into another dtype, they are
+    views of the files' memory map, and a view keeps the whole file mapped: a 1.3B transformer held 5.4 GiB of mapped
+    file beside its 2.6 GiB of bf16 weights for as long as it stayed in RAM (measured on the CPU; docs/models.md).
+    Copies cost a few MB. A model of one dtype (nothing kept apart) is left as it is."""
+    import torch
+
+    if not isinstance(module, torch.nn.Module) or len({p.dtype for p in module.parameters()}) < 2:
+        return
+    for part in module.modules():
+        for param in part.parameters(recurse=False):
+            if param.dtype == torch.float32 and param.device.type == "cpu":
+                param.data = param.data.clone()
+
+
+def let_go_of_pipeline_files(pipe) -> None:
+    """let_go_of_files for every model of a loaded pipeline."""
+    for component in pipe.components.values():
+        let_go_of_files(component)
+
+
+def loads_transformers_alone(spec, plan: Plan) -> bool:
+    """Whether the transformers load on their own first: FastWan's gate, or files stored in another width than the
+    plan computes in (cast from their mapped files, which each lets go of before the next loads)."""
+    if spec is None:
+        return False
+    width = dtype_bytes(plan.dtype)
+    return spec.transformer.gated or any(spec.stored_width(name) not in (0.0, width) for name in TRANSFORMERS)
+
+
+def dtype_bytes(name: str) -> int:
+    """Bytes per element of a floating dtype by its name ("bfloat16": 2)."""
+    return 4 if name == "float32" else 1 if name.startswith("float8") else 2
 
 
 def load_transformer_files(resolved, plan: Plan) -> dict:
@@ -157,11 +224,11 @@ def place_components(pipe, plan: Plan) -> None:
     set_vae_tiling(pipe.vae, plan.vae_tile)
 
 
-def load_transformers(folder: Path, plan: Plan, loaded: dict) -> dict:
+def load_transformers(folder: Path, plan: Plan, loaded: dict, gate: str = "") -> dict:
     """Each transformer of the model folder not in ``loaded`` (its single files), loaded on the CPU alone: what a
     disk plan does first, so that each goes to its files before the rest of the model takes RAM."""
     wanted = tuple(name for name in TRANSFORMERS if name not in loaded)
-    return {**loaded, **load_into_ram(folder, wanted, plan)}
+    return {**loaded, **load_into_ram(folder, wanted, plan, gate)}
 
 
 def offload_to_disk(model, plan: Plan, folder: Path) -> None:

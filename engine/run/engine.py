@@ -28,10 +28,13 @@ from engine.planning.planner import Plan, override_for, plan_memory, plan_reques
 from engine.run.apply_plan import (
     from_pretrained_kwargs,
     keep_encoder_exact,
+    let_go_of_pipeline_files,
     load_into_ram,
     load_transformer_files,
     load_transformers,
+    load_transformers_alone,
     loaded_into_ram,
+    loads_transformers_alone,
     offload_to_disk,
     place_components,
     place_encoders,
@@ -151,8 +154,9 @@ class Engine:
         release_memory()
         remove_disk_offload(self.models_dir)   # a disk plan's copy of the transformer
 
-    def resolve(self, ref: str, job: Job) -> ResolvedModel:
-        """The model ``ref`` names: the loaded one's, or resolved (downloaded or built first, in its own phase)."""
+    def resolve(self, ref: str, job: Job, vet=None) -> ResolvedModel:
+        """The model ``ref`` names: the loaded one's, or resolved (downloaded or built first, in its own phase);
+        ``vet``: the job's checks of a Hub model before its weights download (ModelCatalog.resolve)."""
         if self.loaded is not None and self.loaded.model.ref == ref:
             return self.loaded.model
         kind = classify_ref(ref)
@@ -160,7 +164,7 @@ class Engine:
             def progress(done, total, unit):
                 job.emit(DownloadProgress(job.id, done, total, unit))
             with job.in_phase(Phase.DOWNLOAD):
-                return self.catalog.resolve(ref, self.models_dir, progress)
+                return self.catalog.resolve(ref, self.models_dir, progress, vet)
         if kind == "selftest" and not selftest_built(ref, self.models_dir):
             with job.in_phase(Phase.BUILD_MODEL):   # the first use on this machine builds and saves it
                 return self.catalog.resolve(ref, self.models_dir)
@@ -207,16 +211,20 @@ class Engine:
     def _from_pretrained(self, resolved: ResolvedModel, plan: Plan):
         import diffusers
 
-        pipeline_class = getattr(diffusers, resolved.pipeline_class)
+        pipeline_class = getattr(diffusers, resolved.kind.runs_as)
+        gate = resolved.spec.transformer.gate if resolved.spec is not None else ""
         in_ram = load_into_ram(resolved.folder, loaded_into_ram(plan), plan) | load_transformer_files(resolved, plan)
         if plan.transformer == "disk":   # each transformer alone first, to its files, before the rest takes RAM
-            in_ram = load_transformers(resolved.folder, plan, in_ram)
+            in_ram = load_transformers(resolved.folder, plan, in_ram, gate)
             folder = disk_offload_folder(self.models_dir, fresh=True)
             for name in TRANSFORMERS:
                 if name in in_ram:
                     offload_to_disk(in_ram[name], plan, folder / name)
+        if loads_transformers_alone(resolved.spec, plan):   # FastWan's gate kept; wide files let go of one by one
+            in_ram |= load_transformers_alone(resolved.folder, plan, gate, in_ram)
         pipe = pipeline_class.from_pretrained(resolved.folder, **from_pretrained_kwargs(plan), **in_ram)
         pipe.set_progress_bar_config(disable=True)  # progress goes out as events instead
+        let_go_of_pipeline_files(pipe)
         return pipe
 
     # ----- planning ---------------------------------------------------------

@@ -61,7 +61,7 @@ class ModelHost(Protocol):
     @property
     def hardware(self) -> HardwareProfile: ...
 
-    def resolve(self, ref: str, job: Job) -> ResolvedModel: ...
+    def resolve(self, ref: str, job: Job, vet=None) -> ResolvedModel: ...
 
     def load(self, resolved: ResolvedModel, plan: Plan, job: Job) -> LoadedModel: ...
 
@@ -84,20 +84,47 @@ class Generation:
         """Resolve and plan; load and denoise (stepping down on out of memory); then finish."""
         host, job = self.host, self.job
         reset_peak_vram()
-        # The settings' transformer files, read and checked against the model before anything loads.
-        resolved = use_transformer_files(host.resolve(request.settings.model, job),
-                                         host.catalog.transformer_files(request.settings))
-        check_model_fits_request(resolved, request)
-        host.measure_machine(Path(request.outputs_dir), job)
-        plan = host.plan_for(request, resolved.spec, ranks=self.scope.ranks)
+        # The settings' transformer files, read and checked against the model before anything loads; a Hub model
+        # not downloaded yet is admitted on what its metadata says, before its weights download.
+        files = host.catalog.transformer_files(request.settings)
+
+        def before_download(found: ResolvedModel) -> None:
+            self._refuse_unless_fits(self._admit(use_transformer_files(found, files), request), request,
+                                     f" Only the description of {found.ref} was downloaded (kilobytes), none of its weights.")
+
+        resolved = use_transformer_files(host.resolve(request.settings.model, job, before_download), files)
+        plan = self._admit(resolved, request)
         self.scope.join(plan, request.settings.gpus, job)
-        if not plan.fits and not request.settings.strategy:
-            raise InputError(plan.refusal)
+        self._refuse_unless_fits(plan, request)
+        self._say_sampler(resolved, request)
         request = replace(request, seed=request.seed if request.seed >= 0 else self.scope.seed())
         request = self._find_files(resolved, request)
         with self._extension_start(request) as request:
             loaded, latents = self._denoise_stepping_down(resolved, plan, request)
             return self.scope.outcome(job, lambda: self._finish(loaded, request, latents))
+
+    def _admit(self, resolved: ResolvedModel, request: GenerationRequest) -> Plan:
+        """The request checked against the model (InputError when the model cannot make what it asks) and planned
+        on this machine (measured once)."""
+        check_model_fits_request(resolved, request)
+        self.host.measure_machine(Path(request.outputs_dir), self.job)
+        return self.host.plan_for(request, resolved.spec, ranks=self.scope.ranks)
+
+    @staticmethod
+    def _refuse_unless_fits(plan: Plan, request: GenerationRequest, note: str = "") -> None:
+        """InputError with the plan's refusal when it cannot fit, unless the settings force a strategy."""
+        if not plan.fits and not request.settings.strategy:
+            raise InputError(f"{plan.refusal}{note}")
+
+    def _say_sampler(self, resolved: ResolvedModel, request: GenerationRequest) -> None:
+        """A distilled model run with other steps than it was trained for (FastWan's folder under a preset made for
+        another model) runs as asked, and says so."""
+        sampler, settings = resolved.kind.sampler, request.settings
+        if sampler is not None and sampler.differs(settings.scheduler, settings.steps, settings.guidance):
+            self.job.info(f"{resolved.ref} is distilled for {sampler.steps} steps of {sampler.scheduler} at guidance "
+                          f"{sampler.guidance:g} ({resolved.pipeline_class}); these settings ask {settings.steps} "
+                          f"steps of {settings.scheduler} at guidance {settings.guidance:g}, which it was not trained "
+                          "for. Its preset has its own settings.")
 
     @contextmanager
     def _extension_start(self, request: GenerationRequest):

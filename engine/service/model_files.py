@@ -16,7 +16,7 @@ from typing import Iterable
 from engine.folders import inside
 from engine.models.download import size_words
 from engine.models.fast_decoder_file import FAST_DECODER_FOLDER, FAST_DECODER_SUFFIXES
-from engine.models.refs import WEIGHT_SUFFIXES, hub_cache_dir
+from engine.models.refs import WEIGHT_SUFFIXES, has_weights, hub_cache_dir
 from engine.errors import ModelError
 from engine.models.selftest import SELFTEST_REFS
 from engine.models.single_file import TRANSFORMERS_FOLDER
@@ -27,6 +27,8 @@ from engine.settings.values import Settings
 HUB, LOCAL = "hub", "models"          # the two places, as the first part of an entry's key
 # What an entry is, as the tab shows it.
 HUB_MODEL = "diffusers model (Hub)"
+# A repository read before its weights download (its JSON files alone: a download refused, or cut before its weights).
+HUB_DESCRIPTION = "description only (Hub; weights not downloaded)"
 HUB_REPO = "Hub repo"
 MODEL_FOLDER = "diffusers model folder"
 SELFTEST_MODEL = "self-test model"
@@ -96,9 +98,11 @@ def hub_entries(cache_dir: Path | None = None) -> list[ModelEntry]:
     for repo in sorted(scanned.repos, key=lambda r: r.repo_id.lower()):
         if repo.repo_type != "model":
             continue
-        diffusers = any((rev.snapshot_path / "model_index.json").is_file() for rev in repo.revisions)
-        entries.append(ModelEntry(f"{HUB}:{repo.repo_id}", repo.repo_id, HUB_MODEL if diffusers else HUB_REPO,
-                                  Path(repo.repo_path), repo.size_on_disk))
+        described = [rev.snapshot_path for rev in repo.revisions if (rev.snapshot_path / "model_index.json").is_file()]
+        kind = (HUB_MODEL if any(has_weights(path) for path in described) else HUB_DESCRIPTION) if described \
+            else HUB_REPO
+        entries.append(ModelEntry(f"{HUB}:{repo.repo_id}", repo.repo_id, kind, Path(repo.repo_path),
+                                  repo.size_on_disk))
     return entries
 
 

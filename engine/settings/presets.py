@@ -155,6 +155,22 @@ def get_preset(presets: dict[str, Preset], name: str) -> Preset:
 
 
 # ----- the user's own presets ------------------------------------------------
+def preset_for_model(presets: dict[str, Preset], ref: str, mode: str) -> Preset | None:
+    """The preset for a model the command line names without one: a preset of that model and mode, else, for a model
+    folder distilled for its own steps (FastWan's ``WanDMDPipeline``), one made for that sampler; None for others."""
+    for preset in presets.values():
+        if preset.settings.model == ref and preset.settings.mode == mode:
+            return preset
+    from engine.models.refs import folder_pipeline_kind
+
+    kind = folder_pipeline_kind(ref)
+    sampler = kind.sampler if kind is not None else None
+    for preset in presets.values() if sampler else ():
+        if preset.settings.scheduler == sampler.scheduler and preset.settings.mode == mode:
+            return preset
+    return None
+
+
 def check_user_preset_name(name: object, builtin_names=()) -> str:
     """``name`` if it may name a user preset, else PresetError saying what to change.
 

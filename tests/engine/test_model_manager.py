@@ -15,6 +15,7 @@ import pytest
 
 from engine.models.download import (DownloadError, DownloadPlan, check_space, download_file, download_snapshot,
                                     partial_file)
+from engine.models.hub_metadata import is_metadata
 from engine.models.loras import Lora
 from engine.service.model_files import (DeleteRefused, LoadedFiles, ModelEntry, check_deletable, delete_entry,
                                    find_entry, list_models)
@@ -22,8 +23,27 @@ from engine.settings.presets import load_presets
 from tests.fake_hub import FakeHub
 
 REPO = "org/tiny-wan"
-INDEX = b'{"_class_name": "WanPipeline", "transformer": ["diffusers", "WanTransformer3DModel"]}'
-WEIGHTS = os.urandom(300_000)
+
+
+def _tiny_repo_files() -> dict[str, bytes]:
+    """The self-test model's files as a repository holds them (a model the downloads' checks accept)."""
+    import tempfile
+
+    from engine.models.selftest import SELFTEST_T2V, build_selftest_pipeline
+
+    folder = Path(tempfile.mkdtemp(prefix="tiny-repo-"))
+    build_selftest_pipeline(SELFTEST_T2V).save_pretrained(folder)
+    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
+            if path.is_file()}
+
+
+REPO_FILES = _tiny_repo_files()
+REPO_BYTES = sum(len(data) for data in REPO_FILES.values())
+# What a download fetches after the repository's description (its JSON files, read first to check it).
+WEIGHT_BYTES = sum(len(data) for path, data in REPO_FILES.items() if not is_metadata(path))
+INDEX = REPO_FILES["model_index.json"]
+WEIGHT = "transformer/diffusion_pytorch_model.safetensors"   # its largest file (113 kB): resumable in the tests
+WEIGHTS = REPO_FILES[WEIGHT]
 LORA_REPO = "org/loras"
 LORA = os.urandom(200_000)
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def hub():
-    hub = FakeHub({REPO: {"model_index.json": INDEX, "transformer/weights.bin": WEIGHTS},
+    hub = FakeHub({REPO: REPO_FILES,
                    LORA_REPO: {"styles/ink.safetensors": LORA}}).start()
     yield hub
     hub.stop()
@@ -67,23 +87,23 @@ def test_a_file_cut_halfway_continues_on_the_next_try_with_a_range_request(hub, 
 
 def test_a_snapshot_s_large_file_cut_halfway_continues_on_the_next_try_with_a_range_request(hub, tmp_path):
     cache = tmp_path / "hub"
-    hub.cut.add((REPO, "transformer/weights.bin"))
-    with pytest.raises(DownloadError, match=f"the download of {REPO}/transformer/weights.bin stopped after .*"
+    hub.cut.add((REPO, WEIGHT))
+    with pytest.raises(DownloadError, match=f"the download of {REPO}/{WEIGHT} stopped after .*"
                                             "Download again continues from there"):
         download_snapshot(REPO, endpoint=hub.url, cache_dir=cache, resumable_bytes=100_000)
     said = []
     folder = download_snapshot(REPO, lambda done, total: said.append((done, total)), endpoint=hub.url,
                                cache_dir=cache, resumable_bytes=100_000)
-    first, second = hub.gets("transformer/weights.bin")
+    first, second = hub.downloads(WEIGHT)
     assert first.range is None and second.range == f"bytes={len(WEIGHTS) // 2}-"
-    assert (folder / "transformer" / "weights.bin").read_bytes() == WEIGHTS
-    assert (folder / "transformer" / "weights.bin").is_symlink()          # linked from the cache's blob store
+    assert (folder / WEIGHT).read_bytes() == WEIGHTS
+    assert (folder / WEIGHT).is_symlink()          # linked from the cache's blob store
     assert (folder / "model_index.json").read_bytes() == INDEX
-    total = len(WEIGHTS) + len(INDEX)
+    total = WEIGHT_BYTES
     assert said[-1] == (total, total) and all(done <= t == total for done, t in said)
     assert not list(cache.rglob("*.part"))
     (entry,) = list_models(tmp_path / "models", {}, cache)
-    assert entry.size_bytes == total
+    assert entry.size_bytes == REPO_BYTES
 
 
 def test_a_file_of_that_name_is_never_overwritten_and_the_same_file_is_not_fetched_again(hub, tmp_path):
@@ -101,19 +121,19 @@ def test_a_file_of_that_name_is_never_overwritten_and_the_same_file_is_not_fetch
 
 def test_a_snapshot_lands_in_the_hub_cache_and_a_failed_try_keeps_the_files_it_finished(hub, tmp_path):
     cache = tmp_path / "hub"
-    hub.broken.add((REPO, "transformer/weights.bin"))
+    hub.broken.add((REPO, WEIGHT))
     with pytest.raises(DownloadError, match="files finished so far are kept"):
         download_snapshot(REPO, endpoint=hub.url, cache_dir=cache)
     said = []
     folder = download_snapshot(REPO, lambda done, total: said.append((done, total)), endpoint=hub.url,
                                cache_dir=cache)
     assert (folder / "model_index.json").read_bytes() == INDEX
-    assert (folder / "transformer" / "weights.bin").read_bytes() == WEIGHTS
+    assert (folder / WEIGHT).read_bytes() == WEIGHTS
     assert len(hub.gets("model_index.json")) == 1          # the second try fetched only what was missing
     # the bytes bar of huggingface_hub's own download reported them as they came, then the end was said
     assert len(said) >= 2 and said[-2] == said[-1] == (len(WEIGHTS), len(WEIGHTS))
     assert download_snapshot(REPO, endpoint=hub.url, cache_dir=cache) == folder   # all there: nothing fetched
-    assert len(hub.gets("weights.bin")) == 2
+    assert len(hub.downloads(WEIGHT)) == 2
 
 
 def test_without_the_hub_the_message_says_to_check_the_connection_or_place_the_files(closed_port, tmp_path):
@@ -136,7 +156,7 @@ def test_offline_mode_is_refused_with_the_same_words(monkeypatch, hub, tmp_path)
 
 def test_downloads_use_the_hub_that_hf_endpoint_names(tmp_path):
     """In a fresh process, as the app reads HF_ENDPOINT once, at start: the repo lands in HF_HUB_CACHE."""
-    hub = FakeHub({REPO: {"model_index.json": INDEX, "transformer/weights.bin": WEIGHTS}}).start()
+    hub = FakeHub({REPO: REPO_FILES}).start()
     script = ("import json\nfrom engine.models.download import download_snapshot\n"
               f"said = []\nfolder = download_snapshot({REPO!r}, lambda done, total: said.append((done, total)))\n"
               "print(json.dumps([str(folder), said[-1]]))\n")
@@ -149,9 +169,9 @@ def test_downloads_use_the_hub_that_hf_endpoint_names(tmp_path):
     assert done.returncode == 0, done.stderr
     folder, last = json.loads(done.stdout.strip().splitlines()[-1])
     assert Path(folder).parent.parent == tmp_path / "hub" / "models--org--tiny-wan"
-    assert (Path(folder) / "transformer" / "weights.bin").read_bytes() == WEIGHTS
-    assert last == [len(INDEX) + len(WEIGHTS)] * 2
-    assert any(s.path.endswith("weights.bin") for s in hub.seen)
+    assert (Path(folder) / WEIGHT).read_bytes() == WEIGHTS
+    assert last == [REPO_BYTES] * 2
+    assert any(s.path.endswith(WEIGHT) for s in hub.seen)
 
 
 def test_too_little_room_is_refused_before_any_byte_saying_what_is_needed_and_free(hub, tmp_path):
@@ -162,7 +182,7 @@ def test_too_little_room_is_refused_before_any_byte_saying_what_is_needed_and_fr
     with pytest.raises(DownloadError, match="not enough disk space for org/loras"):
         download_file(LORA_REPO, "styles/ink.safetensors", tmp_path / "loras", free_bytes=100, endpoint=hub.url)
     assert hub.gets("") == []            # sizes were asked (HEAD, the file tree), no file was fetched
-    assert not list(cache.rglob("weights.bin")) and not (tmp_path / "loras").exists()
+    assert not list(cache.rglob("diffusion_pytorch_model.safetensors")) and not (tmp_path / "loras").exists()
     assert list_models(tmp_path / "models", {}, cache) == []      # nor is anything listed
 
 
@@ -214,7 +234,7 @@ def test_the_list_shows_each_model_with_its_size_kind_and_presets(disk):
     assert set(found) == {f"hub:{REPO}", "models:loras/ink.safetensors", "models:selftest-t2v", "models:my-wan",
                           "models:wan-q4.gguf", "models:fast_decoders/taew2_1.safetensors"}
     hub_entry = found[f"hub:{REPO}"]
-    assert hub_entry.kind == "diffusers model (Hub)" and hub_entry.size_bytes == len(INDEX) + len(WEIGHTS)
+    assert hub_entry.kind == "diffusers model (Hub)" and hub_entry.size_bytes == REPO_BYTES
     assert hub_entry.presets == ("mine",)
     assert found["models:loras/ink.safetensors"].presets == ("mine",)
     assert found["models:loras/ink.safetensors"].size_bytes == len(LORA)

@@ -132,7 +132,7 @@ def download(ctx: AppContext, repo, path, into, free_bytes: int | None = None):
                 download_snapshot(repo, transfer.progress, free_bytes)
                 where = "the Hugging Face cache (a preset finds it by its repo id)"
             transfer.result = f"Downloaded {what} into {where}."
-        except DownloadError as exc:
+        except (DownloadError, ModelError) as exc:   # ModelError: the repo's description says it cannot run
             transfer.result = f"Not downloaded: {html.escape(str(exc), quote=False)}"
         except Exception as exc:   # the page says what went wrong instead of an empty error
             transfer.result = f"Not downloaded: {type(exc).__name__}: {html.escape(str(exc), quote=False)}"
