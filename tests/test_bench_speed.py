@@ -144,3 +144,18 @@ def test_the_guidance_batch_bench_compares_one_batch_with_two_calls(tmp_path):
     results = _run_plain_tiny("guidance_batch.py", tmp_path)
     assert results["conditional"]["equal"] and results["unconditional"]["equal"]   # exact on the CPU
     assert results["one_batch"]["step_s"] > 0 and results["two_calls"]["step_s"] > 0
+
+
+def test_the_stored_load_bench_loads_each_layout_through_the_engine(tmp_path):
+    """bench/stored_load.py: the published, bf16 and FastWan layouts written from one model, each loaded in its own
+    process by the engine, FastWan's with its gate."""
+    results, _ = run_tiny("stored_load.py", tmp_path)
+    loads = results["loads"]
+    assert set(loads) == {"published", "bf16", "fastwan"} and set(loads["fastwan"]) == {"cold"}
+    runs = [run for states in loads.values() for run in states.values()]
+    assert all("failed" not in run for run in runs), runs
+    assert all(run["timings"]["load"] > 0 and run["load"]["rss_gb"] > 0 and run["predicted_load_ram_gb"] > 0
+               for run in runs)
+    assert loads["fastwan"]["cold"]["transformer"] == "GatedWanTransformer3DModel"
+    assert loads["fastwan"]["cold"]["gate_layers"] == 2
+    assert any(path.startswith("transformer/") and "-of-" in path for path in results["folders"]["published"]["files"])

@@ -126,10 +126,10 @@ def explain_mapped(plan: Plan) -> list[str]:
     load = next((phase for phase in plan.phases if phase.phase == "load"), None)
     if load is None or not load.mapped_gb:
         return []
-    return [f"The model's files are stored in another precision than {plan.dtype} (the published Wan2.1 ones in "
-            f"float32): the load casts them as it reads them, with up to {load.mapped_gb:.1f} GB of them mapped at once "
-            f"beside the {load.peak_ram_gb:.1f} GB it holds. Those are the system's page cache: they show in the "
-            "engine's RAM, and the system drops them when it needs the room."]
+    return [f"Some of the model's files are stored in another precision than {plan.dtype}, as its repository "
+            f"publishes them: the load casts them as it reads them, with up to {load.mapped_gb:.1f} GB of them mapped "
+            f"at once beside the {load.peak_ram_gb:.1f} GB it holds. Those are the system's page cache: they show in "
+            "the engine's RAM, and the system drops them when it needs the room."]
 
 
 def explain_files(spec: ModelSpec, hw: HardwareProfile, plan: Plan) -> list[str]:
