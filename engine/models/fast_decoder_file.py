@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from engine.models.finite import scan
-from engine.models.weights import WeightFileError, read_header
+from engine.models.safe_weights import read_tensors
+from engine.models.weights import WeightFileError
 
 # Latent channels of the model's VAE -> the published decoder for them.
 FAST_DECODER_FILES = {16: "taew2_1", 48: "taew2_2"}
@@ -208,19 +209,10 @@ def _info_of(path: Path, state: dict, layers: Sequence[DecoderLayer], vae_space_
 
 
 def load_tensors(path: Path) -> dict:
-    """The tensors of a .safetensors or .pth file (a .pth may nest them under "state_dict"), on the CPU as stored;
-    a damaged safetensors file is WeightFileError in a sentence of ours. Decoder files of either kind use it."""
-    import torch
-
-    if path.suffix == ".safetensors":
-        from safetensors.torch import load_file
-
-        read_header(path)   # a file that is no safetensors one, or one cut short, said in a sentence of ours
-        return load_file(str(path), device="cpu")
-    loaded = torch.load(path, weights_only=True, map_location="cpu")
-    if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
-        loaded = loaded["state_dict"]
-    return loaded if isinstance(loaded, dict) else {}
+    """The tensors of a .safetensors or .pth file on the CPU as stored, read as data only
+    (engine/models/safe_weights.py: a TorchScript program or a pickle of other objects is WeightFileError in a
+    sentence of ours). Decoder files of either kind use it."""
+    return read_tensors(path)
 
 
 def fetch_once(repo: str, name: str, folder: Path, what: str, where: str, offline: bool, error: type) -> Path:

@@ -199,6 +199,7 @@ def check_step_files(models_dir: Path, steps: tuple[PostStep, ...]) -> None:
     """Before a run's heavy work: the interpolator and upscaler files its steps will use, read once on the CPU;
     InputError naming the file and what is wrong with it (a run that would fail after its denoise never starts)."""
     from engine.errors import InputError
+    from engine.words import sentence
 
     for step in steps:
         try:
@@ -215,8 +216,8 @@ def check_step_files(models_dir: Path, steps: tuple[PostStep, ...]) -> None:
                 if found is not None:
                     load_upscaler(found, "cpu")
         except ValueError as exc:
-            raise InputError(f"{exc} Take it out of the folder (the step then uses its fallback), or put a file "
-                             "this app reads there.") from None
+            raise InputError(f"{sentence(str(exc))} Take it out of the folder (the step then uses its fallback), or put "
+                             "a file this app reads there.") from None
 
 
 def _fetch_failure(exc: Exception) -> str:

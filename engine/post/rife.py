@@ -34,6 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from engine.models.safe_weights import read_tensors
+from engine.models.weights import WeightFileError
+
 if TYPE_CHECKING:
     import torch
 
@@ -284,24 +287,14 @@ def _label(path: Path) -> str:
 
 
 def _read_tensors(path: Path) -> dict:
-    """The file's tensors by key, as stored (a dict nested under "state_dict" taken out); ValueError when it
-    cannot be read as weights."""
-    import torch
-
+    """The file's tensors by key, as stored, read as data only (engine/models/safe_weights.py: a dict nested under
+    "state_dict" taken out, a TorchScript program or a pickle of other objects refused); ValueError when it cannot be
+    read as weights."""
     try:
-        if path.suffix.lower() == ".safetensors":
-            from safetensors.torch import load_file
-
-            loaded = load_file(str(path), device="cpu")
-        else:
-            loaded = torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as exc:  # noqa: BLE001 - any reading error means the same thing: a damaged or other file
-        # Only the error's kind: its words may quote the file's bytes (pickle's "invalid load key, '\x8f'").
-        raise ValueError(f"{_label(path)} could not be read as RIFE weights ({type(exc).__name__}): download "
-                         f"it again, or use a rife47.pth / rife49.pth or Practical-RIFE flownet.pkl") from None
-    if isinstance(loaded, dict) and isinstance(loaded.get("state_dict"), dict):
-        loaded = loaded["state_dict"]
-    if not isinstance(loaded, dict) or not all(isinstance(value, torch.Tensor) for value in loaded.values()):
+        loaded = read_tensors(path)
+    except WeightFileError as exc:
+        raise ValueError(f"{_label(path)} could not be read as RIFE weights: {exc}") from None
+    if not loaded:
         raise ValueError(f"{_label(path)} does not hold a state dict of tensors, as a RIFE 4.x weights file does")
     return {str(key).removeprefix("module."): value for key, value in loaded.items()}
 

@@ -30,6 +30,8 @@ import numpy as np
 from PIL import Image
 
 from engine.errors import ModelError
+from engine.models.safe_weights import read_tensors
+from engine.models.weights import WeightFileError
 
 UPSCALER_SUFFIXES = (".pth", ".safetensors", ".pt", ".ckpt")
 # Larger scales than this are not upscalers a video wants (and no published one is).
@@ -155,10 +157,14 @@ def load_upscaler(path: Path, device: str = "cpu", tile: int | None = 512, half:
     path = Path(path)
     if tile is not None and tile < MIN_TILE:
         raise ValueError(f"an upscaler tile is at least {MIN_TILE} pixels (or None: whole frames), got {tile}")
+    try:   # read as data here: spandrel's own reader runs a TorchScript file's code (engine/models/safe_weights.py)
+        state = read_tensors(path)
+    except WeightFileError as error:
+        raise _unreadable(path, str(error)) from None
     spandrel = _import_spandrel()
     out_of_memory = (MemoryError, getattr(torch, "OutOfMemoryError", MemoryError))
     try:
-        model = spandrel.ModelLoader(device).load_from_file(path)
+        model = spandrel.ModelLoader(device).load_from_state_dict(spandrel.canonicalize_state_dict(state))
     except out_of_memory:
         raise
     except Exception as error:

@@ -163,7 +163,7 @@ def test_a_broken_file_put_there_by_hand_is_refused_before_the_run_and_not_fetch
     models = tmp_path / "models"
     (models / "interpolators").mkdir(parents=True)
     (models / "interpolators" / "rife49.pth").write_bytes(b"half a download")
-    with pytest.raises(InputError, match=r"interpolators/rife49.pth could not be read as RIFE weights .* Take it out"):
+    with pytest.raises(InputError, match=r"interpolators/rife49.pth could not be read as RIFE weights: .*\. Take it out"):
         check_step_files(models, SMOOTHER)
     assert _everything(models / "interpolators") == ["rife49.pth"]
 
