@@ -399,3 +399,19 @@ def test_extend_continues_an_output_with_its_prompt_and_video_remakes_one_by_a_s
     refused = generate("--video", str(outputs / "missing.mp4"), "--prompt", "x", models_dir=selftest_models_dir,
                        outputs=outputs)
     assert refused.returncode == 2 and "does not exist" in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_playlist_or_manifest_given_as_a_video_is_refused_before_anything_reads_what_it_names(selftest_models_dir,
+                                                                                                  outputs, tmp_path):
+    from tests.engine.test_video_containers import _dash, _hls, _video
+
+    secret = _video(tmp_path / "private" / "secret.mp4")
+    (tmp_path / "video.mp4").write_text(_dash(secret))
+    (tmp_path / "clip.m3u8").write_text(_hls(secret))
+    for option, upload, said in (("--video", "video.mp4", "a DASH manifest"), ("--extend", "clip.m3u8",
+                                                                                 "an HLS playlist")):
+        done = generate(option, str(tmp_path / upload), "--prompt", "x", models_dir=selftest_models_dir,
+                        outputs=outputs, timeout=60)
+        assert done.returncode == 2 and said in done.stderr and "names other files" in done.stderr, done.stderr
+        assert "Traceback" not in done.stderr and "Engine start" not in done.stdout + done.stderr
+    assert not list(outputs.rglob("*.mp4"))

@@ -322,7 +322,9 @@ def read_video(path: Path) -> tuple[np.ndarray, float]:
     """Decode an mp4 into uint8 frames (F, H, W, 3) and its fps (used by tests and the history)."""
     import imageio_ffmpeg
 
-    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+    from engine.containers import input_options
+
+    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", input_params=input_options(path))
     meta = next(reader)
     width, height = meta["size"]
     frames = [np.frombuffer(buf, np.uint8).reshape(height, width, 3) for buf in reader]

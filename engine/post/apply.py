@@ -21,6 +21,7 @@ import numpy as np
 from engine.events import DownloadProgress, Phase
 from engine.outputs.export import Mp4Stream, ensure_room, expected_bytes, write_png
 from engine.post.steps import INTERPOLATORS_FOLDER, UPSCALERS_FOLDER, PostRecord, PostStep
+from engine.settings.videos import opening
 
 # How often a step says how far it is: every this many frames (and at its last).
 PROGRESS_EVERY = 4
@@ -61,7 +62,7 @@ class Media:
         from engine.mp4_boxes import video_frame_count
         import imageio_ffmpeg
 
-        reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24")
+        reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", input_params=opening(path))
         try:
             meta = next(reader)
         finally:
@@ -274,7 +275,8 @@ def video_frames(path: Path, output_params: list[str] | None = None) -> Iterator
     ``output_params``, when given)."""
     import imageio_ffmpeg
 
-    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", output_params=output_params)
+    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", input_params=opening(path),
+                                        output_params=output_params)
     try:
         meta = next(reader)
         width, height = meta["size"]

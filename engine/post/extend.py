@@ -204,7 +204,8 @@ def _copy_streams(video: Path, tail: Path, dest: Path, work: Path) -> None:
     listing = work / "parts.txt"
     listing.write_text("".join(f"file '{_quoted(path)}'\n" for path in (video, tail)), encoding="utf-8")
     done = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", "-y", "-f", "concat", "-safe", "0",
-                           "-i", str(listing), "-map", "0:v:0", "-c", "copy", "-movflags", "+faststart", str(dest)],
+                           "-protocol_whitelist", "file", "-i", str(listing), "-map", "0:v:0", "-c", "copy",
+                           "-movflags", "+faststart", str(dest)],
                           capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"ffmpeg could not join the parts: {done.stderr.strip()[-300:]}")

@@ -15,13 +15,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+from engine.containers import VIDEO_HINT, NotAContainer, input_options
 from engine.errors import InputError
 from engine.words import plural
 
 # What a video may be: H.264 holds at most 8192 pixels a side; more frames than an hour at 30 fps is no input.
 MAX_VIDEO_SIDE = 8192
 MAX_VIDEO_FRAMES = 108_000
-VIDEO_HINT = "upload an MP4 (H.264), WebM or MOV video"
 # The end of a video read to find its last frame (seconds): ffmpeg seeks there, then decodes to the end.
 LAST_FRAME_TAIL_S = 2.0
 
@@ -89,7 +89,8 @@ def read_video(path, name: str = "video") -> VideoInfo:
         raise VideoError(f"{name} {str(path)!r} does not exist; check the path or upload it again")
     if file.stat().st_size == 0:
         raise VideoError(f"{label} is empty (0 bytes); {VIDEO_HINT}")
-    meta = _meta(file, label)
+    opened = opening(file, label)   # what its bytes say it is, before ffmpeg sees it (engine/containers.py)
+    meta = _meta(file, label, opened)
     width, height = meta["size"]
     if max(width, height) > MAX_VIDEO_SIDE:
         raise VideoError(f"{label} is {width}x{height}, more than {MAX_VIDEO_SIDE} pixels a side; scale it down (for "
@@ -97,7 +98,7 @@ def read_video(path, name: str = "video") -> VideoInfo:
     fps = float(meta.get("fps") or 0.0)
     if not fps > 0:
         raise VideoError(f"{label} says no frame rate, so its frames cannot be timed; {VIDEO_HINT}")
-    frames = _frame_count(file, label)
+    frames = _frame_count(file, label, opened)
     if frames < 1:
         raise VideoError(f"{label} holds no frames; {VIDEO_HINT}")
     if frames > MAX_VIDEO_FRAMES:
@@ -106,12 +107,23 @@ def read_video(path, name: str = "video") -> VideoInfo:
     return VideoInfo(file, frames, width, height, fps)
 
 
-def _meta(file: Path, label: str) -> dict:
+def opening(path, label: str | None = None) -> list[str]:
+    """ffmpeg's input options that open the video at ``path`` as the container its bytes say, local files only;
+    VideoError naming it when it is no container the app opens (a playlist or manifest above all)."""
+    try:
+        return input_options(path, label)
+    except NotAContainer as exc:
+        raise VideoError(str(exc)) from None
+    except OSError as exc:
+        raise VideoError(f"{label or Path(path).name!r} cannot be read ({exc.strerror or exc}); check the file") from None
+
+
+def _meta(file: Path, label: str, opened: list[str]) -> dict:
     """ffmpeg's description of the file's video stream (its size as decoded, rotation applied)."""
     import imageio_ffmpeg
 
     try:
-        reader = imageio_ffmpeg.read_frames(str(file), pix_fmt="rgb24")
+        reader = imageio_ffmpeg.read_frames(str(file), pix_fmt="rgb24", input_params=opened)
         try:
             return next(reader)
         finally:
@@ -120,8 +132,10 @@ def _meta(file: Path, label: str) -> dict:
         raise VideoError(f"{label} is not a readable video (ffmpeg cannot decode it); {VIDEO_HINT}") from None
 
 
-def _frame_count(file: Path, label: str) -> int:
-    """The file's frames: from an mp4's index when it has one, else counted by decoding it."""
+def _frame_count(file: Path, label: str, opened: list[str]) -> int:
+    """The file's frames: from an mp4's index when it has one, else counted by ffmpeg reading its packets."""
+    import subprocess
+
     from engine.mp4_boxes import video_frame_count
 
     counted = video_frame_count(file)
@@ -129,11 +143,14 @@ def _frame_count(file: Path, label: str) -> int:
         return counted
     import imageio_ffmpeg
 
-    try:
-        return int(imageio_ffmpeg.count_frames_and_secs(str(file))[0])
-    except (OSError, RuntimeError, ValueError):
+    command = [imageio_ffmpeg.get_ffmpeg_exe(), "-hide_banner", "-nostdin", *opened, "-i", str(file), "-map", "0:v:0",
+               "-c", "copy", "-f", "null", "-"]
+    done = subprocess.run(command, capture_output=True, text=True, errors="replace")
+    said = [line for line in done.stderr.replace("\r", "\n").splitlines() if line.startswith("frame=")]
+    if done.returncode != 0 or not said:
         raise VideoError(f"{label} is truncated or damaged (its frames cannot be counted); export it again and "
-                         "upload the new file") from None
+                         "upload the new file")
+    return int(said[-1].split("=", 1)[1].split()[0])
 
 
 def check_video(path, name: str = "video", width: int | None = None, height: int | None = None,
@@ -181,7 +198,8 @@ def fitted_frames(path, width: int, height: int, fps: int, frames: int) -> Itera
     import imageio_ffmpeg
 
     options = ["-vf", f"fps={fps},{_fitting(width, height)}", "-frames:v", str(frames)]
-    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", output_params=options)
+    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", input_params=opening(path),
+                                        output_params=options)
     given = 0
     try:
         with _scaling_on_purpose():
@@ -204,9 +222,9 @@ def last_frame(path, name: str = "video"):
 
     info = read_video(path, name)
     width, height = info.width, info.height
-    seek = ["-sseof", f"-{LAST_FRAME_TAIL_S}"] if info.seconds > LAST_FRAME_TAIL_S * 2 else None
+    seek = ["-sseof", f"-{LAST_FRAME_TAIL_S}"] if info.seconds > LAST_FRAME_TAIL_S * 2 else []
     last = None
-    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", input_params=seek)
+    reader = imageio_ffmpeg.read_frames(str(path), pix_fmt="rgb24", input_params=[*opening(path, name), *seek])
     try:
         meta = next(reader)
         width, height = meta["size"]

@@ -94,3 +94,21 @@ def test_a_server_path_as_a_video_input_is_refused(server, secret_file, api_name
     assert marker not in reply and '"success":true' not in reply.replace(" ", "") and "error" in reply.lower()
     assert "because it was not uploaded by a user" in server["log"].read_text()
     assert sorted(server["outputs"].rglob("*")) == before
+
+
+def test_a_playlist_or_manifest_uploaded_as_a_video_is_refused_and_reads_nothing(client, server, tmp_path):
+    """The probe's files: a DASH manifest uploaded as the video to remake, an HLS playlist (by its .m3u8 name) as
+    the video to extend; each names a video outside every folder the app serves. Refused in a sentence, nothing made."""
+    from tests.engine.test_video_containers import _dash, _hls, _video
+
+    secret = _video(tmp_path / "private" / "secret.mp4")
+    (tmp_path / "video.mp4").write_text(_dash(secret))
+    (tmp_path / "clip.m3u8").write_text(_hls(secret))
+    before = sorted(server["outputs"].rglob("*.mp4"))
+    with pytest.raises(Exception, match="is a DASH manifest .*names other files"):
+        client.predict(video=handle_file(str(tmp_path / "video.mp4")), prompt="x", model="selftest-t2v",
+                       api_name="/video_to_video", **SMALL)
+    with pytest.raises(Exception, match="is an HLS playlist .*names other files"):
+        client.predict(image=None, last_image=None, extend=handle_file(str(tmp_path / "clip.m3u8")), prompt="x",
+                       model="selftest-i2v", preset="selftest-i2v", api_name="/image_to_video", **SMALL)
+    assert sorted(server["outputs"].rglob("*.mp4")) == before

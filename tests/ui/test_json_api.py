@@ -129,6 +129,26 @@ def test_images_go_in_as_uploads_or_in_base64(server, image_file):
         assert Image.open(kept).size == Image.open(image_file).size   # the upload, kept as the run's input
 
 
+def test_a_playlist_or_manifest_sent_as_a_video_is_refused_and_reads_nothing(server, tmp_path):
+    """A DASH manifest in base64 as the video to remake, an HLS playlist uploaded by its .m3u8 name as the video to
+    extend: each names a video outside the app's folders; refused with the app's sentence, nothing made."""
+    from tests.engine.test_video_containers import _dash, _hls, _video
+
+    secret = _video(tmp_path / "private" / "secret.mp4")
+    before = sorted(server["outputs"].rglob("*.mp4"))
+    with _client(server, "alice") as http:
+        dash = base64.b64encode(_dash(secret).encode()).decode()
+        remade = http.post("/api/v1/jobs", json={"mode": "v2v", "prompt": "x", "video": dash, "model": "selftest-t2v",
+                                                 "width": 64, "height": 64, "frames": 5, "steps": 2})
+        extended = http.post("/api/v1/jobs", data={"mode": "i2v", "preset": "selftest-i2v", "prompt": "x",
+                                                   "frames": "5", "steps": "2"},
+                             files={"extend": ("clip.m3u8", _hls(secret).encode(), "application/vnd.apple.mpegurl")})
+    for answer, said in ((remade, "is a DASH manifest"), (extended, "is an HLS playlist")):
+        assert answer.status_code == 422, answer.text
+        assert said in answer.json()["error"] and "names other files" in answer.json()["error"]
+    assert sorted(server["outputs"].rglob("*.mp4")) == before
+
+
 @pytest.mark.parametrize("body, said", [
     ({"mode": "t2v", **SMALL}, "The prompt is empty: describe what the video should show."),
     ({"prompt": "x", "guidance": float("nan"), **SMALL}, "Guidance must be a number, got nan."),
