@@ -289,8 +289,9 @@ def read(field: Field, value):
         return None if value == OFF else value
     if parse is Parse.OWN_FILE:
         return None if value == OWN_TRANSFORMER else value
-    if parse is Parse.COUNT:
-        return int(value) if isinstance(value, str) and value.strip().isdigit() else value
+    if parse is Parse.COUNT:   # ASCII digits only ("²" is a digit to Python), a count's length ("9" * 5000 no int)
+        digits = value.strip() if isinstance(value, str) else ""
+        return int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 18 else value
     if parse is Parse.ON_OFF and isinstance(value, str):
         return {"on": True, "off": False}.get(value.strip().lower(), value)
     return value

@@ -156,8 +156,12 @@ def split_values(values: dict) -> tuple[dict, dict]:
 # ----- checks ----------------------------------------------------------------
 def show(number: int) -> str:
     """A whole number for a message: exact as typed (a seed of 100000000000000000000 reads as that), unless
-    absurdly long (1e+30 rather than 31 digits)."""
-    return f"{number:.3g}" if abs(number) >= 10**21 else str(number)
+    absurdly long (1e+30 rather than 31 digits; read from its digits, as one past 10^308 is no float)."""
+    if abs(number) < 10**21:
+        return str(number)
+    digits = str(abs(number))
+    mantissa = f"{digits[0]}.{digits[1:3]}".rstrip("0").rstrip(".")
+    return f"{'-' if number < 0 else ''}{mantissa}e+{len(digits) - 1}"
 
 
 def as_int(name: str, value, problems: list[str]) -> int | None:

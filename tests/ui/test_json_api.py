@@ -21,6 +21,7 @@ from tests.conftest import ROOT, running_app
 
 USER, PASSWORD = "wan", "a-long-secret-1"
 TOKENS = ("token-of-alice-0123456789", "token-of-bob-9876543210xy")
+JSON_TYPE = "application/json"
 SMALL = {"model": "selftest-t2v", "width": 64, "height": 64, "frames": 9, "steps": 2}
 
 
@@ -239,6 +240,54 @@ def test_the_readings_the_plan_and_the_schema(server):
         assert {"/v1/jobs/{job_id}", "/v1/jobs/{job_id}/events", "/v1/plan"} <= set(schema["paths"])
         docs = http.get("/api/docs")
         assert docs.status_code == 200 and "swagger" in docs.text.lower()
+
+
+# What a caller may send instead of a field's value: wrong types, numbers past every range (beyond a float's, beyond
+# Python's 4300-digit parse), not-a-number spellings, nested values, a digit that is no ASCII digit.
+ODD_VALUES = [["t2v"], {"a": 1}, [[[]]], 10**400, -(10**400), 2**63, -1, 0, 1e-320, "nan", "inf", "-1e999", "²",
+              "9" * 5000, True, None, ""]
+
+
+def _no_500(answer: httpx.Response, where: str) -> None:
+    assert answer.status_code < 500, f"{where}: {answer.status_code} {answer.text[:300]}"
+    if answer.status_code >= 400:
+        said = answer.json().get("error")
+        assert isinstance(said, str) and said and "Traceback" not in answer.text, f"{where}: {answer.text[:300]}"
+
+
+def test_no_body_gets_a_500_whatever_each_field_holds(server):
+    """Every field of the job's schema, on the plan and on a job (whose empty prompt, or too narrow a width, keeps it
+    out of the queue), with each odd value: the app's sentence, never a server error."""
+    with _client(server) as http:
+        schema = http.get("/api/openapi.json").json()
+        fields = schema["paths"]["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        for name in sorted(fields["properties"]):
+            for value in ODD_VALUES:
+                where = f"{name}={str(value)[:30]!r}"
+                body = json.dumps({"preset": "selftest-t2v", name: value}).encode()
+                _no_500(http.post("/api/v1/plan", content=body, headers={"Content-Type": JSON_TYPE}), f"plan {where}")
+                kept_out = {"prompt": ""} if name != "prompt" else {"width": 70}     # refused whatever the value
+                job = json.dumps({**kept_out, **({"mode": "t2v"} if name != "mode" else {}), name: value}).encode()
+                answer = http.post("/api/v1/jobs", content=job, headers={"Content-Type": JSON_TYPE})
+                _no_500(answer, f"jobs {where}")
+                assert answer.status_code != 202, where
+        huge = b'{"prompt": "x", "width": ' + b"9" * 5000 + b"}"     # past Python's digit limit, as parsed
+        _no_500(http.post("/api/v1/jobs", content=huge, headers={"Content-Type": JSON_TYPE}), "5000 digits")
+
+
+def test_odd_headers_get_the_app_s_answer_not_a_500(server):
+    with httpx.Client(base_url=server["url"], timeout=60) as http:
+        letters = http.get("/api/v1/jobs", headers={"Authorization": "Bearer ééé".encode("utf-8")})
+        assert letters.status_code == 401 and "error" in letters.json()
+    with _client(server, "alice") as http:
+        made = http.post("/api/v1/jobs", json={"prompt": "a short one", **SMALL})
+        assert made.status_code == 202, made.text
+        job = made.json()["id"]
+        _wait(http, job)
+        for resume in ("²", "9" * 5000, "-3", "2.5", "1e3"):
+            with http.stream("GET", f"/api/v1/jobs/{job}/events", headers={"Last-Event-ID": resume.encode("utf-8")}) as events:
+                assert events.status_code == 200, resume
+                assert "event: end" in "".join(events.iter_text()), resume
 
 
 def test_wrong_passwords_and_tokens_are_slowed_down_as_on_the_page(server):

@@ -66,7 +66,10 @@ class ApiLogins:
         scheme, _, value = credentials.authorization.strip().partition(" ")
         scheme, value = scheme.lower(), value.strip()
         if scheme == "bearer" and value:
-            number = next((i for i, token in enumerate(self.tokens, 1) if hmac.compare_digest(token, value)), None)
+            # Compared as bytes: compare_digest refuses str that is not ASCII (a header may hold any letter).
+            given = value.encode("utf-8", "surrogateescape")
+            number = next((i for i, token in enumerate(self.tokens, 1)
+                           if hmac.compare_digest(token.encode("utf-8", "surrogateescape"), given)), None)
             return (f"token:{number}", False) if number else (None, True)
         if scheme == "basic" and value:
             user = _basic_user(value, accounts)
@@ -87,4 +90,5 @@ def _basic_user(value: str, accounts) -> str | None:
         return None
     if not sep or not isinstance(accounts, dict) or user not in accounts:
         return None
-    return user if hmac.compare_digest(str(accounts[user]).encode(), password.encode()) else None
+    return user if hmac.compare_digest(str(accounts[user]).encode(), password.encode("utf-8", "surrogateescape")) \
+        else None

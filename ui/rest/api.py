@@ -215,7 +215,8 @@ def _job_routes(app, ctx: AppContext, jobs: ApiJobs) -> None:
         except (InputError, ModelError) as exc:
             # A body refused before it reached the queue is a refused job all the same, as on the page.
             mode = given.get("mode") if isinstance(given, dict) else None
-            ctx.metrics.job_ended(JobRecord(mode if mode in MODE_NAMES else "other", "", "refused",
+            known = isinstance(mode, str) and mode in MODE_NAMES   # a list or an object is no mode either
+            ctx.metrics.job_ended(JobRecord(mode if known else "other", "", "refused",
                                             failure=str(FailureKind.MODEL if isinstance(exc, ModelError)
                                                         else FailureKind.INPUT)))
             return _problem(422, exc)
@@ -253,8 +254,9 @@ def _follow_routes(app, ctx: AppContext, jobs: ApiJobs) -> None:
         job = jobs.get(job_id, _login(request))
         if job is None:
             return _no_job(job_id)
-        resume = request.headers.get("last-event-id", "")
-        start = int(resume) + 1 if resume.isdigit() else 0
+        resume = request.headers.get("last-event-id", "").strip()
+        # An event's number: ASCII digits, at most 18 of them ("²" is a digit to Python, and 5000 digits no int)
+        start = int(resume) + 1 if resume.isascii() and resume.isdigit() and len(resume) <= 18 else 0
 
         def lines():
             for index, event in job.stream(start):
