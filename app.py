@@ -81,6 +81,9 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
     serve.add_argument("--listen", action="store_true", help="listen on all interfaces (0.0.0.0); needs a password")
     serve.add_argument("--share", action="store_true", help="create a public share link; needs a password")
     serve.add_argument("--auth", help="user:password required to open the page")
+    serve.add_argument("--forwarded-allow-ips", default="", metavar="IPS",
+                       help="proxies in front of the app whose X-Forwarded-For header names the caller (addresses, "
+                            "comma-separated); default none: every request is its connection's own address")
     serve.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                        help="another name the page may be reached by (behind a proxy); localhost, the --host "
                             "address and, with --listen, this machine's names and addresses are always allowed")
@@ -343,59 +346,11 @@ def plan(args) -> int:
 # ----- doctor -------------------------------------------------------------
 def doctor(args) -> int:
     import json
-    import platform
-    from importlib import metadata
 
-    from engine import APP_NAME, __version__
-    from engine.device.hardware import detect_hardware
-    from engine.settings.request import check_outputs_dir
+    from engine.service.doctor import doctor_report, report_lines
 
-    packages = {}
-    for name in ("torch", "diffusers", "transformers", "accelerate", "gradio", "huggingface-hub",
-                 "imageio-ffmpeg", "safetensors", "pillow", "psutil"):
-        try:
-            packages[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            packages[name] = None
-    try:
-        import imageio_ffmpeg
-        ffmpeg = imageio_ffmpeg.get_ffmpeg_exe()
-    except Exception as exc:  # report, don't crash: this is the bug-report tool
-        ffmpeg = f"not found ({exc})"
-    env_names = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "PYTORCH_CUDA_ALLOC_CONF",
-                 "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", "HSA_OVERRIDE_GFX_VERSION", "CUDA_VISIBLE_DEVICES")
-    report = {
-        "app": __version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "packages": packages,
-        "ffmpeg": ffmpeg,
-        "hardware": detect_hardware().to_dict(),
-        "environment": {k: os.environ[k] for k in env_names if k in os.environ},
-        "outputs": {"path": args.outputs, "problem": check_outputs_dir(args.outputs)},
-    }
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return 0
-    hw = report["hardware"]
-    print(f"{APP_NAME} {__version__} on Python {report['python']} ({report['platform']})")
-    print("Hardware:")
-    for key, value in hw.items():
-        if key == "devices":   # one line per GPU, numbered as --gpus numbers them
-            for gpu in value:
-                print(f"  {'GPU ' + str(gpu['index']):<18} {gpu['name']}, {gpu['total_gb']:.1f} GB "
-                      f"({gpu['free_gb']:.1f} free)")
-            continue
-        print(f"  {key:<18} {value}")
-    print("Packages:")
-    for key, value in packages.items():
-        print(f"  {key:<18} {value or 'not installed'}")
-    print(f"ffmpeg: {ffmpeg}")
-    print("Environment:" + ("" if report["environment"] else " (none of the relevant variables set)"))
-    for key, value in report["environment"].items():
-        print(f"  {key}={value}")
-    problem = report["outputs"]["problem"]
-    print(f"Outputs folder: {args.outputs} ({problem or 'writable'})")
+    report = doctor_report(args.outputs)
+    print(json.dumps(report, indent=2) if args.json else "\n".join(report_lines(report, args.outputs)))
     return 0
 
 
@@ -460,6 +415,9 @@ def serve(args) -> int:
                      models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served),
                      metrics=ServiceMetrics(jobs, client))
     demo = build_app(ctx)
+    # uvicorn believes a request's X-Forwarded-For only from these (its default trusts this machine, where a tunnel
+    # connects from, and anyone's header would then name the caller the password throttle counts).
+    os.environ["FORWARDED_ALLOW_IPS"] = args.forwarded_allow_ips
     try:
         try:
             # quiet: gradio's own start-up lines (and its tip about share=True) give way to ours.

@@ -303,3 +303,24 @@ def test_wrong_passwords_and_tokens_are_slowed_down_as_on_the_page(server):
         assert refused.status_code == 429 and "wait" in refused.json()["error"]   # the right one too, meanwhile
         time.sleep(float(re.search(r"wait (\d+) s", refused.json()["error"]).group(1)) + 0.5)
         assert http.get("/api/v1/presets", auth=(USER, PASSWORD)).status_code == 200
+
+
+def test_the_throttle_counts_the_connection_s_own_address_not_what_a_header_claims(server):
+    """Wrong passwords sent from 127.0.0.1, each claiming another X-Forwarded-For, are counted together (they are
+    not spread over 20 addresses), and those claiming 127.0.0.2 do not lock out a caller really at 127.0.0.2. (After
+    the test above in this file: it waits for this address again at its end.)"""
+    answers = []
+    with httpx.Client(base_url=server["url"], timeout=30) as http:
+        for number in range(7):
+            answers.append(http.get("/api/v1/presets", auth=(USER, f"wrong-{number}"),
+                                    headers={"X-Forwarded-For": f"10.0.0.{number}" if number % 2 else "127.0.0.2"})
+                           .status_code)
+        assert answers[:5] == [401] * 5 and answers[-1] == 429
+        other = httpx.Client(base_url=server["url"], timeout=30,
+                             transport=httpx.HTTPTransport(local_address="127.0.0.2"))
+        with other:
+            assert other.get("/api/v1/presets", auth=(USER, PASSWORD)).status_code == 200
+        refused = http.get("/api/v1/presets", auth=(USER, PASSWORD))
+        assert refused.status_code == 429
+        time.sleep(float(re.search(r"wait (\d+) s", refused.json()["error"]).group(1)) + 0.5)
+        assert http.get("/api/v1/presets", auth=(USER, PASSWORD)).status_code == 200
