@@ -324,3 +324,53 @@ def test_the_throttle_counts_the_connection_s_own_address_not_what_a_header_clai
         assert refused.status_code == 429
         time.sleep(float(re.search(r"wait (\d+) s", refused.json()["error"]).group(1)) + 0.5)
         assert http.get("/api/v1/presets", auth=(USER, PASSWORD)).status_code == 200
+
+
+def _raw(server, request: bytes, body_chunks=()) -> tuple[int, bytes, int]:
+    """(the status, the answer, the bytes of body sent before the answer came) of one request written by hand."""
+    import socket
+    from urllib.parse import urlsplit
+
+    where = urlsplit(server["url"])
+    with socket.create_connection((where.hostname, where.port), timeout=30) as connection:
+        connection.sendall(request)
+        sent = 0
+        connection.settimeout(0.5)
+        for chunk in body_chunks:
+            try:
+                connection.sendall(chunk)
+                sent += len(chunk)
+                answered = connection.recv(65536, socket.MSG_PEEK)
+            except (socket.timeout, BlockingIOError):
+                continue
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            if answered:
+                break
+        connection.settimeout(30)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < _length(answer):
+            piece = connection.recv(65536)
+            if not piece:
+                break
+            answer += piece
+    return int(answer.split(b" ", 2)[1]), answer, sent
+
+
+def _length(answer: bytes) -> int:
+    found = re.search(rb"(?i)\r\ncontent-length: *(\d+)", answer)
+    return int(found.group(1)) if found else 0
+
+
+def test_a_body_in_chunks_is_refused_before_it_is_read_whatever_length_it_claims(server):
+    """The probe's way past the limits: Content-Length 10 beside Transfer-Encoding: chunked, then megabytes of
+    chunks, to the plan, a job and the page's upload. Each is refused (411) before its chunks are taken in."""
+    credentials = base64.b64encode(f"{USER}:{PASSWORD}".encode()).decode()
+    megabyte = b"100000\r\n" + b"a" * 0x100000 + b"\r\n"
+    for path, kind in (("/api/v1/plan", "application/json"), ("/api/v1/jobs", "application/json"),
+                       ("/gradio_api/upload", "multipart/form-data; boundary=x")):
+        head = (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Basic {credentials}\r\n"
+                f"Content-Type: {kind}\r\nContent-Length: 10\r\nTransfer-Encoding: chunked\r\n\r\n").encode()
+        status, answer, sent = _raw(server, head, [megabyte] * 150)
+        assert status == 411 and b"not in chunks" in answer, (path, answer[:300])
+        assert sent < 150 * len(megabyte), path      # answered long before the 150 MB were sent

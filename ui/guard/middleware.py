@@ -64,6 +64,12 @@ class Guard:
     async def _check(self, scope, receive, send):
         """(receive, send) for gradio, once the request passed every check; Refused saying why it did not."""
         headers = single_keys((k.lower(), v) for k, v in scope.get("headers", ()) if k.lower() in WATCHED_HEADERS)
+        if b"transfer-encoding" in headers:
+            # A body in chunks has no length to check before it is read (and beside a Content-Length the chunks win):
+            # every limit here is a body's length, so none comes in chunks.
+            raise Refused(411, "Send the request's body with its length (Content-Length), not in chunks "
+                               "(Transfer-Encoding): every body this app takes is checked against its limit by its "
+                               "length.")
         host = headers.get(b"host", b"").decode("latin-1")
         if not self.hosts.allows(host):
             raise Refused(400, f"This app is not served under the name {host_of(host)!r}.")
