@@ -413,7 +413,8 @@ def serve(args) -> int:
     client.start()  # the engine processes load their libraries while the page starts and loads
     ctx = AppContext(client, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
                      models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served),
-                     metrics=ServiceMetrics(jobs, client))
+                     metrics=ServiceMetrics(jobs, client, presets=[(p.settings.mode, p.settings.model)
+                                                                   for p in presets.values()]))
     demo = build_app(ctx)
     # uvicorn believes a request's X-Forwarded-For only from these (its default trusts this machine, where a tunnel
     # connects from, and anyone's header would then name the caller the password throttle counts).

@@ -117,7 +117,8 @@ def run_one(client, jobs, metrics, request, what: str, cancel_after_s: float | N
     seconds = time.monotonic() - started
     failure = str(last.kind) if isinstance(last, JobFailed) else None
     metrics.job_ended(JobRecord(mode, request.settings.model, outcome_of(ending), seconds,
-                                dict(last.timings) if isinstance(last, JobFinished) else None, failure))
+                                dict(last.timings) if isinstance(last, JobFinished) else None, failure,
+                                waited=ticket.started - ticket.joined))
     return {"outcome": outcome_of(ending), "seconds": round(seconds, 2),
             "timings": getattr(last, "timings", None), "peak_vram_gb": getattr(last, "peak_vram_gb", None)}
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from engine.events import FailureKind
+from engine.service.metrics import OUTCOMES
 from tests.conftest import ROOT, app_env
 
 
@@ -28,8 +29,9 @@ def test_the_feed_of_a_tiny_run_is_graphed_by_prometheus(tmp_path):
                             "--picture"], capture_output=True, text=True, timeout=300, env=app_env(), cwd=ROOT)
     assert drawn.returncode == 0, drawn.stderr[-3000:]
     answered = json.loads(drawn.stdout.strip().splitlines()[-1])   # series each dashboard query had at the end
-    assert answered["Jobs by outcome"] == 3                      # done, refused, failed
-    assert answered["Errors by kind"] == len(FailureKind)       # each kind counted from 0
+    assert answered["Jobs by outcome"] == len(OUTCOMES)          # each outcome counted from 0
+    assert answered["Failures by kind"] == answered["Refusals by kind"] == len(FailureKind)   # each kind from 0
+    assert answered["Queue wait"] == 1                           # one series: the jobs' waits
     assert answered["Loaded model"] == answered["Engine RAM"] == answered["Waiting in the queue"] == 1
     assert answered["VRAM"] == answered["GPU utilization"] == 0                   # no GPU here
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and picture.stat().st_size > 50_000

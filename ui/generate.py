@@ -203,10 +203,11 @@ def _record(ticket: Ticket, work: EngineWork, view: JobView) -> JobRecord:
     import time
 
     ran = time.monotonic() - ticket.started if ticket.started is not None else None
+    waited = ticket.started - ticket.joined if ticket.started is not None else None
     failure = view.failure.kind if view.failure is not None else None
     phases = dict(view.result.timings) if view.result is not None else None
     return JobRecord(MODES.get(ticket.what, ticket.what), work.model or "", outcome_of(view.ending), ran, phases,
-                     None if failure is None else str(failure))
+                     None if failure is None else str(failure), waited)
 
 
 def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Callable[[], EngineWork],

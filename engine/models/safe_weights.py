@@ -54,14 +54,23 @@ def read_tensors(path: Path | str) -> dict:
         loaded = torch.load(path, weights_only=True, map_location="cpu")
     except MemoryError:
         raise
-    except pickle.UnpicklingError as exc:   # the weights-only unpickler met something other than tensors
-        raise WeightFileError(f"it holds more than tensors: Python objects that could run code when read "
-                              f"({type(exc).__name__}); the app reads weights only: {CONVERT}") from None
+    except pickle.UnpicklingError as exc:
+        if _pickled(path):   # a pickle the weights-only unpickler refused: it holds something other than tensors
+            raise WeightFileError(f"it holds more than tensors: Python objects that could run code when read "
+                                  f"({type(exc).__name__}); the app reads weights only: {CONVERT}") from None
+        raise WeightFileError(f"it cannot be read as weights ({type(exc).__name__}): it is damaged or cut short, or "
+                              f"no weights file; download it again, or {CONVERT}") from None
     except Exception as exc:  # noqa: BLE001 - any other reading error: a damaged file, or no pickle at all
         # Only the error's kind: its words may quote the file's bytes (pickle's "invalid load key, '\x8f'").
         raise WeightFileError(f"it cannot be read as weights ({type(exc).__name__}): it is damaged or cut short, "
                               f"or no weights file; download it again, or {CONVERT}") from None
     return _tensors_of(loaded)
+
+
+def _pickled(path: Path) -> bool:
+    """Whether the file is a pickle at all: torch.save's zip, or a bare pickle (its protocol mark first)."""
+    with open(path, "rb") as file:
+        return zipfile.is_zipfile(path) or file.read(1) == b"\x80"
 
 
 def _tensors_of(loaded) -> dict:

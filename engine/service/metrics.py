@@ -69,7 +69,30 @@ class JobRecord:
     outcome: str                     # one of OUTCOMES
     seconds: float | None = None     # its whole time, from its turn to its end (None: it never ran)
     phases: dict | None = None       # phase -> seconds, as its finished event gives them
-    failure: str | None = None       # the failure's kind (events.FailureKind), for errors_total
+    failure: str | None = None       # the failure's kind (events.FailureKind): errors_total, or refusals_total
+    waited: float | None = None      # seconds from joining the queue to its turn (None: it never got one)
+
+
+# The model label of a model no preset names and no engine has made a video with: what users type is not a label.
+OTHER_MODEL = "other"
+
+
+class ModelLabels:
+    """The bounded set of model labels: the presets' models, and a model an engine made a video with (it exists and
+    loaded); any other reference (a typo, a probe's random names) is OTHER_MODEL, so /metrics grows no series for
+    what a user typed and shows no one's typing."""
+
+    def __init__(self, known=()):
+        self.known = {model_label(ref) for ref in known if ref}
+        self.made: set[str] = set()
+
+    def of(self, ref: str | None, outcome: str = "") -> str:
+        label = model_label(ref)
+        if not label:
+            return ""
+        if outcome == "done":
+            self.made.add(label)
+        return label if label in self.known or label in self.made else OTHER_MODEL
 
 
 @dataclass(frozen=True)
@@ -188,39 +211,54 @@ def _engine_gpus(engines: "Engines | None") -> Callable[[], Sequence[int]]:
 
 class ServiceMetrics:
     """The counters and histograms of this app's jobs, and the gauges read from ``jobs`` and ``engines`` as they
-    are scraped. ``gpus``: each engine's GPU number, by engine (default: the pool's own list)."""
+    are scraped. ``gpus``: each engine's GPU number, by engine (default: the pool's own list). ``presets``: the
+    (mode, model) of each preset, the models the labels know from the start (ModelLabels) and the jobs_total
+    series made at 0 from the start, so that increase() sees the first job of each."""
 
     def __init__(self, jobs: "JobQueue | None" = None, engines: "Engines | None" = None,
-                 gpus: Callable[[], Sequence[int]] | None = None):
+                 gpus: Callable[[], Sequence[int]] | None = None, presets: Sequence[tuple[str, str]] = ()):
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         from engine.device.utilization import GpuUtilization
 
         self.jobs, self.engines = jobs, engines
+        self.models = ModelLabels(model for _, model in presets)
         self.registry = CollectorRegistry(auto_describe=True)
         self.jobs_total = Counter(f"{PREFIX}_jobs", "Jobs by how they ended", ("mode", "model", "outcome"),
                                   registry=self.registry)
-        self.errors_total = Counter(f"{PREFIX}_errors", "Failed and refused jobs by the kind of their failure",
+        self.errors_total = Counter(f"{PREFIX}_errors", "Jobs that failed while they ran, by the kind of their failure",
                                     ("kind",), registry=self.registry)
-        for kind in FailureKind:   # each at 0 from the start, so the first failure of a kind shows in increase()
+        self.refusals_total = Counter(f"{PREFIX}_refusals", "Jobs refused before they ran (their settings, their "
+                                      "model, a full queue), by kind", ("kind",), registry=self.registry)
+        for kind in FailureKind:   # each at 0 from the start, so the first of a kind shows in increase()
             self.errors_total.labels(str(kind))
+            self.refusals_total.labels(str(kind))
+        for mode, model in {(mode, self.models.of(model)) for mode, model in presets} | {
+                (mode, OTHER_MODEL) for mode in MODES.values()}:
+            for outcome in OUTCOMES:
+                self.jobs_total.labels(mode, model, outcome)
         self.job_seconds = Histogram(f"{PREFIX}_job_seconds", "Seconds a job ran, from its turn to its end",
-                                     ("mode",), buckets=JOB_BUCKETS, registry=self.registry)
+                                     ("mode", "model"), buckets=JOB_BUCKETS, registry=self.registry)
         self.phase_seconds = Histogram(f"{PREFIX}_phase_seconds", "Seconds of each phase of finished jobs",
-                                       ("phase",), buckets=PHASE_BUCKETS, registry=self.registry)
+                                       ("phase", "model"), buckets=PHASE_BUCKETS, registry=self.registry)
+        self.queue_wait_seconds = Histogram(f"{PREFIX}_queue_wait_seconds", "Seconds a job waited in the queue for "
+                                            "its turn", buckets=JOB_BUCKETS, registry=self.registry)
         self.utilization = GpuUtilization()
         self.live = LiveGauges(jobs, engines, gpus or _engine_gpus(engines), self.utilization)
         self.registry.register(self.live)
 
     def job_ended(self, record: JobRecord) -> None:
         """Count one job that ended (or was refused)."""
-        self.jobs_total.labels(record.mode, model_label(record.model), record.outcome).inc()
+        model = self.models.of(record.model, record.outcome)
+        self.jobs_total.labels(record.mode, model, record.outcome).inc()
         if record.failure:
-            self.errors_total.labels(record.failure).inc()
+            (self.refusals_total if record.outcome == "refused" else self.errors_total).labels(record.failure).inc()
+        if record.waited is not None:
+            self.queue_wait_seconds.observe(record.waited)
         if record.seconds is not None:
-            self.job_seconds.labels(record.mode).observe(record.seconds)
+            self.job_seconds.labels(record.mode, model).observe(record.seconds)
         for phase, seconds in (record.phases or {}).items():
-            self.phase_seconds.labels(str(phase)).observe(float(seconds))
+            self.phase_seconds.labels(str(phase), model).observe(float(seconds))
 
     def exposition(self) -> tuple[bytes, str]:
         """(the metrics in Prometheus' text format, its content type)."""

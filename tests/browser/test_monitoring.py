@@ -15,6 +15,7 @@ import httpx
 import pytest
 import yaml
 
+from engine.service.metrics import OUTCOMES
 from tests.conftest import ROOT, free_port, selftest_app
 
 USER, PASSWORD = "wan", "a-long-secret-3"
@@ -24,7 +25,8 @@ MONITORING = ROOT / "docs" / "monitoring"
 # The dashboard's panels whose queries have data on a CPU once jobs ran (GPU utilisation and VRAM need a GPU; the
 # failed share needs a failed job).
 ANSWERED_ON_A_CPU = {"Jobs done (last hour)", "Waiting in the queue", "Loaded model", "Jobs by outcome", "Job time",
-                     "Seconds per phase", "Engine state", "Engine RAM", "Errors by kind"}
+                     "Seconds per phase", "Engine state", "Engine RAM", "Failures by kind", "Refusals by kind",
+                     "Queue wait"}
 
 
 def prometheus_path() -> str:
@@ -129,6 +131,7 @@ def test_prometheus_scrapes_the_app_and_answers_every_dashboard_query(app, prome
         assert http.post("/api/v1/jobs", json={**SMALL, "width": 70}).status_code == 422
     _wait_for(lambda: done_jobs(prometheus) == 3, 30)
     refused = _wait_for(lambda: query(prometheus, 'wan_studio_jobs_total{outcome="refused"}'), 30)
+    refused = [r for r in refused if float(r["value"][1])]   # every bounded series is there from the start, at 0
     assert [float(r["value"][1]) for r in refused] == [1.0] and refused[0]["metric"]["mode"] == "t2v"
     time.sleep(3)                                            # a few scrapes after the last job, for the rates
 
@@ -139,7 +142,9 @@ def test_prometheus_scrapes_the_app_and_answers_every_dashboard_query(app, prome
     for title in ANSWERED_ON_A_CPU:
         assert all(answered[title]), (title, answered[title])
     assert {r["metric"]["model"] for r in answered["Loaded model"][0]} == {"selftest-t2v"}
-    assert {r["metric"]["outcome"] for r in answered["Jobs by outcome"][0]} == {"done", "refused"}
+    assert {r["metric"]["outcome"] for r in answered["Jobs by outcome"][0]} == set(OUTCOMES)   # each from 0
+    assert {r["metric"]["outcome"] for r in answered["Jobs by outcome"][0] if float(r["value"][1])} <= {"done",
+                                                                                                       "refused"}
     median = answered["Job time"][0]
     assert median[0]["metric"]["mode"] == "t2v" and 0 < float(median[0]["value"][1]) <= 20
     assert {r["metric"]["state"] for r in answered["Engine state"][0]} == {"idle"}

@@ -131,7 +131,8 @@ def fast_model(model_dirs, tmp_path) -> Path:
 @pytest.mark.parametrize("name, expected", [
     ("taew2_1.safetensors", "The fast decoder taew2_1.safetensors cannot be used: it is not a safetensors file (it "
                             "does not begin with a safetensors header); download it again"),
-    ("taew2_1.pth", "The fast decoder taew2_1.pth could not be read as weights (UnpicklingError): download it again"),
+    ("taew2_1.pth", "The fast decoder taew2_1.pth cannot be used: it cannot be read as weights (UnpicklingError): it "
+                    "is damaged or cut short"),
 ])
 def test_a_fast_decoder_of_random_bytes_is_refused_before_any_step(engine, presets, fast_model, outputs, name,
                                                                    expected):

@@ -43,26 +43,55 @@ def state(samples: dict, engine: str = "0") -> str:
 
 
 # ----- jobs: counters and histograms -------------------------------------------------------------------------------
+def _counted(samples: dict, name: str) -> dict:
+    """The series of a counter that are not 0 (the bounded ones are all there from the start, at 0)."""
+    return {labels: value for labels, value in named(samples, name).items() if value}
+
+
 def test_each_ended_job_moves_its_counter_once_and_its_histograms():
-    metrics = ServiceMetrics(JobQueue())
-    metrics.job_ended(JobRecord("t2v", "selftest-t2v", "done", 12.5, {"load": 1.5, "denoise": 9.0}))
+    metrics = ServiceMetrics(JobQueue(), presets=[("i2v", "/home/someone/models/my-wan")])
+    metrics.job_ended(JobRecord("t2v", "selftest-t2v", "done", 12.5, {"load": 1.5, "denoise": 9.0}, waited=4.0))
     metrics.job_ended(JobRecord("t2v", "", "refused", failure="input"))
-    metrics.job_ended(JobRecord("i2v", "/home/someone/models/my-wan", "failed", 3.0, failure="model"))
+    metrics.job_ended(JobRecord("i2v", "/home/someone/models/my-wan", "failed", 3.0, failure="model", waited=0.5))
     samples = scrape(metrics)
-    assert named(samples, "wan_studio_jobs_total") == {
+    assert _counted(samples, "wan_studio_jobs_total") == {
         (("mode", "t2v"), ("model", "selftest-t2v"), ("outcome", "done")): 1,
         (("mode", "t2v"), ("model", ""), ("outcome", "refused")): 1,
         (("mode", "i2v"), ("model", "my-wan"), ("outcome", "failed")): 1}   # a folder by its name only
     errors = {dict(labels)["kind"]: value for labels, value in named(samples, "wan_studio_errors_total").items()}
-    assert {kind: value for kind, value in errors.items() if value} == {"input": 1, "model": 1}
-    assert set(errors) == {str(kind) for kind in FailureKind}   # every kind there from the start, at 0 until then
-    assert samples[("wan_studio_job_seconds_count", (("mode", "t2v"),))] == 1      # the refused job never ran
-    assert samples[("wan_studio_job_seconds_sum", (("mode", "t2v"),))] == 12.5
-    assert samples[("wan_studio_job_seconds_bucket", (("le", "10.0"), ("mode", "t2v")))] == 0
-    assert samples[("wan_studio_job_seconds_bucket", (("le", "20.0"), ("mode", "t2v")))] == 1
-    assert samples[("wan_studio_phase_seconds_sum", (("phase", "denoise"),))] == 9.0
-    assert samples[("wan_studio_phase_seconds_count", (("phase", "load"),))] == 1
+    refusals = {dict(labels)["kind"]: value for labels, value in named(samples, "wan_studio_refusals_total").items()}
+    assert {kind: value for kind, value in errors.items() if value} == {"model": 1}       # a failure while it ran
+    assert {kind: value for kind, value in refusals.items() if value} == {"input": 1}     # apart from the failures
+    assert set(errors) == set(refusals) == {str(kind) for kind in FailureKind}   # every kind from the start, at 0
+    t2v = (("mode", "t2v"), ("model", "selftest-t2v"))
+    assert samples[("wan_studio_job_seconds_count", t2v)] == 1      # the refused job never ran
+    assert samples[("wan_studio_job_seconds_sum", t2v)] == 12.5
+    assert samples[("wan_studio_job_seconds_bucket", (("le", "10.0"), *t2v))] == 0
+    assert samples[("wan_studio_job_seconds_bucket", (("le", "20.0"), *t2v))] == 1
+    assert samples[("wan_studio_phase_seconds_sum", (("model", "selftest-t2v"), ("phase", "denoise")))] == 9.0
+    assert samples[("wan_studio_phase_seconds_count", (("model", "selftest-t2v"), ("phase", "load")))] == 1
+    assert samples[("wan_studio_queue_wait_seconds_count", ())] == 2 and samples[
+        ("wan_studio_queue_wait_seconds_sum", ())] == 4.5
     assert samples[("wan_studio_queue_waiting", ())] == 0
+
+
+def test_what_users_type_as_a_model_adds_no_series_and_shows_nowhere():
+    """40 jobs naming random models (the probe's): every one counted under "other", none of their names in /metrics;
+    the presets' models and the "other" of every mode are there from the first scrape, at 0."""
+    metrics = ServiceMetrics(JobQueue(), presets=[("t2v", "selftest-t2v"), ("i2v", "Wan-AI/Wan2.1-I2V-14B-480P-Diffusers")])
+    before = named(scrape(metrics), "wan_studio_jobs_total")
+    assert before[(("mode", "t2v"), ("model", "selftest-t2v"), ("outcome", "done"))] == 0
+    assert before[(("mode", "v2v"), ("model", "other"), ("outcome", "refused"))] == 0
+    for number in range(40):
+        metrics.job_ended(JobRecord("t2v", f"someone/made-up-{number}", "refused" if number % 2 else "failed",
+                                    failure="model"))
+    after = named(scrape(metrics), "wan_studio_jobs_total")
+    assert set(after) == set(before)
+    assert after[(("mode", "t2v"), ("model", "other"), ("outcome", "refused"))] == 20
+    assert "made-up" not in metrics.exposition()[0].decode()
+    metrics.job_ended(JobRecord("t2v", "/models/my-own-wan", "done", 2.0))   # a model that made a video is named
+    assert named(scrape(metrics), "wan_studio_jobs_total")[(("mode", "t2v"), ("model", "my-own-wan"),
+                                                            ("outcome", "done"))] == 1
 
 
 def test_a_job_ends_as_one_outcome_of_the_counter():

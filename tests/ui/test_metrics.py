@@ -111,13 +111,15 @@ def test_a_done_a_refused_and_a_failed_job_each_move_their_counter_by_one(server
     assert moved("wan_studio_jobs_total", *T2V, ("outcome", "done")) == 1
     assert moved("wan_studio_jobs_total", ("mode", "t2v"), ("model", ""), ("outcome", "refused")) == 2
     assert moved("wan_studio_jobs_total", *T2V, ("outcome", "failed")) == 1
-    assert moved("wan_studio_errors_total", ("kind", "input")) == 2
+    assert moved("wan_studio_refusals_total", ("kind", "input")) == 2      # refused, apart from the failures
+    assert moved("wan_studio_errors_total", ("kind", "input")) == 0
     assert moved("wan_studio_errors_total", ("kind", "values")) == 1       # the overflow, by its kind
     # The done and the failed job ran (the refused ones never did): both timed, the done one's phases too.
-    assert moved("wan_studio_job_seconds_count", ("mode", "t2v")) == 2
-    assert moved("wan_studio_job_seconds_sum", ("mode", "t2v")) > 0
+    assert moved("wan_studio_job_seconds_count", *T2V) == 2
+    assert moved("wan_studio_job_seconds_sum", *T2V) > 0
+    assert moved("wan_studio_queue_wait_seconds_count") == 2
     for phase in ("text_encode", "denoise", "vae_decode", "export"):
-        assert moved("wan_studio_phase_seconds_count", ("phase", phase)) >= 1, phase
+        assert moved("wan_studio_phase_seconds_count", T2V[1], ("phase", phase)) >= 1, phase
     assert value(after, "wan_studio_phase_seconds_bucket", ("phase", "denoise"), ("le", "+Inf")) == \
         value(after, "wan_studio_phase_seconds_count", ("phase", "denoise"))
 
