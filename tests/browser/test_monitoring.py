@@ -130,8 +130,9 @@ def test_prometheus_scrapes_the_app_and_answers_every_dashboard_query(app, prome
             run_job(http, steps=steps)
         assert http.post("/api/v1/jobs", json={**SMALL, "width": 70}).status_code == 422
     _wait_for(lambda: done_jobs(prometheus) == 3, 30)
-    refused = _wait_for(lambda: query(prometheus, 'wan_studio_jobs_total{outcome="refused"}'), 30)
-    refused = [r for r in refused if float(r["value"][1])]   # every bounded series is there from the start, at 0
+    # Every bounded series is there from the start, at 0: the refused job's is the one that moved.
+    refused = _wait_for(lambda: [r for r in query(prometheus, 'wan_studio_jobs_total{outcome="refused"}')
+                                 if float(r["value"][1])], 30)
     assert [float(r["value"][1]) for r in refused] == [1.0] and refused[0]["metric"]["mode"] == "t2v"
     time.sleep(3)                                            # a few scrapes after the last job, for the rates
 
