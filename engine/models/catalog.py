@@ -168,27 +168,29 @@ class ModelCatalog:
         machine) run on what its JSON files and weight headers say, so that a repository the job cannot use is
         refused before a byte of its weights downloads."""
         ref = (ref or "").strip()
+        cached = ""
         if classify_ref(ref) == "hub" and not hub_offline():
-            self.read_before_download(ref, vet)
-        folder, source, revision = locate_model(ref, models_dir, on_progress)
+            listing = self.read_before_download(ref, vet)
+            cached = listing.revision if not listing.missing else ""   # whole in the cache: no second round
+        folder, source, revision = locate_model(ref, models_dir, on_progress, cached)
         stamp = files_stamp(folder)
         return ResolvedModel(ref, folder, source, revision, *self._folder_facts(ref, folder, stamp),
                              self._known(ref, folder, stamp))
 
     def read_before_download(self, ref: str, vet: Callable[[ResolvedModel], None] | None = None,
-                             endpoint: str | None = None, cache_dir: Path | None = None) -> ResolvedModel | None:
-        """The Hub repository ``ref`` as its metadata says it is (None when its weights are all in the cache): its
-        JSON files fetched, its folder checked against its listing, its spec read from its weight files' headers,
-        and ``vet`` run on it; ModelError or the vet's error before any weight is fetched."""
+                             endpoint: str | None = None, cache_dir: Path | None = None):
+        """The Hub repository ``ref``'s listing (engine/models/hub_metadata.py RepoListing); where its weights are not
+        all in the cache, the repository as its metadata says it is is checked first: its JSON files fetched, its
+        folder checked against its listing, its spec read from its weight files' headers, and ``vet`` run on it
+        (ModelError or the vet's error before any weight is fetched)."""
         from engine.models.hub_metadata import list_repo, read_before_weights, read_repo_metadata
 
         listing = list_repo(ref, endpoint, cache_dir)
-        if not listing.weights_missing:
-            return None
-        found = read_before_weights(read_repo_metadata(listing, endpoint), ref)
-        if vet is not None:
-            vet(found)
-        return found
+        if listing.weights_missing:
+            found = read_before_weights(read_repo_metadata(listing, endpoint), ref)
+            if vet is not None:
+                vet(found)
+        return listing
 
     def _folder_facts(self, ref: str, folder: Path, stamp: tuple) -> tuple:
         """(pipeline class, components, expand_timesteps) of a checked folder (ModelError when it is broken)."""

@@ -259,14 +259,16 @@ def _progress_class(on_progress: Callable[[float, float | None, str], None]):
     return ReportingTqdm
 
 
-def _download(repo_id: str, on_progress) -> Path:
+def _download(repo_id: str, on_progress, cached: str = "") -> Path:
+    """``repo_id``'s snapshot folder, downloaded where needed; ``cached``: the revision a listing just found whole in
+    the cache (engine/models/hub_metadata.py), read from there without asking the Hub again."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     offline = hub_offline()
     try:
         path = snapshot_download(
-            repo_id, cache_dir=hub_cache_dir(), local_files_only=offline,
+            repo_id, cache_dir=hub_cache_dir(), local_files_only=offline or bool(cached), revision=cached or None,
             tqdm_class=_progress_class(on_progress) if on_progress else None)
     except LocalEntryNotFoundError as exc:
         if offline:
@@ -343,16 +345,17 @@ def folder_pipeline_kind(ref: str) -> PipelineKind | None:
 
 
 def locate_model(ref: str, models_dir: Path,
-                 on_progress: Callable[[float, float | None, str], None] | None = None) -> tuple[Path, str, str]:
+                 on_progress: Callable[[float, float | None, str], None] | None = None,
+                 cached: str = "") -> tuple[Path, str, str]:
     """(its local folder, its source, its revision) for a model reference: a self-test model built, a Hub model
-    downloaded if needed."""
+    downloaded if needed (``cached``: as _download)."""
     ref = (ref or "").strip()
     source = classify_ref(ref)
     if source == "selftest":
         return ensure_selftest_model(ref, models_dir), source, "builtin"
     if source == "local":
         return Path(ref).expanduser().resolve(), source, "local"
-    folder = _download(ref, on_progress)
+    folder = _download(ref, on_progress, cached)
     return folder, source, folder.name
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from engine.models.components import Component
 from engine.models.spec import TRANSFORMERS
 from engine.planning.places import TransformerPlace
+from engine.planning.rates import bytes_per
 from engine.planning.planner import Plan
 from engine.settings.choices import TextEncoderPlace
 
@@ -42,16 +43,17 @@ def loaded_into_ram(plan: Plan) -> tuple[str, ...]:
     return ENCODERS if plan.load == "device_map" and plan.text_encoder != TextEncoderPlace.DEVICE else ()
 
 
-def load_into_ram(folder: Path, names: tuple[str, ...], plan: Plan, gate: str = "") -> dict:
+def load_into_ram(folder: Path, names: tuple[str, ...], plan: Plan, gate: str = "", **kwargs) -> dict:
     """Each named component that ``folder`` has, loaded on the CPU in the plan's dtype (for from_pretrained);
-    ``gate``: where its transformers keep FastWan's gate (engine/run/gated.py), "" when they have none."""
+    ``gate``: where its transformers keep FastWan's gate (engine/run/gated.py), "" when they have none; ``kwargs``:
+    more of from_pretrained's (a device map)."""
     index = json.loads((Path(folder) / "model_index.json").read_text())
     parts = {}
     for name in names:
         component = _component_class(index, name, gate)
         if component is None or not (Path(folder) / name).is_dir():
             continue
-        parts[name] = component.from_pretrained(Path(folder) / name, dtype=torch_dtype(plan.dtype))
+        parts[name] = component.from_pretrained(Path(folder) / name, dtype=torch_dtype(plan.dtype), **kwargs)
     return parts
 
 
@@ -74,17 +76,12 @@ def load_transformers_alone(folder: Path, plan: Plan, gate: str, loaded: dict) -
     device with a device-map plan, else on the CPU) and made to let go of its files at once (let_go_of_files): one
     expert's files mapped at a time, not both until the whole pipeline is in. ``gate``: FastWan's, kept
     (engine/run/gated.py), which diffusers' own loader would drop."""
-    index = json.loads((Path(folder) / "model_index.json").read_text())
-    kwargs = {"dtype": torch_dtype(plan.dtype)}
-    if plan.load == "device_map":
-        kwargs["device_map"] = plan.device
     parts = {}
-    for name in TRANSFORMERS:
-        component = _component_class(index, name, gate)
-        if name in loaded or component is None or not (Path(folder) / name).is_dir():
-            continue
-        parts[name] = component.from_pretrained(Path(folder) / name, **kwargs)
-        let_go_of_files(parts[name])
+    for name in (name for name in TRANSFORMERS if name not in loaded):
+        parts |= load_into_ram(folder, (name,), plan, gate,
+                               **({"device_map": plan.device} if plan.load == "device_map" else {}))
+        for model in parts.values():
+            let_go_of_files(model)
     return parts
 
 
@@ -115,13 +112,8 @@ def loads_transformers_alone(spec, plan: Plan) -> bool:
     plan computes in (cast from their mapped files, which each lets go of before the next loads)."""
     if spec is None:
         return False
-    width = dtype_bytes(plan.dtype)
+    width = bytes_per(plan.dtype)
     return spec.transformer.gated or any(spec.stored_width(name) not in (0.0, width) for name in TRANSFORMERS)
-
-
-def dtype_bytes(name: str) -> int:
-    """Bytes per element of a floating dtype by its name ("bfloat16": 2)."""
-    return 4 if name == "float32" else 1 if name.startswith("float8") else 2
 
 
 def load_transformer_files(resolved, plan: Plan) -> dict:

@@ -108,9 +108,12 @@ def test_a_repo_that_passes_is_downloaded_once_and_read_from_the_cache_after(tin
         assert isinstance(first, JobFinished), first
         fetched = len(_weights(hub))
         assert fetched == 3
+        asked = len(hub.seen)
         again, _ = _run(tmp_path, presets)        # all in the cache: no header read, nothing fetched again
         assert isinstance(again, JobFinished)
         assert len(_weights(hub)) == fetched
+        # One question to the Hub (its revision, the cache answering the rest), not a second round to find the folder
+        assert [seen.path for seen in hub.seen[asked:]] == [f"/api/models/{REPO}/revision/main"]
     finally:
         hub.stop()
     assert cached_snapshot(REPO) is not None
@@ -136,7 +139,7 @@ def test_a_component_the_repo_lacks_is_said_as_the_repo_s_not_as_a_download_to_r
     hub = FakeHub({REPO: files}).start()
     try:
         with pytest.raises(ModelError) as refused:
-            ModelCatalog().read_before_download(REPO, endpoint=hub.url, cache_dir=tmp_path / "hub")
+            _described(REPO, hub, tmp_path / "hub")
     finally:
         hub.stop()
     assert str(refused.value) == ("tiny-wan: component 'vae' has no config.json; the repository on the Hugging Face "
@@ -147,10 +150,18 @@ def test_a_component_the_repo_lacks_is_said_as_the_repo_s_not_as_a_download_to_r
 def test_what_the_description_says_is_what_the_downloaded_folder_says(tiny_files, tmp_path):
     hub = FakeHub({REPO: tiny_files}).start()
     try:
-        before = ModelCatalog().read_before_download(REPO, endpoint=hub.url, cache_dir=tmp_path / "hub")
+        before = _described(REPO, hub, tmp_path / "hub")
         folder = download_snapshot(REPO, endpoint=hub.url, cache_dir=tmp_path / "hub")
     finally:
         hub.stop()
     after = ModelCatalog().spec(REPO, Path(folder))
     assert before.spec == after and before.pipeline_class == "WanPipeline"
     assert before.folder == Path(folder)     # the same snapshot, its JSON files first
+
+
+def _described(repo: str, hub, cache):
+    """The repository as its description says it is, read from the stand-in Hub as a job reads it before its
+    weights (ModelCatalog.read_before_download's own steps)."""
+    from engine.models.hub_metadata import list_repo, read_before_weights, read_repo_metadata
+
+    return read_before_weights(read_repo_metadata(list_repo(repo, hub.url, cache), hub.url), repo)

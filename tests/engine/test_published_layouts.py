@@ -109,7 +109,7 @@ def test_read_on_the_hub_before_its_weights_it_is_what_its_files_say(repo, publi
     folder = published[repo]
     hub = FakeHub({repo: {path: (folder / path) for path in repo_files(repo)}}).start()
     try:
-        found = ModelCatalog().read_before_download(repo, endpoint=hub.url, cache_dir=tmp_path / "hub")
+        found = _described(repo, hub, tmp_path / "hub")
     finally:
         hub.stop()
     assert found.spec == ModelCatalog().spec(repo, folder)
@@ -202,3 +202,11 @@ def test_the_published_rife_file_loads_as_rife_4_7_to_4_9(tmp_path):
     path = tmp_path / "rife49.pth"
     torch.save({name: torch.zeros(shape, dtype=torch.float32) for name, (_, shape) in rife_shapes().items()}, path)
     assert load_rife(path).layout.version.startswith("4.7")
+
+
+def _described(repo: str, hub, cache):
+    """The repository as its description says it is, read from the stand-in Hub as a job reads it before its
+    weights (ModelCatalog.read_before_download's own steps)."""
+    from engine.models.hub_metadata import list_repo, read_before_weights, read_repo_metadata
+
+    return read_before_weights(read_repo_metadata(list_repo(repo, hub.url, cache), hub.url), repo)

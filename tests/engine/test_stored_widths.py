@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench.models_table import PROFILES
-from engine.models.spec import KNOWN_MODELS
+from engine.models.spec import KNOWN_MODELS, SELFTEST_SPECS
 from engine.planning.memory import GIB, mapped_gb, stored_bytes
 from engine.planning.planner import override_for, plan_memory, plan_request_for
 from engine.settings.presets import load_presets
@@ -88,3 +88,24 @@ def test_a_transformer_cast_from_float32_files_lets_go_of_them(model_dirs, tmp_p
     gc.collect()
     assert _mapped(folder) == 0
     assert all(torch.equal(before[name], p) for name, p in model.named_parameters())
+
+
+def test_a_transformer_loaded_alone_holds_what_diffusers_loads(model_dirs):
+    """The engine's load of a transformer stored wider than it computes (alone, its files let go of) gives the very
+    tensors diffusers' own from_pretrained gives, in the same dtypes."""
+    from dataclasses import replace
+
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    from engine.run.apply_plan import load_transformers_alone, loads_transformers_alone
+
+    settings = PRESETS["selftest-t2v"].settings
+    spec = SELFTEST_SPECS[settings.model]
+    plan = replace(plan_memory(spec, plan_request_for(settings), CPU, override_for(settings)), dtype="bfloat16")
+    assert loads_transformers_alone(spec, plan)            # float32 files, a bf16 plan
+    ours = load_transformers_alone(model_dirs["tiny-t2v"], plan, "", {})["transformer"].state_dict()
+    theirs = WanTransformer3DModel.from_pretrained(model_dirs["tiny-t2v"] / "transformer",
+                                                   dtype=torch.bfloat16).state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in ours)
