@@ -94,6 +94,11 @@ def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.Argumen
                             "(default: repo ids, self-test models and folders inside the models folder)")
     serve.add_argument("--max-queue", type=int, metavar="N",
                        help="jobs that may wait in the queue before new ones are refused (default 16)")
+    serve.add_argument("--queue-share", type=int, metavar="N",
+                       help="jobs one login may have waiting (default half the queue, at least 2)")
+    serve.add_argument("--max-job-minutes", type=float, metavar="MIN",
+                       help="refuse a job predicted to take longer (default 60 with a password or API tokens, else "
+                            "none; 0: none)")
     serve.add_argument("--user-presets", default=str(DEFAULT_USER_PRESETS), metavar="DIR",
                        help="folder for the presets saved from the page (default: user_presets/ here)")
     serve.add_argument("--preview-every", type=float, default=1.0, metavar="SECONDS",
@@ -385,14 +390,21 @@ def _server_parts(args, ctx, served: Path, tokens: tuple[str, ...]) -> dict:
     return {"middleware": [guard, Middleware(TrailingDefaults)], "routes": service_routes(ctx)}
 
 
+def _check_serve_numbers(args) -> None:
+    for flag, value in (("--max-queue", args.max_queue), ("--queue-share", args.queue_share)):
+        if value is not None and value < 1:
+            raise SystemExit(f"error: {flag} must be at least 1")
+    if args.max_job_minutes is not None and not 0 <= args.max_job_minutes < 10**6:
+        raise SystemExit("error: --max-job-minutes must be a number of minutes (0: no limit)")
+
+
 def serve(args) -> int:
     from engine import APP_NAME
     from engine.service.jobqueue import JobQueue
     from engine.service.pool import EnginePool
-    from ui.startup import api_tokens, port_in_use, port_taken_message, prepare_served_dir, resolve_auth
+    from ui.startup import api_tokens, job_ceiling, port_in_use, port_taken_message, prepare_served_dir, resolve_auth
 
-    if args.max_queue is not None and args.max_queue < 1:
-        raise SystemExit("error: --max-queue must be at least 1")
+    _check_serve_numbers(args)
     host = "0.0.0.0" if args.listen else args.host
     if port_in_use(host, args.port):     # before anything is cleaned or started
         print(port_taken_message(host, args.port), file=sys.stderr, flush=True)
@@ -407,14 +419,15 @@ def serve(args) -> int:
 
     presets, user_presets = _presets_with_user_folder(args.user_presets)
     max_queue = args.max_queue or MAX_QUEUE
-    jobs = JobQueue(max_queue, engines=args.gpus.known or 1)
+    jobs = JobQueue(max_queue, engines=args.gpus.known or 1, share=args.queue_share)
     client = EnginePool(args.models_dir, args.gpus, latents_hours=args.latents_hours,
                         preview_seconds=args.preview_every, on_resize=jobs.resize, outputs_dir=args.outputs)
     client.start()  # the engine processes load their libraries while the page starts and loads
     ctx = AppContext(client, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
                      models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served),
                      metrics=ServiceMetrics(jobs, client, presets=[(p.settings.mode, p.settings.model)
-                                                                   for p in presets.values()]))
+                                                                   for p in presets.values()]),
+                     ceiling=job_ceiling(args.max_job_minutes, bool(auth or tokens)))
     demo = build_app(ctx)
     # uvicorn believes a request's X-Forwarded-For only from these (its default trusts this machine, where a tunnel
     # connects from, and anyone's header would then name the caller the password throttle counts).

@@ -30,3 +30,23 @@ def share(fraction: float) -> str:
     if 0.99 < fraction < 1:
         return "over 99%"
     return f"{100 * fraction:.2g}%" if fraction < 0.1 else f"{100 * fraction:.0f}%"
+
+
+# The most of a value a message repeats: a field sent 5000 characters long is named by its start.
+QUOTED_CHARS = 40
+
+
+def quoted(value) -> str:
+    """A value as a message quotes it (its repr), cut to QUOTED_CHARS with '...' past that."""
+    text = repr(value) if not isinstance(value, int) or isinstance(value, bool) else show(value)
+    return text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + "..."
+
+
+def show(number: int) -> str:
+    """A whole number for a message: exact as typed (a seed of 100000000000000000000 reads as that), unless
+    absurdly long (1e+30 rather than 31 digits; read from its digits, as one past 10^308 is no float)."""
+    if abs(number) < 10**21:
+        return str(number)
+    digits = str(abs(number))
+    mantissa = f"{digits[0]}.{digits[1:3]}".rstrip("0").rstrip(".")
+    return f"{'-' if number < 0 else ''}{mantissa}e+{len(digits) - 1}"

@@ -12,6 +12,7 @@ from engine.models.refs import REPO_ID, check_ref_length
 from engine.errors import ModelError
 from engine.models.selftest import SELFTEST_REFS
 from engine.models.single_file import TRANSFORMERS_FOLDER, transformer_folder
+from engine.planning.job_time import JobCeiling
 from engine.service.jobqueue import JobQueue
 from engine.service.metrics import ServiceMetrics
 from engine.service.engines import Engines
@@ -163,6 +164,8 @@ class AppContext:
     served_dir: str | None = None
     # How jobs end and what the engines hold, for Prometheus (/metrics); every job of the page and the API counts.
     metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
+    # The most one job may take (serve --max-job-minutes); none by default, as on one's own machine.
+    ceiling: JobCeiling = field(default_factory=JobCeiling)
 
     def presets_for(self, mode: str) -> list[str]:
         wanted = "i2v" if mode == "i2v" else "t2v"

@@ -58,10 +58,20 @@ def owner_of(session: gr.Request | None) -> str | None:
     session_hash = getattr(session, "session_hash", None)
     if not session_hash:
         return None
+    return f"{_login_token(session)}:{session_hash}"
+
+
+def _login_token(session: gr.Request | None) -> str:
     request = getattr(session, "request", None)
     cookies = dict(getattr(request, "cookies", None) or {})
-    token = next((value for name, value in cookies.items() if name.startswith("access-token")), "")
-    return f"{token}:{session_hash}"
+    return next((value for name, value in cookies.items() if name.startswith("access-token")), "")
+
+
+def login_of(session: gr.Request | None) -> str | None:
+    """The login a page's job takes its share of the queue from: its login token (each sign-in to the page is one,
+    as the JSON API's ``page:`` login is); None without a password, where this machine's one user has the whole
+    queue."""
+    return _login_token(session) or None
 
 
 # What to upload instead of something that is no uploaded file, by the kind of file a field takes.
@@ -150,13 +160,14 @@ class Refusal(Exception):
         self.failure = failure
 
 
-def admit(ctx: AppContext, owner: str | None, what: str, prepare: Callable[[], EngineWork]
-          ) -> tuple[EngineWork, Ticket]:
+def admit(ctx: AppContext, owner: str | None, what: str, prepare: Callable[[], EngineWork],
+          login: str | None = None) -> tuple[EngineWork, Ticket]:
     """(what starts the job, its place in the queue): ``prepare()`` checks the request (nothing waits or loads
-    before it) and the job joins ctx.jobs as ``owner``'s; Refusal when it is refused (and counted so)."""
+    before it) and the job joins ctx.jobs as ``owner``'s, in ``login``'s share of it; Refusal when it is refused
+    (and counted so)."""
     try:
         work = prepare()
-        return work, ctx.jobs.join(owner, what, work.engines, work.model, work.videos)
+        return work, ctx.jobs.join(owner, what, work.engines, work.model, work.videos, login)
     except (InputError, ModelError) as exc:
         failure = failure_event("refused", exc, None)
     except QueueFull as exc:
@@ -220,7 +231,7 @@ def run_job(ctx: AppContext, session: gr.Request | None, what: str, prepare: Cal
     event updates the view.
     """
     try:
-        work, ticket = admit(ctx, owner_of(session), what, prepare)
+        work, ticket = admit(ctx, owner_of(session), what, prepare, login_of(session))
     except Refusal as refusal:
         view = JobView()
         error = _fail(view, refusal.failure)
@@ -244,9 +255,29 @@ def engine_job(ctx: AppContext, make: Callable[[], GenerationRequest]) -> Callab
     engines it runs."""
     def prepare():
         request, notes = ctx.client.check(make())
+        request = under_ceiling(ctx, request)
         return EngineWork(lambda slots: ctx.client.run(request, notes, slots=slots),
                           ctx.client.engines_for(request), request.settings.model, request.settings.count)
     return prepare
+
+
+def under_ceiling(ctx: AppContext, request: GenerationRequest) -> GenerationRequest:
+    """``request`` carrying the server's ceiling on one job's time (serve --max-job-minutes), for the engine to
+    hold it to once the machine is measured; InputError with the numbers when the whole job (all its videos, windows
+    and steps after the video) is predicted past it already (a machine measured before)."""
+    if ctx.ceiling.seconds is None:
+        return request
+    from dataclasses import replace
+
+    from engine.service.ahead import plan_settings, predicted_job
+
+    hardware = ctx.client.hardware_profile()
+    plan = plan_settings(request.settings, hardware, ctx.client.catalog, ctx.client.engine_count())
+    said = ctx.ceiling.refusal(predicted_job(request.settings, plan, hardware, ctx.client.catalog, ctx.outputs_dir,
+                                             ctx.client.models_dir, bool(request.extend)))
+    if said:
+        raise InputError(said)
+    return replace(request, max_seconds=ctx.ceiling.seconds)
 
 
 def cancel(ctx: AppContext, session: gr.Request | None) -> str:

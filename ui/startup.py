@@ -109,3 +109,15 @@ def port_in_use(host: str, port: int) -> bool:
 def port_taken_message(host: str, port: int) -> str:
     free = next((p for p in range(port + 1, port + 50) if not port_in_use(host, p)), port + 1)
     return f"Port {port} is in use (another Wan Studio?): start with --port {free}"
+
+
+# The most one job may take on a server others use (a password or API tokens), unless serve --max-job-minutes says.
+SHARED_JOB_MINUTES = 60.0
+
+
+def job_ceiling(minutes: float | None, shared: bool):
+    """The ceiling on one job's time: ``minutes`` as given (0: none), else SHARED_JOB_MINUTES on a ``shared``
+    server and none on one's own machine."""
+    from engine.planning.job_time import JobCeiling
+
+    return JobCeiling.minutes(SHARED_JOB_MINUTES if minutes is None and shared else minutes)

@@ -258,8 +258,8 @@ def _media_path(outputs_dir: Path, key) -> Path:
                            f"such as {KEY_EXAMPLE!r}, as /history lists them")
     day, media = outputs_dir / parts[0], outputs_dir / parts[0] / parts[1]
     if day.is_symlink() or media.is_symlink() or not inside(media, outputs_dir, below=True):
-        raise HistoryError(f"{key!r} is not an output of this app: only files inside the outputs folder, "
-                           "and no links, can be deleted")
+        raise HistoryError(f"{key!r} is not an output of this app: its outputs are files inside the outputs "
+                           "folder, never links, so it is neither used nor deleted")
     return media
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from engine.events import Phase
+from engine.words import quoted
 
 FACTORS = (1, 2, 4)
 # What a step may make: H.264 (the app's video codec) takes frames of at most 8192 pixels a side, and a player
@@ -52,7 +53,7 @@ def post_steps(interpolate: int = 1, upscale: int = 1) -> tuple[PostStep, ...]:
 def post_problems(interpolate, upscale, mode: str, frames: int, width: int, height: int, fps: int | None) -> list[str]:
     """What is wrong with asking for these steps on such an output, one sentence each (none: they can run).
     ``interpolate`` and ``upscale`` are checked to be 1, 2 or 4 first; the rest only then."""
-    problems = [f"{name} {value!r} is not a factor this app makes: use 1 (off), 2 or 4"
+    problems = [f"{name} {quoted(value)} is not a factor this app makes: use 1 (off), 2 or 4"
                 for name, value in (("interpolate", interpolate), ("upscale", upscale))
                 if isinstance(value, bool) or value not in FACTORS]
     if problems:

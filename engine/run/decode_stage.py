@@ -11,9 +11,10 @@ the plan and the saved latents come with each call.
 """
 from __future__ import annotations
 
-from contextlib import closing, nullcontext
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from engine.device.runtime import free_device_memory, peak_vram_gb
 from engine.events import JobFinished, Phase
@@ -92,6 +93,20 @@ class VaeParts:
     shared: bool
 
 
+@contextmanager
+def stopping_between_frames(vae, check: Callable[[], None]):
+    """``check()`` (a cancel's: it raises) before each call of ``vae``'s decoder, which a Wan VAE makes once per
+    latent frame (per tile, tiled): a cancel stops a long decode within a frame, whichever way it decodes."""
+    decoder = getattr(vae, "decoder", None)
+    hook = getattr(decoder, "register_forward_pre_hook", None)
+    handle = hook(lambda module, args: check()) if callable(hook) else None
+    try:
+        yield
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
 class Decoder:
     """Latents to a media file for ``job``: streamed, whole with its fallbacks, or through the fast decoder."""
 
@@ -110,6 +125,11 @@ class Decoder:
         if self.fast_file is not None:
             return self._fast_decode_and_write(loaded, request, latents, bundle)
         vae = pipe.vae if self.light_file is None else self._light_vae(loaded)
+        with stopping_between_frames(vae, self.job.check_cancel):
+            return self._decode_vae_and_write(vae, pipe.video_processor, plan, request, latents, bundle)
+
+    def _decode_vae_and_write(self, vae, video_processor, plan: Plan, request: GenerationRequest, latents,
+                              bundle: Bundle):
         first = 0
         if request.settings.mode != "t2i" and plan.vae_tile is None:
             try:
@@ -119,7 +139,7 @@ class Decoder:
                     raise
                 first = 1   # the stream was the planned attempt; it left nothing on disk
                 self._retrying(decode_attempts(plan.vae_tile, plan.device, VAE_TILES)[first][0])
-        frames = self._decode(vae, pipe.video_processor, plan, latents, first)
+        frames = self._decode(vae, video_processor, plan, latents, first)
         with self.job.in_phase(Phase.EXPORT):
             media = write_media(request, frames, bundle)
         return media, frames.shape
@@ -139,6 +159,7 @@ class Decoder:
                 closing(batches) as decoded:   # closed: caches freed
             with self.job.in_phase(Phase.VAE_DECODE):
                 for frames in decoded:
+                    self.job.check_cancel()
                     video.send(frames)
             with self.job.in_phase(Phase.EXPORT):
                 return video.close(), video.shape
@@ -273,7 +294,8 @@ class Decoder:
         tile = (plan.vae_tile or VAE_TILES[2]) if tiled else plan.vae_tile
         job.use_device(device)
         parts.vae.to(device)
-        frames = self._decode_once(parts.vae, parts.video_processor, saved.latents, tile, device)
+        with stopping_between_frames(parts.vae, job.check_cancel):
+            frames = self._decode_once(parts.vae, parts.video_processor, saved.latents, tile, device)
         if device != plan.device and parts.shared:
             parts.vae.to(plan.device)
         bundle = Bundle.from_latents(saved.path)   # the failed run's own name, unless a decode already filled it

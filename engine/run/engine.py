@@ -281,9 +281,9 @@ class Engine:
         return finished[0] if count == 1 else all_finished(finished)
 
     def decode_saved(self, path: str, job_id: str, emit: Emit, tiled: bool = False, on_cpu: bool = False,
-                     timings: dict | None = None) -> Event:
+                     timings: dict | None = None, should_cancel: Callable[[], bool] = lambda: False) -> Event:
         """Decode saved latents into a new video (no denoising); the terminal event is also emitted."""
-        job = Job(job_id, emit, faults=self.faults, timings=timings)
+        job = Job(job_id, emit, should_cancel, self.faults, timings)
         return job.run_to_end(f"decode again from {Path(path).name}",
                               lambda: self._decode_saved(Path(path), job, tiled, on_cpu), self._model_loaded,
                               decoding=str(path))

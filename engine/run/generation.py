@@ -99,6 +99,7 @@ class Generation:
         self._say_sampler(resolved, request)
         request = replace(request, seed=request.seed if request.seed >= 0 else self.scope.seed())
         request = self._find_files(resolved, request)
+        self._refuse_past_ceiling(resolved, plan, request)
         with self._extension_start(request) as request:
             loaded, latents = self._denoise_stepping_down(resolved, plan, request)
             return self.scope.outcome(job, lambda: self._finish(loaded, request, latents))
@@ -115,6 +116,24 @@ class Generation:
         """InputError with the plan's refusal when it cannot fit, unless the settings force a strategy."""
         if not plan.fits and not request.settings.strategy:
             raise InputError(f"{plan.refusal}{note}")
+
+    def _refuse_past_ceiling(self, resolved: ResolvedModel, plan: Plan, request: GenerationRequest) -> None:
+        """InputError, before anything loads, when the server that admitted the job set a ceiling on one job's time
+        and the whole job (all its videos) is predicted past it: the first job on a machine not measured before is
+        checked here, once the machine is measured."""
+        if request.max_seconds is None or self.job.video > 1:
+            return
+        from engine.planning.job_time import JobCeiling
+
+        calibration = self.host.measure_machine(Path(request.outputs_dir), self.job)
+        said = JobCeiling(request.max_seconds).refusal(
+            self.host.timing.predict_whole(resolved, plan, request, calibration, self._is_loaded(resolved, plan)))
+        if said:
+            raise InputError(said)
+
+    def _is_loaded(self, resolved: ResolvedModel, plan: Plan) -> bool:
+        loaded = self.host.loaded
+        return loaded is not None and loaded.model.ref == resolved.ref and loaded.plan.reload_key == plan.reload_key
 
     def _say_sampler(self, resolved: ResolvedModel, request: GenerationRequest) -> None:
         """A distilled model run with other steps than it was trained for (FastWan's folder under a preset made for
@@ -185,10 +204,8 @@ class Generation:
 
     def _predict(self, resolved: ResolvedModel, plan: Plan, request: GenerationRequest):
         """The seconds each phase of this run should take (None until this machine has been measured)."""
-        loaded = self.host.loaded
-        loaded = loaded is not None and loaded.model.ref == resolved.ref and loaded.plan.reload_key == plan.reload_key
         calibration = self.host.measure_machine(Path(request.outputs_dir), self.job)
-        return self.host.timing.predict(resolved, plan, request, calibration, loaded)
+        return self.host.timing.predict(resolved, plan, request, calibration, self._is_loaded(resolved, plan))
 
     def _load_and_denoise(self, resolved: ResolvedModel, plan: Plan, request: GenerationRequest):
         import torch

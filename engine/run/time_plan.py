@@ -19,6 +19,7 @@ from engine.models.single_file import read_bytes
 from engine.models.windows import window_count
 from engine.planning.memory import denoise_tokens
 from engine.planning.learning import MeasuredRun, learn, learn_post
+from engine.planning.job_time import JobTime
 from engine.planning.post_time import PostFiles, post_works
 from engine.planning.timing import PhaseTimes, predict_times
 
@@ -153,6 +154,16 @@ class TimePlanner:
                            compiled, None if loaded else read_bytes(resolved) or None, post_files(self.models_dir),
                            extends=bool(request.extend))
 
+    def predict_whole(self, resolved, plan, request, calibration, loaded: bool) -> JobTime | None:
+        """The whole job's time (all its ``count`` videos), as the page's plan and the server's ceiling count it."""
+        if calibration is None:
+            return None
+        s = request.settings
+        return whole_job(resolved.spec, resolved.ref, s, plan, calibration, self._known_runs(calibration),
+                         post_files(self.models_dir), bool(request.extend), loaded,
+                         plan.compile and self._shape(resolved.ref, s, plan) in self._compiled,
+                         None if loaded else read_bytes(resolved) or None)
+
     def _known_runs(self, calibration) -> dict:
         """The runs seen on this machine: this process's, else those kept beside the outputs by earlier ones."""
         if self._runs is None:
@@ -244,10 +255,15 @@ def post_files(models_dir: Path | str) -> PostFiles:
     return PostFiles(find_rife(Path(models_dir) / INTERPOLATORS_FOLDER) is not None, size)
 
 
-def videos_seconds(first: PhaseTimes, loaded: PhaseTimes, count: int) -> float:
-    """A job of ``count`` videos (Settings.count): the first as predicted (``first``), each of the others as on
-    the loaded model (``loaded``) less the prompt's encoding, which is done once for them all."""
-    return first.total + (count - 1) * (loaded.total - loaded.seconds.get("text_encode", 0.0))
+def whole_job(spec, ref: str, settings, plan, calibration, runs: dict, files: PostFiles = PostFiles(),
+              extends: bool = False, loaded: bool = False, compiled: bool = False,
+              weight_bytes: int | None = None) -> JobTime:
+    """The whole job's prediction: its first video (on the model as it is now: ``loaded`` or not) and each other
+    one of its ``count`` on the loaded model (``predict_job`` for both)."""
+    first, again = (predict_job(spec, ref, settings, plan, calibration, runs, loaded=state, compiled=compiled,
+                                weight_bytes=weight_bytes, files=files, extends=extends) for state in (loaded, True))
+    count = settings.count if isinstance(settings.count, int) and settings.count > 1 else 1
+    return JobTime(first, again, count)
 
 
 def _machine(calibration) -> list:

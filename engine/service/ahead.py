@@ -51,3 +51,20 @@ def plan_table(plan: Plan) -> str:
     if plan.suggestions:
         lines += ["", "To make it fit:"] + [f"  - {s}" for s in plan.suggestions]
     return "\n".join(lines)
+
+
+def predicted_job(settings: Settings, plan: Plan, hardware: HardwareProfile, catalog: ModelCatalog, outputs_dir,
+                  models_dir, extends: bool = False):
+    """The whole job's predicted time (engine/planning/job_time.py's JobTime) from this machine's measured rates and
+    the runs the engine kept beside the outputs, as the engine will predict it; None before the machine has been
+    measured (its first run measures it) or when the plan does not fit."""
+    from pathlib import Path
+
+    from engine.device.calibrate import Calibration
+    from engine.run.time_plan import kept_runs, post_files, whole_job
+
+    calibration = Calibration.load(Path(outputs_dir), hardware)
+    if calibration is None or not plan.fits:
+        return None
+    return whole_job(catalog.info(settings).spec, settings.model, settings, plan, calibration,
+                     kept_runs(outputs_dir, calibration), post_files(models_dir), extends)

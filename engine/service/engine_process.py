@@ -146,7 +146,7 @@ def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardwar
                        group=command.group)
         elif isinstance(command, DecodeSaved):
             engine.decode_saved(command.path, command.job_id, conn.send, tiled=command.tiled, on_cpu=command.on_cpu,
-                                timings=command.timings)
+                                timings=command.timings, should_cancel=cancel_event.is_set)
         elif isinstance(command, PostOutput):
             engine.post_output(command.path, command.step, command.factor, command.job_id, conn.send,
                                cancel_event.is_set, timings=command.timings)

@@ -28,10 +28,18 @@ SOON_S = 1.0
 RECENT_JOBS = 5
 # A cancel this soon after the owner's job ended is answered "it had already finished".
 RECENTLY_ENDED_S = 30.0
+# The fewest places one login may hold in the queue, whatever its size (serve --queue-share).
+SMALLEST_SHARE = 2
+
+
+def default_share(max_waiting: int) -> int:
+    """The places one login may hold in a queue of ``max_waiting``: half, at least SMALLEST_SHARE (never more than
+    the queue): the other half stays open to the other logins."""
+    return min(max_waiting, max(SMALLEST_SHARE, max_waiting // 2))
 
 
 class QueueFull(Exception):
-    """No more jobs may wait; the message says so and what to do."""
+    """No more jobs may wait (or none more of this login's); the message says so and what to do."""
 
 
 @dataclass(eq=False)
@@ -40,6 +48,7 @@ class Ticket:
     owner: str | None        # the page session (or API client) that asked for it
     what: str                # "text to video", "decode again", ...
     joined: float
+    login: str | None = None          # the login it came with, whose share of the queue it takes (None: no share)
     engines: int = 1         # how many engines it runs on at once (a job split across GPUs: more than one)
     model: str | None = None          # the model it runs, to prefer an engine that holds it already
     slots: tuple[int, ...] = ()       # the engines it was given when its turn came (the first leads)
@@ -61,10 +70,13 @@ class _Ended:
 
 
 class JobQueue:
-    def __init__(self, max_waiting: int = 16, clock: Callable[[], float] = time.monotonic, engines: int = 1):
+    def __init__(self, max_waiting: int = 16, clock: Callable[[], float] = time.monotonic, engines: int = 1,
+                 share: int | None = None):
         """``engines``: how many jobs may run at once (one per engine process; ``resize`` changes it once the
-        machine's GPUs are known)."""
+        machine's GPUs are known). ``share``: how many of the ``max_waiting`` places one login's jobs may hold at
+        once (default: ``default_share``), so one login never fills the queue for the others."""
         self.max_waiting = max_waiting
+        self.share = default_share(max_waiting) if share is None else max(1, min(share, max_waiting))
         self._clock = clock
         self._changed = threading.Condition()
         self._waiting: list[Ticket] = []
@@ -87,15 +99,21 @@ class JobQueue:
 
     # ----- joining, waiting, leaving ---------------------------------------
     def join(self, owner: str | None, what: str, engines: int = 1, model: str | None = None,
-             videos: int = 1) -> Ticket:
+             videos: int = 1, login: str | None = None) -> Ticket:
         """A place at the back of the queue for a job that runs on ``engines`` engines at once (more than the
-        queue has: all of them), uses ``model`` and makes ``videos`` videos; QueueFull when ``max_waiting`` jobs wait
-        already."""
+        queue has: all of them), uses ``model`` and makes ``videos`` videos, for ``login``; QueueFull when
+        ``max_waiting`` jobs wait already, or ``login``'s jobs hold its share of the places."""
         with self._changed:
             if len(self._waiting) >= self.max_waiting:
                 raise QueueFull(f"The queue is full: {len(self._waiting)} jobs are waiting for the engine. "
                                 "Try again when one of them has finished.")
-            ticket = Ticket(owner, what, self._clock(), max(1, engines), model, videos=max(1, videos))
+            held = 0 if login is None else sum(ticket.login == login for ticket in self._waiting)
+            if held >= self.share:
+                raise QueueFull(f"The queue is full for your login: {held} of your jobs are waiting, the most one "
+                                f"login may have waiting ({self.share} of the queue's {self.max_waiting} places; the "
+                                "rest stay open to other logins). Generate again when one of yours has started, or "
+                                "cancel one.")
+            ticket = Ticket(owner, what, self._clock(), login, max(1, engines), model, videos=max(1, videos))
             self._waiting.append(ticket)
             self._changed.notify_all()
             return ticket

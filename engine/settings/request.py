@@ -79,6 +79,10 @@ def clean_prompt(text: str) -> tuple[str, list[str]]:
     return cleaned, warnings
 
 
+# The request's fields that are the server's, not the job's: never in a sidecar or saved latents, never read back.
+_NOT_RECORDED = frozenset({"settings", "checked", "max_seconds"})
+
+
 @dataclass(frozen=True)
 class GenerationRequest:
     """One job: its settings, and what only a run has (prompts, seed, images, where the output goes)."""
@@ -95,10 +99,13 @@ class GenerationRequest:
     extend: str | None = None         # path of a video this run continues from its last frame (i2v)
     # Set by check_request: the engine process runs a checked request without checking it again.
     checked: bool = field(default=False, compare=False, repr=False)
+    # Set by the server that admitted it (serve --max-job-minutes), never by a user: the engine refuses the job
+    # before loading anything when its whole predicted time is longer (a machine measured at its start).
+    max_seconds: float | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict:
         """One flat dict, settings first (the form sidecars and saved latents keep)."""
-        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("settings", "checked")}
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in _NOT_RECORDED}
         return {**self.settings.to_dict(), **own}
 
     @classmethod
@@ -120,7 +127,7 @@ class GenerationRequest:
         return cls(preset.settings.changed(**settings), prompt, **base)
 
 
-_OWN_NAMES = {f.name for f in fields(GenerationRequest)} - {"settings", "checked"}
+_OWN_NAMES = {f.name for f in fields(GenerationRequest)} - _NOT_RECORDED
 
 
 def _check_image(name: str, path, problems: list[str], notes: list[str] | None = None,

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import InputError
+from engine.words import quoted, show
 from engine.models.limits import MAX_FRAMES, MAX_SIDE, MAX_WINDOW_FRAMES, MIN_SIDE, SIDE_MULTIPLE
 from engine.models.windows import OVERLAP_FRAMES, SHORTEST_WINDOW_FRAMES
 from engine.post.steps import post_problems
@@ -154,14 +155,6 @@ def split_values(values: dict) -> tuple[dict, dict]:
 
 
 # ----- checks ----------------------------------------------------------------
-def show(number: int) -> str:
-    """A whole number for a message: exact as typed (a seed of 100000000000000000000 reads as that), unless
-    absurdly long (1e+30 rather than 31 digits; read from its digits, as one past 10^308 is no float)."""
-    if abs(number) < 10**21:
-        return str(number)
-    digits = str(abs(number))
-    mantissa = f"{digits[0]}.{digits[1:3]}".rstrip("0").rstrip(".")
-    return f"{'-' if number < 0 else ''}{mantissa}e+{len(digits) - 1}"
 
 
 def as_int(name: str, value, problems: list[str]) -> int | None:
@@ -173,7 +166,7 @@ def as_int(name: str, value, problems: list[str]) -> int | None:
         problems.append(f"{name} is missing: give a whole number")
         return None
     if isinstance(value, bool):
-        problems.append(f"{name} must be a whole number, got {value!r}")
+        problems.append(f"{name} must be a whole number, got {quoted(value)}")
         return None
     if isinstance(value, numbers.Integral):   # int and numpy integers
         return int(value)
@@ -185,12 +178,12 @@ def as_int(name: str, value, problems: list[str]) -> int | None:
             try:
                 number = float(value.strip())
             except ValueError:
-                problems.append(f"{name} must be a whole number, got {value!r}")
+                problems.append(f"{name} must be a whole number, got {quoted(value)}")
                 return None
     if isinstance(number, numbers.Real):      # float and numpy floats
         number = float(number)
         if not math.isfinite(number) or number != int(number):
-            problems.append(f"{name} must be a whole number, got {value!r}")
+            problems.append(f"{name} must be a whole number, got {quoted(value)}")
             return None
         return int(number)
     problems.append(f"{name} must be a whole number, got {type(value).__name__}")
@@ -207,7 +200,7 @@ def as_float(name: str, value, problems: list[str]) -> float | None:
     except (TypeError, ValueError, OverflowError):
         number = None
     if number is None or not math.isfinite(number):
-        problems.append(f"{name} must be a number, got {value!r}")
+        problems.append(f"{name} must be a number, got {quoted(value)}")
         return None
     return number + 0.0   # turns -0.0 into 0.0
 
@@ -366,34 +359,34 @@ def _post_choices(settings: Settings, shape: dict, fps: int | None, problems: li
 
 def _memory_choices(settings: Settings, problems: list[str]) -> None:
     if settings.strategy not in (None, *LADDER):
-        problems.append(f"strategy {settings.strategy!r} is unknown: use auto or one of {', '.join(LADDER)}")
+        problems.append(f"strategy {quoted(settings.strategy)} is unknown: use auto or one of {', '.join(LADDER)}")
     if settings.text_encoder not in (None, *TEXT_ENCODER_PLACES):
-        problems.append(f"text encoder place {settings.text_encoder!r} is unknown: use {', '.join(TEXT_ENCODER_PLACES)}")
+        problems.append(f"text encoder place {quoted(settings.text_encoder)} is unknown: use {', '.join(TEXT_ENCODER_PLACES)}")
     if settings.vae_tiling is not None and not isinstance(settings.vae_tiling, bool):
-        problems.append(f"VAE tiling must be on, off or auto, got {settings.vae_tiling!r}")
+        problems.append(f"VAE tiling must be on, off or auto, got {quoted(settings.vae_tiling)}")
     if isinstance(settings.gpus, bool) or not isinstance(settings.gpus, int) or not 0 <= settings.gpus <= MAX_GPUS:
-        problems.append(f"GPUs {settings.gpus!r} is not a number of GPUs: use 0 (automatic) or 1 to {MAX_GPUS}")
+        problems.append(f"GPUs {quoted(settings.gpus)} is not a number of GPUs: use 0 (automatic) or 1 to {MAX_GPUS}")
 
 
 def _speed_choices(settings: Settings, problems: list[str]) -> None:
     if settings.decoder not in DECODERS:
-        problems.append(f"decoder {settings.decoder!r} is unknown: use 'vae' (the model's own), 'vae_fast' (the "
+        problems.append(f"decoder {quoted(settings.decoder)} is unknown: use 'vae' (the model's own), 'vae_fast' (the "
                         "model's own, faster and approximate), 'vae_light' (a pruned VAE, approximate) or 'fast' "
                         "(approximate, needs a fast decoder file)")
     if settings.step_cache not in (None, *STEP_CACHES):
-        problems.append(f"step cache {settings.step_cache!r} is unknown: use none or one of {', '.join(STEP_CACHES)}")
+        problems.append(f"step cache {quoted(settings.step_cache)} is unknown: use none or one of {', '.join(STEP_CACHES)}")
     if settings.compile is not None and not isinstance(settings.compile, bool):
-        problems.append(f"compile must be on, off or auto, got {settings.compile!r}")
+        problems.append(f"compile must be on, off or auto, got {quoted(settings.compile)}")
     if settings.compute not in COMPUTES:
-        problems.append(f"compute {settings.compute!r} is unknown: use 'exact' (the model's precision) or 'fp8' "
+        problems.append(f"compute {quoted(settings.compute)} is unknown: use 'exact' (the model's precision) or 'fp8' "
                         "(float8 linears, approximate, on GPUs with fp8 tensor cores)")
     if settings.guidance_batch is not None and not isinstance(settings.guidance_batch, bool):
-        problems.append(f"guidance batch must be on, off or auto, got {settings.guidance_batch!r}")
+        problems.append(f"guidance batch must be on, off or auto, got {quoted(settings.guidance_batch)}")
     if settings.attention not in (None, *ATTENTION_BACKENDS):
-        problems.append(f"attention backend {settings.attention!r} is unknown: use auto or one of "
+        problems.append(f"attention backend {quoted(settings.attention)} is unknown: use auto or one of "
                         f"{', '.join(ATTENTION_BACKENDS)}")
     if settings.vae_dtype not in (None, *VAE_DTYPES):
-        problems.append(f"VAE precision {settings.vae_dtype!r} is unknown: use auto or one of {', '.join(VAE_DTYPES)}")
+        problems.append(f"VAE precision {quoted(settings.vae_dtype)} is unknown: use auto or one of {', '.join(VAE_DTYPES)}")
 
 
 def _transformer_files(settings: Settings, problems: list[str]) -> dict:
@@ -466,7 +459,7 @@ def settings_problems(settings: Settings, limits: Limits | None = None) -> tuple
     """(``settings`` with their numbers normalised, or None; every problem found, each saying what to change).
     ``limits``: what the settings' model can make (engine/models/limits.py), when it is known."""
     if settings.mode not in MODES:
-        return None, [f"mode must be one of {', '.join(MODES)}, got {settings.mode!r}"]
+        return None, [f"mode must be one of {', '.join(MODES)}, got {quoted(settings.mode)}"]
     problems: list[str] = []
     if not isinstance(settings.model, str) or not settings.model.strip():
         problems.append("no model chosen: pick a preset or give a model (repo id, folder or selftest-t2v)")

@@ -54,7 +54,7 @@ def test_a_count_out_of_range_is_refused_with_its_sentence():
 
 def test_a_job_of_several_videos_is_predicted_as_the_first_then_each_other_on_the_loaded_model():
     from engine.planning.timing import PhaseTimes
-    from engine.run.time_plan import videos_seconds
+    from engine.planning.job_time import videos_seconds
 
     first = PhaseTimes({"load": 5.0, "text_encode": 2.0, "denoise": 10.0}, {}, 1.0, 10, 2, 1, 1, 17.0)
     loaded = PhaseTimes({"text_encode": 1.0, "denoise": 10.0}, {}, 1.0, 10, 2, 1, 1, 11.0, loaded=True)

@@ -341,6 +341,11 @@ def test_links_are_neither_listed_nor_deleted(outputs, made, tmp_path):
     for key in (f"2000-01-01/{media.name}", f"{day.name}/link_t2v_x_1.mp4"):
         with pytest.raises(HistoryError, match="is not an output of this app"):
             delete_output(outputs, key)
+        # Named as an input (the API's {"output": key}), the refusal fits that use too: not "can be deleted".
+        with pytest.raises(HistoryError) as refused:
+            find_entry(outputs, key)
+        assert str(refused.value) == (f"{key!r} is not an output of this app: its outputs are files inside the "
+                                      "outputs folder, never links, so it is neither used nor deleted")
     assert sorted(p.name for p in outside.iterdir()) == before
 
 

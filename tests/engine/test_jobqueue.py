@@ -250,3 +250,35 @@ def test_the_typical_length_is_kept_per_video_whatever_the_count_of_the_jobs_tha
     # A job cancelled in its first video: its 10 s count as one video's (the mean of 10 and 10).
     assert queue.wait_turn(waiting, 0)
     assert queue.estimate(after) == pytest.approx(2 * 10.0)
+
+
+def test_one_login_holds_at_most_its_share_and_the_rest_stays_open_to_the_others():
+    queue = JobQueue(max_waiting=6)
+    assert queue.share == 3                       # half the queue
+    running = queue.join("alice:tab", "x", login="alice")
+    assert queue.wait_turn(running, 0)            # a running job is not waiting: it takes no place
+    for _ in range(3):
+        queue.join("alice:tab", "x", login="alice")
+    with pytest.raises(QueueFull, match=r"The queue is full for your login: 3 of your jobs are waiting, the most one "
+                                        r"login may have waiting \(3 of the queue's 6 places; the rest stay open to "
+                                        r"other logins\)\. Generate again when one of yours has started, or cancel"):
+        queue.join("alice:other-tab", "x", login="alice")    # another tab of the same login: the same share
+    for _ in range(3):
+        queue.join("bob:tab", "x", login="bob")            # the places left are the others'
+    with pytest.raises(QueueFull, match="The queue is full: 6 jobs are waiting"):
+        queue.join("carol:tab", "x", login="carol")
+    queue.leave(running)
+    assert queue.wait_turn(queue._waiting[0], 0)            # one of alice's starts: she may queue one more
+    queue.join("alice:tab", "x", login="alice")
+    # No login (a server without a password: this machine's one user) has the whole queue; short engine work too.
+    alone = JobQueue(max_waiting=4)
+    for _ in range(4):
+        alone.join("tab", "x")
+    assert alone.waiting == 4
+
+
+def test_the_share_is_half_the_queue_at_least_two_and_never_more_than_the_queue():
+    from engine.service.jobqueue import default_share
+
+    assert [default_share(n) for n in (1, 2, 3, 4, 5, 16, 17)] == [1, 2, 2, 2, 2, 8, 8]
+    assert JobQueue(max_waiting=16, share=1).share == 1 and JobQueue(max_waiting=4, share=99).share == 4

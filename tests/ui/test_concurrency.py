@@ -247,3 +247,15 @@ def test_max_queue_must_be_at_least_one():
 
     with pytest.raises(SystemExit, match="--max-queue must be at least 1"):
         app.main(["--max-queue", "0", "--no-browser"])
+    with pytest.raises(SystemExit, match="--queue-share must be at least 1"):
+        app.main(["--queue-share", "0", "--no-browser"])
+    for minutes in ("-1", "nan", "inf"):
+        with pytest.raises(SystemExit, match=r"--max-job-minutes must be a number of minutes \(0: no limit\)"):
+            app.main(["--max-job-minutes", minutes, "--no-browser"])
+
+
+def test_the_ceiling_on_a_job_is_an_hour_where_others_log_in_and_none_on_one_s_own_machine():
+    from ui.startup import job_ceiling
+
+    assert job_ceiling(None, shared=True).seconds == 3600.0 and job_ceiling(None, shared=False).seconds is None
+    assert job_ceiling(0, shared=True).seconds is None and job_ceiling(5, shared=False).seconds == 300.0

@@ -108,6 +108,22 @@ def test_a_job_through_the_api_its_events_result_and_sidecar(server):
         assert sidecar["seed"] == 5 and sidecar["prompt"] == "a kite"
         encoded = http.get(f"/api/v1/jobs/{job['id']}/result", params={"format": "base64"}).json()
         assert base64.b64decode(encoded["video_base64"]) == video.content and encoded["seed"] == 5
+        # Files are named by their place in the outputs folder, never by the server's paths: in the status, the
+        # events, the history.
+        key = said["outputs"][0]
+        assert re.fullmatch(r"\d{4}-\d\d-\d\d/[^/]+\.mp4", key) and (server["outputs"] / key).is_file(), key
+        finished = next(event for event in events if event.get("type") == "JobFinished")
+        assert finished["paths"] == [key] and finished["sidecar"] == key.removesuffix(".mp4") + ".json"
+        entry = next(e for e in http.get("/api/v1/history").json() if e["key"] == key)
+        assert entry["media"] == key and entry["sidecar"] == finished["sidecar"]
+        disk = str(server["outputs"].resolve())
+        for answer in (said, events, http.get("/api/v1/history").json()):
+            assert disk not in json.dumps(answer)
+        for limit, said in (("abc", "limit 'abc' is not a number of outputs: give a whole number from 1 to 1000"),
+                            ("-1", "limit '-1' is not a number of outputs")):
+            refused = http.get("/api/v1/history", params={"limit": limit})
+            assert refused.status_code == 422 and refused.json()["error"].startswith(said), refused.text
+        assert len(http.get("/api/v1/history", params={"limit": "1"}).json()) == 1
 
 
 def test_images_go_in_as_uploads_or_in_base64(server, image_file):
@@ -125,7 +141,7 @@ def test_images_go_in_as_uploads_or_in_base64(server, image_file):
                                                 "image": f"data:image/png;base64,{data}", "width": 64, "height": 48,
                                                 "frames": 5, "steps": 2})
         assert still.status_code == 202 and _wait(http, still.json()["id"])["state"] == "done"
-        first = next(Path(p) for p in done["outputs"])
+        first = server["outputs"] / done["outputs"][0]     # a key of the outputs folder, as the History's
         kept = first.with_name(first.stem + ".first.png")
         assert Image.open(kept).size == Image.open(image_file).size   # the upload, kept as the run's input
 
@@ -275,6 +291,45 @@ def test_no_body_gets_a_500_whatever_each_field_holds(server):
         _no_500(http.post("/api/v1/jobs", content=huge, headers={"Content-Type": JSON_TYPE}), "5000 digits")
 
 
+def test_no_call_of_the_page_s_functions_gets_a_silent_error_whatever_each_input_holds(server):
+    """Every input of every function the page names (its gradio API), each given two of the odd values in turn
+    (every value reaches about 20 inputs), with the prompt empty so no job runs: an answer, a refusal in the app's
+    sentence or gradio's own for a value of the wrong shape, never {"error": null} (an exception the caller is not
+    told of) and no traceback in the console."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tracebacks = server["log"].read_text().count("Traceback")
+    with httpx.Client(base_url=server["url"], timeout=60) as http:
+        assert http.post("/login", data={"username": USER, "password": PASSWORD}).status_code == 200
+        endpoints = http.get("/gradio_api/info").json()["named_endpoints"]
+        calls = []
+        for name, endpoint in endpoints.items():
+            if name in ("/download_model", "/unload"):     # a download, or the loaded model let go: not fuzzed
+                continue
+            params = [p["parameter_name"] for p in endpoint["parameters"]]
+            for number, param in enumerate(params):
+                for offset in (0, 8):
+                    values = {"prompt": ""} if param != "prompt" else {"width": 70}
+                    values[param] = ODD_VALUES[(number + offset + len(calls)) % len(ODD_VALUES)]
+                    calls.append((name, param, [values.get(p) for p in params]))
+
+        def call(job) -> str | None:
+            name, param, data = job
+            posted = http.post(f"/gradio_api/call{name}", content=json.dumps({"data": data}).encode(),
+                               headers={"Content-Type": JSON_TYPE})
+            if posted.status_code >= 500:
+                return f"{name} {param}: {posted.status_code}"
+            if posted.status_code != 200:
+                return None if "detail" in posted.json() else f"{name} {param}: {posted.text[:200]}"
+            answer = http.get(f"/gradio_api/call{name}/{posted.json()['event_id']}").text
+            return f"{name} {param}: {answer[:200]}" if '"error": null' in answer else None
+
+        with ThreadPoolExecutor(4) as pool:
+            silent = [said for said in pool.map(call, calls) if said]
+    assert len(calls) > 300 and silent == [], silent[:10]
+    assert server["log"].read_text().count("Traceback") == tracebacks
+
+
 def test_odd_headers_get_the_app_s_answer_not_a_500(server):
     with httpx.Client(base_url=server["url"], timeout=60) as http:
         letters = http.get("/api/v1/jobs", headers={"Authorization": "Bearer ééé".encode("utf-8")})
@@ -288,6 +343,99 @@ def test_odd_headers_get_the_app_s_answer_not_a_500(server):
             with http.stream("GET", f"/api/v1/jobs/{job}/events", headers={"Last-Event-ID": resume.encode("utf-8")}) as events:
                 assert events.status_code == 200, resume
                 assert "event: end" in "".join(events.iter_text()), resume
+
+
+def test_a_raw_page_call_naming_a_file_never_uploaded_is_told_to_upload_it(server, tmp_path):
+    """gradio answers such a call {"error": null}, with a traceback in the console: the guard answers first."""
+    never = tmp_path / "never-uploaded.png"
+    never.write_bytes(b"not uploaded")
+    with httpx.Client(base_url=server["url"], timeout=60) as http:
+        assert http.post("/login", data={"username": USER, "password": PASSWORD}).status_code == 200
+        for path in (str(never), "/etc/passwd", "relative/nothing.png"):
+            image = {"path": path, "meta": {"_type": "gradio.FileData"}}
+            answer = http.post("/gradio_api/call/image_to_video", json={"data": [image, None, "selftest-i2v", "x"]})
+            assert answer.status_code == 400, answer.text
+            assert answer.json()["detail"] == (
+                f"The file {Path(path).name!r} was not uploaded to this app, which takes only files uploaded to it: "
+                "upload it first (POST /gradio_api/upload, or gradio_client's handle_file), then send the path that "
+                "upload answered with.")
+    assert "InvalidPathError" not in server["log"].read_text()
+
+
+LONG = {**SMALL, "width": 256, "height": 256, "frames": 33, "steps": 200}   # minutes on this CPU: cancelled
+
+
+def test_one_login_holds_at_most_half_the_queue_and_the_other_logins_still_get_in(server):
+    """16 places (the default), 8 a login: a token's ninth waiting job is refused saying why; another token and a
+    page login (gradio's API, signed in) still get places, and the page login's own share is held the same way."""
+    from gradio_client import Client
+
+    page = Client(server["url"], auth=(USER, PASSWORD), verbose=False)
+    with _client(server, "alice") as alice, _client(server, "bob") as bob:
+        running = alice.post("/api/v1/jobs", json={"prompt": "a long walk", **LONG}).json()["id"]
+        _wait(alice, running, ("running",))
+        mine = [alice.post("/api/v1/jobs", json={"prompt": f"fox {n}", **SMALL}).json() for n in range(8)]
+        try:
+            assert [job["state"] for job in mine] == ["waiting"] * 8
+            refused = alice.post("/api/v1/jobs", json={"prompt": "one more", **SMALL})
+            assert refused.status_code == 429, refused.text
+            assert refused.json()["error"].startswith(
+                "The queue is full for your login: 8 of your jobs are waiting, the most one login may have waiting "
+                "(8 of the queue's 16 places; the rest stay open to other logins).")
+            theirs = bob.post("/api/v1/jobs", json={"prompt": "bob's fox", **SMALL}).json()
+            assert theirs["state"] == "waiting" and theirs["place"] == 9
+            assert bob.delete(f"/api/v1/jobs/{theirs['id']}").json()["state"] == "cancelled"
+            args = ["selftest-t2v", "a page fox", "", "selftest-t2v", 64, 64, 9, 2, 5.0, 3.0]
+            page_jobs = [page.submit(*args, seed, api_name="/text_to_video") for seed in range(8)]
+            deadline = time.time() + 60
+            while len([j for j in alice.get("/api/v1/jobs").json() if j["state"] == "waiting"]) < 8 or \
+                    "16 waiting" not in page.predict(api_name="/system"):
+                assert time.time() < deadline, page.predict(api_name="/system")
+                time.sleep(0.2)
+            alice.delete(f"/api/v1/jobs/{mine[0]['id']}")    # a place is free: not for the page login's ninth
+            with pytest.raises(Exception, match="The queue is full for your login: 8 of your jobs are waiting"):
+                page.predict(*args, 99, api_name="/text_to_video")
+            assert "8 waiting jobs were taken out" in page.predict(api_name="/cancel")
+            assert {job.result(timeout=30)[1] for job in page_jobs} == {
+                "**Taken out of the queue: it did not run, and the earlier result is kept.**"}
+        finally:
+            for job in mine:
+                alice.delete(f"/api/v1/jobs/{job['id']}")
+            alice.delete(f"/api/v1/jobs/{running}")
+            _wait(alice, running)
+
+
+def test_a_job_predicted_past_an_hour_is_refused_with_its_numbers_on_a_server_with_a_password(server):
+    """A password server's ceiling is 60 minutes by default: with this machine measured (here made 10^6 times
+    slower than it is), a job of 16 videos is refused before it waits, through the JSON API and the page's API,
+    and its plan says so; the ceiling comes down from an hour only when the machine's speed says the job is long."""
+    from gradio_client import Client
+
+    from engine.device.calibrate import CALIBRATION_FILE
+    from engine.device.hardware import detect_hardware
+    from tests.engine.test_job_ceiling import slow_calibration
+
+    slow_calibration(server["outputs"], 1e6, detect_hardware())   # the server's engine sees this machine
+    big = {**SMALL, "count": 16, "interpolate": 2}
+    try:
+        with _client(server, "bob") as bob:
+            refused = bob.post("/api/v1/jobs", json={"prompt": "sixteen foxes", **big})
+            if refused.status_code == 202:
+                bob.delete(f"/api/v1/jobs/{refused.json()['id']}")
+            assert refused.status_code == 422, refused.text
+            said = refused.json()["error"]
+            assert said.startswith("This job is predicted to take about ") and "16 videos of about" in said, said
+            assert "One job may take at most 60 min on this server (its --max-job-minutes): ask for fewer videos " \
+                   "(count), fewer frames, steps or pixels, or leave out the smoother." in said
+            assert not [job for job in bob.get("/api/v1/jobs").json() if job["state"] in ("waiting", "running")]
+            plan = bob.post("/api/v1/plan", json=big).json()
+            assert plan["too_long"] == said and plan["job_seconds"] > 3600, plan
+        page = Client(server["url"], auth=(USER, PASSWORD), verbose=False)
+        with pytest.raises(Exception, match="This job is predicted to take about .* 16 videos of about"):
+            page.predict("selftest-t2v", "sixteen foxes", "", "selftest-t2v", 64, 64, 9, 2, 5.0, 3.0, 1, count=16,
+                         interpolate=2, api_name="/text_to_video")
+    finally:
+        (server["outputs"] / CALIBRATION_FILE).unlink()
 
 
 def test_wrong_passwords_and_tokens_are_slowed_down_as_on_the_page(server):

@@ -16,12 +16,14 @@ decides on that reading, in this order:
 """
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 from engine.models.download import size_words
 from ui.guard.api_login import ApiLogins
 from ui.guard.holdings import Holdings
+from ui.guard.inputs import check_file_inputs
 from ui.guard.hosts import HostAllowList, host_of
 from ui.guard.reading import WATCHED_HEADERS, Refused, file_key, plain_path, read_request, single_keys
 from ui.guard.responses import answer, one_way_files, status_of, watching_answer
@@ -98,6 +100,7 @@ class Guard:
         if gone:
             raise Refused(410, f"The upload {Path(gone).name!r} was removed: uploads no job uses are kept an hour. "
                                "Upload it again.")
+        self._check_uploaded(gradio, reading)
         if route.gives_event:        # a job (the page's previews, which run unqueued, do not count)
             self.holdings.used(reading.files)
         if route.upload:
@@ -107,6 +110,23 @@ class Guard:
         if route.file:
             send = one_way_files(send)
         return receive, send
+
+    def _check_uploaded(self, gradio, reading) -> None:
+        """The files a call to the page's functions names are uploads (or the app's own files served to the page),
+        all in the served folder: gradio refuses any other path with a message it does not show (and a traceback
+        in the console), so it is refused here with what to do instead."""
+        folder = self.holdings.folder
+        if reading.route.body != "json":
+            return
+        check_file_inputs(gradio, reading)
+        if folder is None:
+            return
+        served = file_key(str(folder)) + os.sep
+        stray = next((path for path in reading.files if not path.startswith(served)), None)
+        if stray is not None:
+            raise Refused(400, f"The file {Path(stray).name!r} was not uploaded to this app, which takes only files "
+                               "uploaded to it: upload it first (POST /gradio_api/upload, or gradio_client's "
+                               "handle_file), then send the path that upload answered with.")
 
     def _api_caller(self, scope, headers: dict, gradio, route, send):
         """A JSON API call: its login (401 without one where one is needed; a wrong one counts as a wrong password,

@@ -30,7 +30,7 @@ from ui.generate import Refusal, admit, engine_job, preset_named
 from ui.guard.api_login import LOCAL
 from ui.guard.middleware import LOGIN_KEY
 from ui.rest.bodies import BodyError, JobBody, job_schema, parse_json_object, read_body
-from ui.rest.jobs import ApiJobs
+from ui.rest.jobs import ApiJobs, output_key
 
 JSON = "application/json"
 MEDIA = {".mp4": "video/mp4", ".png": "image/png"}
@@ -96,6 +96,10 @@ def _problem(status: int, exc: Exception) -> "JSONResponse":
     return _answer(status, {"error": " ".join(problems) if problems else str(exc), "problems": problems})
 
 
+# A History entry's fields that name files (engine/outputs/history.py's HistoryEntry).
+ENTRY_FILES = ("media", "sidecar", "first_image", "last_image", "input_video", "extends")
+
+
 def _login(request) -> str:
     return request.scope.get(LOGIN_KEY, LOCAL)
 
@@ -103,6 +107,14 @@ def _login(request) -> str:
 def _owner(login: str) -> str:
     """A login's jobs in the queue: apart from the page's sessions (a page's Cancel never reaches them)."""
     return f"api:{login}"
+
+
+def _share_of(login: str) -> str | None:
+    """Whose share of the queue a login's jobs take: a browser's cookie is that sign-in's, as on the page; the one
+    login of a server without a password (this machine's user) has the whole queue."""
+    if login == LOCAL:
+        return None
+    return login.removeprefix("page:")
 
 
 async def _given(request) -> tuple[dict, dict]:
@@ -184,7 +196,8 @@ def _job_routes(app, ctx: AppContext, jobs: ApiJobs) -> None:
         body = read_body(given, uploads, lambda key: _output_path(ctx, key))
         what = MODE_NAMES[body.mode]
         try:
-            work, ticket = admit(ctx, _owner(login), what, engine_job(ctx, lambda: _request(ctx, body)))
+            work, ticket = admit(ctx, _owner(login), what, engine_job(ctx, lambda: _request(ctx, body)),
+                                  _share_of(login))
         except Refusal as refusal:
             body.discard()
             failure = refusal.failure
@@ -346,17 +359,22 @@ def _reading_routes(app, ctx: AppContext) -> None:
                  "presets": list(entry.presets)} for entry in list_models(folder, dict(ctx.presets))]
 
     @app.get("/v1/history", summary="Past outputs, newest first")
-    def history(limit: int | None = None):
-        from engine.outputs.history import DEFAULT_LIMIT, HistoryError, history_limit, scan_history
+    def history(limit: str | None = None):
+        from engine.outputs.history import HistoryError, history_limit, scan_history
 
         try:
-            count = history_limit(limit if limit is not None else DEFAULT_LIMIT)
+            count = history_limit(limit)   # read as the app reads it: "abc" gets its sentence
         except HistoryError as exc:
             return _problem(422, exc)
-        return [entry.to_dict() for entry in scan_history(ctx.outputs_dir, limit=count)]
+        return [_keyed(entry.to_dict()) for entry in scan_history(ctx.outputs_dir, limit=count)]
+
+    def _keyed(entry: dict) -> dict:
+        """A History entry as the API says it: its files as keys of the outputs folder, not the server's paths."""
+        return {name: output_key(value, ctx.outputs_dir) if name in ENTRY_FILES else value
+                for name, value in entry.items()}
 
     def plan_of(given: dict):
-        from engine.service.ahead import plan_settings
+        from engine.service.ahead import plan_settings, predicted_job
         from engine.settings.draft import prepare
 
         body = read_body({name: value for name, value in given.items() if name not in ("prompt", "negative_prompt",
@@ -364,8 +382,11 @@ def _reading_routes(app, ctx: AppContext) -> None:
         values = dict(body.values)
         preset = preset_named(ctx, values.pop("preset", None), body.mode)
         settings = prepare(values, preset.settings, body.mode, ctx.paths, ctx.client.catalog.limits)
-        plan = plan_settings(settings, ctx.client.hardware_profile(), ctx.client.catalog, ctx.client.engine_count())
-        return {"settings": settings.to_dict(), **plan.to_dict()}
+        hardware = ctx.client.hardware_profile()
+        plan = plan_settings(settings, hardware, ctx.client.catalog, ctx.client.engine_count())
+        job = predicted_job(settings, plan, hardware, ctx.client.catalog, ctx.outputs_dir, ctx.client.models_dir)
+        return {"settings": settings.to_dict(), "job_seconds": None if job is None else round(job.total, 1),
+                "too_long": ctx.ceiling.refusal(job), **plan.to_dict()}
 
     @app.post("/v1/plan", summary="The memory plan for a job's settings", responses={422: {"model": Problem}},
               openapi_extra={"requestBody": {"content": {JSON: {"schema": job_schema()}}}})

@@ -12,6 +12,7 @@ import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
 from typing import Iterator
 
 from engine.events import Event, PreviewReady
@@ -25,11 +26,32 @@ KEPT_JOBS = 200
 STATES = ("waiting", "running", "done", "failed", "cancelled")
 
 
-def event_dict(event: Event) -> dict:
-    """An engine event as the API says it: its type, then its fields (a preview's image in base64)."""
+# The fields of the engine's events that name files: the API says them as keys of the outputs folder.
+FILE_FIELDS = ("paths", "sidecar", "latents", "written", "path")
+
+
+def output_key(path: str | None, outputs_dir: str | Path) -> str | None:
+    """A file as the API names it: its place in the outputs folder ('2026-01-31/120000_t2v_fox_1.mp4', the History's
+    key), or its name alone for a file elsewhere; never a path of the server's disk."""
+    if not path:
+        return path
+    try:
+        return Path(path).resolve().relative_to(Path(outputs_dir).resolve()).as_posix()
+    except ValueError:
+        return Path(path).name
+
+
+def event_dict(event: Event, outputs_dir: str | Path = "outputs") -> dict:
+    """An engine event as the API says it: its type, then its fields (a preview's image in base64, files as keys of
+    the outputs folder)."""
     values = asdict(event)
     if isinstance(event, PreviewReady):
         values["image"] = base64.b64encode(event.image).decode("ascii")
+    for name in FILE_FIELDS:
+        if isinstance(values.get(name), str):
+            values[name] = output_key(values[name], outputs_dir)
+        elif isinstance(values.get(name), (list, tuple)):
+            values[name] = [output_key(path, outputs_dir) for path in values[name]]
     return {"type": type(event).__name__, **values}
 
 
@@ -53,6 +75,7 @@ class ApiJob:
     over: bool = False
     ended: float | None = None                    # when it ended (time.monotonic)
     changed: threading.Condition = field(default_factory=threading.Condition)
+    outputs_dir: str = "outputs"                  # what its files are named in (output_key)
 
     def state(self) -> str:
         view = self.view
@@ -66,7 +89,7 @@ class ApiJob:
 
     def note(self, event: Event) -> None:
         with self.changed:
-            self.events.append(event_dict(event))
+            self.events.append(event_dict(event, self.outputs_dir))
             self.changed.notify_all()
 
     def show(self, view: JobView, event) -> dict:
@@ -94,7 +117,7 @@ class ApiJob:
         if ending is not None and state != "running":
             said["ending"] = ending_words(ending)
         if view.result is not None:
-            said |= {"outputs": list(view.result.paths), "seed": view.result.seed,
+            said |= {"outputs": [output_key(path, self.outputs_dir) for path in view.result.paths], "seed": view.result.seed,
                      "seeds": list(view.result.seeds) or [view.result.seed], "timings": dict(view.result.timings)}
         if view.failure is not None:
             said |= {"error": view.failure.text, "problems": list(view.failure.problems),
@@ -102,7 +125,7 @@ class ApiJob:
         if self.crashed:
             said["error"] = self.crashed
         if view.cancelled is not None:
-            said["kept"] = list(view.cancelled.written)
+            said["kept"] = [output_key(path, self.outputs_dir) for path in view.cancelled.written]
         return said
 
     def stream(self, start: int = 0, keep_alive_s: float = 15.0) -> Iterator[tuple[int, dict | None]]:
@@ -137,7 +160,7 @@ class ApiJobs:
 
     def start(self, owner: str, what: str, mode: str, work: EngineWork, ticket: Ticket, body: JobBody) -> ApiJob:
         """Follow an admitted job in a thread of its own; the job."""
-        job = ApiJob(uuid.uuid4().hex[:16], owner, what, mode, ticket, body)
+        job = ApiJob(uuid.uuid4().hex[:16], owner, what, mode, ticket, body, outputs_dir=str(self.ctx.outputs_dir))
         with self._lock:
             self._jobs[job.id] = job
             self._prune()

@@ -109,7 +109,7 @@ def _factor(value) -> int:
     """A factor as sent (2, 2.0, "2"), or -1 for anything else."""
     try:
         number = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):   # an integer past a float's range is no factor either
         return -1
     return int(number) if not isinstance(value, bool) and number.is_integer() else -1
 

@@ -69,8 +69,16 @@ def _during(ending: JobEnding) -> str:
     return f" during {phase_label(ending.phase, ending.device)}" if ending.phase else ""
 
 
+# The phases after the denoise that a cancel stops part way (between frames): a cancel is said to stop in them.
+STOPPED_INSIDE = ("vae_decode", "export", "interpolate", "upscale", "join")
+
+
 def where_it_stopped(ending: JobEnding) -> str:
-    """Where a cancelled job stopped: in the denoising after a step, after a phase, or before it started."""
+    """Where a cancelled job stopped: in a phase after the denoising, in the denoising after a step, after a phase,
+    or before it started."""
+    if ending.phase in STOPPED_INSIDE:
+        steps = f", after all {ending.total} denoising steps" if ending.step and ending.step == ending.total else ""
+        return f"during {phase_label(ending.phase, ending.device)}{steps}"
     if ending.step:
         return f"during the denoising, after step {ending.step} of {ending.total}"
     if ending.phase:

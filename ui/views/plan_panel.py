@@ -136,18 +136,16 @@ def form_plan_markdown(ctx: AppContext, hardware: HardwareProfile, mode: str, va
 def time_line(ctx: AppContext, settings: Settings, plan: Plan, hardware: HardwareProfile, extends: bool = False) -> str:
     """'**About 41 s**' for these settings, from this machine's measured rates (none before they are measured:
     the first run measures them); ``extends``: the video is joined after the one it extends, which is counted."""
-    from engine.device.calibrate import Calibration
-    from engine.run.time_plan import kept_runs, post_files, predict_job, videos_seconds
+    from engine.planning.job_time import videos_seconds
+    from engine.service.ahead import predicted_job
 
-    calibration = Calibration.load(Path(ctx.outputs_dir), hardware)
-    if calibration is None or not plan.fits:
+    job = predicted_job(settings, plan, hardware, ctx.client.catalog, ctx.outputs_dir, ctx.client.models_dir, extends)
+    if job is None:
         return ""
-    spec = ctx.client.catalog.info(settings).spec
-    runs = kept_runs(ctx.outputs_dir, calibration)   # the engine's runs on this machine: one prediction everywhere
-    files = post_files(ctx.client.models_dir)        # the files the engine's steps after the video will find
-    first, loaded = (predict_job(spec, settings.model, settings, plan, calibration, runs, loaded=state, files=files,
-                                 extends=extends) for state in (False, True))
-    count = settings.count if isinstance(settings.count, int) and settings.count > 1 else 1
+    over = ctx.ceiling.refusal(job)
+    if over:   # the job would be refused: said first, as Generate would say it
+        return f"**Too long for this server:** {plain(over)}\n\n"
+    first, loaded, count = job.first, job.loaded, job.videos
     if count > 1:
         return (f"**About {_secs(videos_seconds(first, loaded, count))}** to make these {count} videos (the first "
                 f"{_secs(first.total)}, each other one {_secs(videos_seconds(loaded, loaded, 2) - loaded.total)} on "
