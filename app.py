@@ -439,7 +439,7 @@ def serve(args) -> int:
                         share=args.share, auth=auth, inbrowser=not args.no_browser,
                         allowed_paths=[str(Path(args.outputs).resolve())], max_file_size="50mb",
                         footer_links=["api"], css=PAGE_CSS, js=PAGE_JS, max_threads=server_threads(max_queue),
-                        quiet=True,
+                        quiet=True, run_history=False,   # runs kept in the browser grow the page (and keep prompts)
                         prevent_thread_lock=True, state_session_capacity=STATE_SESSIONS,
                         app_kwargs=_server_parts(args, ctx, served, tokens))
         except OSError as exc:

@@ -29,18 +29,47 @@ STATE_SESSIONS = 300
 SERVER_THREADS = 40
 # The page's own styles: results at their own size (a 64x64 video is not blown up to the column's width),
 # the status as a box of its own, the preset cards' buttons as buttons.
-# The page's own script: Enter in a LoRA slider's number box commits it as Tab does (gradio's slider takes a
-# typed value when its box loses focus).
+# The page's own script: Enter in a LoRA slider's or the strength slider's number box commits it as Tab does
+# (gradio's slider takes a typed value when its box loses focus).
+# A video dropped on (or picked for) an image input is stopped before gradio answers "Invalid file type ... Only
+# image/* allowed", and one sentence under the input says where a video goes.
 PAGE_JS = """
 () => {
   document.addEventListener("keydown", (event) => {
     const box = event.target;
     if (event.key === "Enter" && box instanceof HTMLInputElement && box.type === "number"
-        && box.closest("[id*='-lora-slider-']")) {
+        && box.closest("[id*='-lora-slider-'], [id$='-strength']")) {
       event.preventDefault();
       box.blur();
     }
   });
+  const IMAGE_INPUTS = "#i2v-image, #i2v-last-image";
+  const videoIn = (files) => [...(files || [])].find((file) => file.type.startsWith("video/"));
+  const say = (zone, video) => {
+    const row = zone.closest(".row") || zone;   // under the row of both image boxes, its full width
+    let note = row.parentElement.querySelector(":scope > .wan-video-on-image");
+    if (!note) {
+      note = document.createElement("div");
+      note.className = "wan-video-on-image wan-status";
+      row.after(note);
+    }
+    note.textContent = video ? `${video.name} is a video, and this box takes an image (the frame the video starts `
+      + "from): to continue a video, open \u201cExtend a video\u201d below and put it in \u201cVideo to extend\u201d "
+      + "(or pick it on the History tab and press Extend)." : "";
+  };
+  const stop = (event, files) => {
+    const zone = event.target instanceof Element && event.target.closest(IMAGE_INPUTS);
+    if (!zone) return;
+    const video = videoIn(files);
+    say(zone, video);
+    if (video) {
+      event.preventDefault();
+      event.stopImmediatePropagation();
+      if (event.target instanceof HTMLInputElement) event.target.value = "";
+    }
+  };
+  document.addEventListener("drop", (event) => stop(event, event.dataTransfer && event.dataTransfer.files), true);
+  document.addEventListener("change", (event) => stop(event, event.target.files), true);
 }
 """
 PAGE_CSS = """

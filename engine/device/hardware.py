@@ -126,6 +126,8 @@ class HardwareProfile:
             raise HardwareError(f"cannot read hardware file {path}: {exc}") from exc
         if not isinstance(data, dict):
             raise HardwareError(f"{path}: must hold a JSON object")
+        if isinstance(data.get("hardware"), dict) and "app" in data:   # a whole `app.py doctor --json` report
+            data = data["hardware"]
         return cls.from_dict(data)
 
     @property

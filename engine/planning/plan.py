@@ -119,7 +119,8 @@ class Plan:
                   if self.device == "cpu" else
                   f"about {self.predicted_peak_vram_gb:.1f} GB of device memory where {self.budget_vram_gb:.1f} GB "
                   f"may be used")
-        fixes = self.suggestions or ("Pick a smaller model or preset: the Presets tab says which fit this machine.",)
+        fixes = self.suggestions or ("Pick a smaller model or preset: the page's Presets tab, or `python app.py plan "
+                                     "--preset NAME`, says which fit this machine.",)
         return " ".join((f"this request does not fit this machine's memory: it needs {memory}.", *fixes))
 
     def to_dict(self) -> dict:

@@ -323,7 +323,7 @@ def all_finished(finished: list[JobFinished]) -> JobFinished:
             timings[phase] = round(timings.get(phase, 0.0) + seconds, 4)
     vram = [done.peak_vram_gb for done in finished if done.peak_vram_gb is not None]
     ram = [done.peak_ram_gb for done in finished if done.peak_ram_gb is not None]
-    last = finished[-1]
-    return replace(last, paths=tuple(p for done in finished for p in done.paths), timings=timings,
+    # The first video's seed and sidecar: the one the page shows, and the first of the paths.
+    return replace(finished[0], paths=tuple(p for done in finished for p in done.paths), timings=timings,
                    peak_vram_gb=max(vram) if vram else None, peak_ram_gb=max(ram) if ram else None,
                    seeds=tuple(done.seed for done in finished), sidecars=tuple(done.sidecar for done in finished))

@@ -115,7 +115,7 @@ class Generation:
     def _refuse_unless_fits(plan: Plan, request: GenerationRequest, note: str = "") -> None:
         """InputError with the plan's refusal when it cannot fit, unless the settings force a strategy."""
         if not plan.fits and not request.settings.strategy:
-            raise InputError(f"{plan.refusal}{note}")
+            raise InputError(f"{request.settings.model}: {plan.refusal}{note}")
 
     def _refuse_past_ceiling(self, resolved: ResolvedModel, plan: Plan, request: GenerationRequest) -> None:
         """InputError, before anything loads, when the server that admitted the job set a ceiling on one job's time

@@ -185,10 +185,9 @@ class Job:
         self.emit(VideoStarted(self.id, video, videos))
 
     def ran_windows(self, windows) -> None:
-        """The denoise runs in ``windows`` (engine/models/windows.py): said, and recorded for the sidecar."""
+        """The denoise runs in ``windows`` (engine/models/windows.py): recorded for the sidecar (the plan's reasons
+        say it already, once)."""
         self.windows = windows.to_dict()
-        self.info(f"A long video: each step runs the transformer on {windows.describe()}, blended where they "
-                  "overlap.")
 
     def window_done(self, window: int, windows: int, total: int) -> None:
         """The transformer ran on window ``window`` of ``windows`` in the step under way (of ``total``)."""

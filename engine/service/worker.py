@@ -311,7 +311,7 @@ class WorkerClient:
             return
         plan = plan_settings(request.settings, hardware, self.catalog)
         if not plan.fits:
-            raise InputError(plan.refusal)
+            raise InputError(f"{request.settings.model}: {plan.refusal}")
 
     def run(self, request: GenerationRequest, notes: list[str] | tuple = (),
             job_id: str | None = None, group=None, slots=()) -> Iterator[Event]:

@@ -205,6 +205,15 @@ def as_float(name: str, value, problems: list[str]) -> float | None:
     return number + 0.0   # turns -0.0 into 0.0
 
 
+def check_strength(value, problems: list[str]) -> float | None:
+    """Video to video's strength as a number from 0 to 1 (the API's, the command line's and the page's check); the
+    problem said in ``problems`` otherwise."""
+    strength = as_float("strength", value, problems)
+    if strength is not None and not 0 <= strength <= 1:
+        problems.append(f"strength {strength:g} is out of range: use 0 (the input video back) to 1 (a new video)")
+    return strength
+
+
 def check_side(name: str, value: int, multiple: int, problems: list[str], limits: Limits | None = None) -> None:
     """Width or height: in range, within what the model can take (``limits``, when known), a multiple."""
     which = f", which {limits.name} needs" if limits else ""
@@ -276,9 +285,7 @@ def _numbers(settings: Settings, problems: list[str]) -> dict:
             problems.append(f"a low-noise guidance of {guidance_2} needs guidance above 1: guidance {guidance} turns "
                             "classifier-free guidance off for both experts; raise guidance, or leave the low-noise "
                             "guidance empty")
-    strength = as_float("strength", settings.strength, problems)
-    if strength is not None and not 0 <= strength <= 1:
-        problems.append(f"strength {strength} is out of range: use 0 (the input video back) to 1 (a new video)")
+    strength = check_strength(settings.strength, problems)
     return {"steps": steps, "fps": fps, "guidance": guidance, "shift": shift, "guidance_2": guidance_2,
             "count": count, "strength": strength}
 

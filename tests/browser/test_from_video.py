@@ -39,6 +39,13 @@ def test_the_video_to_video_tab_shows_what_it_starts_from_and_makes_it_again(pag
     _set_number(page, "v2v-steps", 4)
     _set_number(page, "v2v-frames", 9)
     slider = page.locator("#v2v-strength input[type=number]")
+    # A strength past 1 typed in the box: the page sets 1 and says so, in the sentence the API refuses it with.
+    slider.fill("1.5")
+    slider.press("Enter")
+    expect(slider).to_have_value("1")
+    page.wait_for_function("() => document.body.innerText.includes('Strength 1.5 is out of range: use 0 (the input "
+                           "video back) to 1 (a new video). The page set it to 1.')")
+    shot(page, "v2v-strength-past-one")
     slider.fill("0.5")
     slider.press("Enter")
     page.locator("#v2v-generate").click()
@@ -100,3 +107,25 @@ def test_history_extends_an_output_and_makes_it_again(page, shot: Screenshots):
     expect(page.locator("#v2v-fit-note")).to_contain_text("Made again at")
     assert "the lantern falls" in page.locator("#v2v-prompt textarea").input_value()
     shot(page, "v2v-from-history")
+
+
+def test_a_video_put_on_an_image_box_says_where_a_video_goes(page, shot: Screenshots, clip, image_file):
+    """Picked for the first frame, or dropped on the last frame: no "Invalid file type … Only image/* allowed", one
+    sentence under the boxes pointing to Extend a video; an image afterwards clears it."""
+    _open_tab(page, "Image to Video")
+    page.locator("#i2v-image input[type=file]").set_input_files(str(clip))
+    note = page.locator(".wan-video-on-image")
+    expect(note).to_contain_text("ramp.mp4 is a video, and this box takes an image (the frame the video starts from): "
+                                 "to continue a video, open “Extend a video” below and put it in “Video to extend”")
+    page.evaluate("""() => { const dt = new DataTransfer();
+        dt.items.add(new File([new Uint8Array(16)], 'dropped.webm', {type: 'video/webm'}));
+        document.querySelector('#i2v-last-image').dispatchEvent(
+            new DragEvent('drop', {dataTransfer: dt, bubbles: true, cancelable: true})); }""")
+    expect(note).to_contain_text("dropped.webm is a video")
+    assert not page.locator("#i2v-image img").count()
+    assert not [t for t in page.evaluate("() => [...document.querySelectorAll('.toast-body')].map(t => t.innerText)")
+                if "Invalid file type" in t]
+    shot(page, "i2v-video-on-image-box")
+    page.locator("#i2v-image input[type=file]").set_input_files(str(image_file))
+    expect(note).to_have_text("")
+    page.locator("#i2v-image img").first.wait_for()

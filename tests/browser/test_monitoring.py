@@ -4,6 +4,7 @@ every query of docs/monitoring/grafana-dashboard.json answered, and Prometheus' 
 real browser (the screenshot the README shows)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -64,6 +65,13 @@ def prometheus(tmp_path_factory, app):
     (folder / "password").write_text(PASSWORD + "\n")
     scrape["basic_auth"]["password_file"] = str(folder / "password")
     scrape["static_configs"][0]["targets"] = [urllib.parse.urlsplit(app["url"]).netloc]
+    with started_prometheus(folder, config) as started:
+        yield started
+
+
+@contextlib.contextmanager
+def started_prometheus(folder: Path, config: dict):
+    """A real Prometheus run with ``config`` (written to ``folder``), once it says it is ready: {"url", "log"}."""
     (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
     port = free_port()
     with open(folder / "prometheus.log", "w+") as log:

@@ -318,8 +318,14 @@ def test_deleting_your_own_preset_asks_first(page, app_server, shot: Screenshots
     delete.click()
     sure.click()
     expect(page.locator("#preset-message")).to_contain_text("Deleted your preset fox-draft")
+    # The tab that used it turns to the preset it starts on here (one that runs), and the message says so.
+    expect(page.locator("#preset-message")).to_contain_text(
+        "The Text to Video tab used it, so it now uses Self-test T2V - tiny offline model")
+    shot(page, "presets-deleted-tab-switched")
     expect(page.locator("#preset-card-fox-draft")).to_have_count(0)
     assert not saved.exists()
+    _open_tab(page, "Text to Video")
+    expect(page.locator("#t2v-preset input")).to_have_value("Self-test T2V - tiny offline model")
 
 
 def test_a_transformer_file_put_in_the_models_folder_is_listed_after_refresh_and_the_plan_follows_it(
@@ -428,3 +434,30 @@ def test_a_guided_preset_shows_the_official_negative_prompt_and_a_distilled_one_
     page.locator("#i2v-preset input").click()
     page.get_by_role("option", name=re.compile("^Wan2.2 I2V A14B - fast, 4 steps")).click()
     expect(box).to_have_value("")
+
+
+def test_the_api_docs_page_shows_its_operations_with_no_internet(browser, app_server, shot: Screenshots):
+    """Every request the docs page makes goes to the app itself (any other is refused, as with no internet), and
+    Swagger UI draws the API's operations from the app's own files."""
+    from playwright.sync_api import expect
+
+    here = app_server["url"].rstrip("/")
+    elsewhere: list[str] = []
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    try:
+        def only_here(route):
+            if route.request.url.startswith(here):
+                route.continue_()
+            else:
+                elsewhere.append(route.request.url)
+                route.abort("internetdisconnected")
+
+        context.route("**/*", only_here)
+        page = context.new_page()
+        page.goto(f"{here}/api/docs")
+        expect(page.locator(".opblock-summary-path", has_text="/v1/jobs").first).to_be_visible(timeout=30_000)
+        expect(page.locator(".opblock")).not_to_have_count(0)
+        shot(page, "api-docs-offline")
+    finally:
+        context.close()
+    assert elsewhere == []

@@ -21,10 +21,14 @@ def test_three_videos_have_three_seeds_and_sidecars_and_load_once(selftest_model
     assert sorted(p.name for p in outputs.rglob("*.mp4")) == sorted(p.rsplit("/", 1)[-1] for p in result.paths)
     assert [(e.video, e.videos) for e in events if isinstance(e, VideoStarted)] == [(2, 3), (3, 3)]
     assert [e.phase for e in events if isinstance(e, PhaseStarted)].count("load") <= 1   # one model, loaded once
-    view = JobView()
+    # The seed and sidecar said for the job are the first video's: the one the page shows (its seed box, its player).
+    assert result.seed == 41 and result.sidecar == result.sidecars[0] and result.paths[0].endswith("_41.mp4")
+    view, said = JobView(), []
     for event in events:
-        view.apply(event)
+        said.append(view.apply(event).status)
     assert "3 outputs, seeds 41, 42, 43" in view.status
+    # Which video the status speaks of is said once, whatever events come between.
+    assert any(text.startswith("Video 2 of 3: ") for text in said) and not any("of 3: Video" in t for t in said)
 
 
 def test_random_seeds_differ_and_a_cancel_after_the_first_leaves_one(selftest_models_dir, presets, outputs):

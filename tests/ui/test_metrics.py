@@ -150,6 +150,24 @@ def test_metrics_public_opens_metrics_alone(tmp_path, selftest_models_dir):
         assert one_state(samples) in ("stopped", "starting", "idle")
         assert httpx.get(f"{url}api/v1/models", timeout=30).status_code == 401
         assert httpx.get(f"{url}config", timeout=30).status_code == 401       # nor the page's own
+        # A real Prometheus with docs/monitoring/prometheus-local.yml as a user copies it (the address and the pace
+        # changed) scrapes it: the config for an app without a password (the other one needs its password file).
+        import urllib.parse
+
+        import yaml
+
+        from tests.browser.test_monitoring import MONITORING, query, started_prometheus
+
+        config = yaml.safe_load((MONITORING / "prometheus-local.yml").read_text())
+        config["global"].update(scrape_interval="1s", scrape_timeout="1s")
+        config["scrape_configs"][0]["static_configs"][0]["targets"] = [urllib.parse.urlsplit(url).netloc]
+        (tmp_path / "prometheus").mkdir()
+        with started_prometheus(tmp_path / "prometheus", config) as prometheus:
+            deadline = time.time() + 30
+            while not query(prometheus, 'wan_studio_queue_waiting{job="wan-studio"}'):
+                assert time.time() < deadline, prometheus["log"].read_text()[-2000:]
+                time.sleep(0.5)
+            assert query(prometheus, 'up{job="wan-studio"}')[0]["value"][1] == "1"
 
 
 def test_the_readme_s_look_from_the_terminal_works_as_written(server, tmp_path):

@@ -95,6 +95,24 @@ def test_what_the_loaded_pipeline_holds_is_not_deleted_until_it_is_unloaded(held
     assert (held["models"] / name).exists()
 
 
+def test_the_model_list_keeps_its_choice_through_the_tab_s_own_messages(held):
+    """Delete without the tick says to tick it and keeps the choice (it emptied the list, and a second Delete then
+    said "'None' is not in the list"); nothing chosen says to pick one."""
+    key = "models:loras/idle.safetensors"
+    said, confirm, _, _, choice = held["client"].predict(key, False, api_name="/delete_model")
+    assert said == CONFIRM_FIRST and choice["value"] == key and confirm["value"] is False
+    said, *_, choice = held["client"].predict(key, True, api_name="/delete_model")
+    assert said.startswith("Deleted loras/idle.safetensors (LoRA, ") and choice["value"] is None
+    for nothing in (None, ""):
+        said, *_ = held["client"].predict(nothing, True, api_name="/delete_model")
+        assert said == "Pick the model to delete in the Model list first."
+    from safetensors.torch import save_file
+
+    from tests.engine.test_lora import diffusers_lora
+
+    save_file(diffusers_lora(seed=2), held["models"] / "loras" / "idle.safetensors")   # for the next test
+
+
 def test_a_file_the_pipeline_does_not_hold_is_deleted_and_after_unload_the_rest_too(held):
     assert _delete(held, "models:loras/idle.safetensors").startswith("Deleted loras/idle.safetensors (LoRA, ")
     assert not (held["models"] / "loras" / "idle.safetensors").exists()

@@ -255,23 +255,32 @@ def test_a_deleted_preset_is_gone(client, server):
     assert "short-lived" not in _by_name(Client(server["url"], verbose=False).predict(api_name="/presets"))
 
 
-def test_a_tab_whose_chosen_preset_is_deleted_gets_the_default_preset_s_values_back(ctx):
+def test_a_tab_whose_chosen_preset_is_deleted_turns_to_a_preset_that_runs_here_and_says_so(ctx):
+    """Without --model a tab starts on the first preset that fits this machine: a tab whose preset is deleted turns
+    to that one too (on this CPU the self-test model's), not to the first of the list, which cannot run here."""
     import gradio as gr
 
+    from tests.conftest import CPU
     from ui.parts.form import build_form, preset_values
     from ui.preset_saving import delete_user_preset
     from ui.tabs.presets import _Dropdowns
 
+    ctx.client._hardware_profile = CPU    # what the engine would say it runs on (it is not started here)
     with gr.Blocks():
         forms = {mode: build_form(ctx, mode, mode)[0] for mode in ("t2v", "i2v")}
     save_user_preset(ctx, "wide-fox", "t2v", boxes("selftest-t2v", "", "", 128, 64, 9, 3, 1.0, 8.0))
     delete_user_preset(ctx, "wide-fox")
-    updates = _Dropdowns(ctx, forms).updates_and_forms("wide-fox", "selftest-i2v")
+    dropdowns = _Dropdowns(ctx, forms)
+    updates = dropdowns.updates_and_forms("wide-fox", "selftest-i2v")
     t2v_fields = len(forms["t2v"].preset_fields())
-    default = ctx.default_preset("t2v")
-    assert updates[0].value == default
-    assert updates[2:2 + t2v_fields] == preset_values(ctx.presets[default])   # the form is the default's again
-    assert all(u == gr.skip() for u in updates[2 + t2v_fields:])             # the other tab keeps its edits
+    runs_here = ctx.fitting_preset("t2v", CPU)
+    assert runs_here == "selftest-t2v" != ctx.default_preset("t2v")
+    assert updates[0].value == runs_here
+    assert updates[2:2 + t2v_fields] == preset_values(ctx.presets[runs_here])   # the form is that preset's
+    assert all(u == gr.skip() for u in updates[2 + t2v_fields:])               # the other tab keeps its edits
+    assert dropdowns.switched("wide-fox", "selftest-i2v") == [
+        f"The Text to Video tab used it, so it now uses {ctx.presets['selftest-t2v'].title}, with that preset's "
+        "settings."]
 
 
 def test_preset_files_dropped_in_or_removed_while_the_app_runs_are_seen_and_a_broken_one_is_named(

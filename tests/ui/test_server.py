@@ -325,6 +325,17 @@ def test_decode_again_tab_lists_failed_runs_and_decodes_them(client, server, sel
     assert frames.shape == (9, 64, 64, 3) and "Decoded again (tiled)" in status
     with pytest.raises(Exception, match="Pick saved latents from the list"):
         client.predict("/etc/passwd", api_name="/decode_again")
+    # A finished run's kept latents are listed too, named so (app.py decode takes them), and decode into another video.
+    from ui.tabs.decode_again import FINISHED, listing, pending_latents
+
+    finished = Engine(selftest_models_dir, CPU).run(tiny_request(presets, "selftest-t2v", server["outputs"], seed=32,
+                                                                 keep_latents=True), "y", lambda e: None)
+    kept = next(path for label, path in pending_latents(str(server["outputs"])) if path.endswith(
+        Path(finished.paths[0]).name.removesuffix(".mp4") + ".latents.safetensors"))
+    label = dict((path, label) for label, path in pending_latents(str(server["outputs"])))[kept]
+    assert label.endswith(f"({FINISHED})") and "of finished runs" in listing(str(server["outputs"]))[3]
+    video, status = client.predict(kept, api_name="/decode_again")
+    assert Path(video).name != Path(finished.paths[0]).name and "Decoded again" in status
 
 
 def test_only_the_owner_can_cancel_a_running_job(client, server):

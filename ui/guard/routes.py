@@ -72,6 +72,7 @@ API_ROUTES = (
     Route("GET", f"{V1}/presets", api=True), Route("GET", f"{V1}/models", api=True),
     Route("GET", f"{V1}/history", api=True), Route("POST", f"{V1}/plan", body="raw", api=True),
     Route("GET", "/api/openapi.json", api=True), Route("GET", "/api/docs", api=True),
+    Route("GET", "/api/docs-assets/{file:path}", api=True),
 )
 
 

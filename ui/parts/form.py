@@ -167,6 +167,8 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
     # Video to Video's own setting, beside its prompt: how much of the input is made anew.
     strength = gr.Slider(0.0, 1.0, value=FIELD["strength"].start, step=0.05, label=FIELD["strength"].label,
                          info=STRENGTH_INFO, elem_id=f"{prefix}-strength") if mode == "v2v" else None
+    if strength is not None:
+        _say_typed_strength(strength)
     built = actions()
     with gr.Accordion("Settings", open=True, elem_id=f"{prefix}-settings"):
         model_box = gr.Textbox(value=model, label="Model (repo id, folder in models/, or selftest-t2v / selftest-i2v)",
@@ -210,6 +212,23 @@ def build_form(ctx: AppContext, mode: str, prefix: str, actions=lambda: None):
           show_progress="hidden",
           trigger_mode="always_last", queue=False, preprocess=False)
     return form, built
+
+
+def _say_typed_strength(strength: gr.Slider) -> None:
+    """A strength typed past the slider's ends is set to the nearest end by the page: said, with the same sentence
+    the API and the command line refuse it with (the raw value reaches the handler: preprocess=False)."""
+    from engine.settings.values import check_strength
+    from engine.words import sentence
+
+    def typed(value):
+        problems: list[str] = []
+        number = check_strength(value, problems)
+        if problems:
+            nearest = "" if number is None else f" The page set it to {min(1.0, max(0.0, number)):g}."
+            gr.Warning(sentence(problems[0]) + nearest, title="Strength")
+
+    strength.release(typed, strength, None, api_visibility="private", show_progress="hidden", preprocess=False,
+                     concurrency_limit=None)
 
 
 def _open_on_a_fitting_preset(ctx: AppContext, mode: str, chosen: str, form: Form) -> None:

@@ -96,6 +96,8 @@ def _problem(status: int, exc: Exception) -> "JSONResponse":
     return _answer(status, {"error": " ".join(problems) if problems else str(exc), "problems": problems})
 
 
+# Where the docs page's own files (Swagger UI's script, styles and icon) are served, under /api.
+DOCS_ASSETS = "/docs-assets"
 # A History entry's fields that name files (engine/outputs/history.py's HistoryEntry).
 ENTRY_FILES = ("media", "sidecar", "first_image", "last_image", "input_video", "extends")
 
@@ -175,12 +177,14 @@ def _output_path(ctx: AppContext, key) -> str:
 
 def api_app(ctx: AppContext):
     """The API as a FastAPI app of its own (mounted at /api: its docs at /api/docs)."""
-    from fastapi import FastAPI
+    from fastapi_offline import FastAPIOffline
 
-    app = FastAPI(title=f"{APP_NAME} API", version=__version__, docs_url="/docs", openapi_url="/openapi.json",
-                  description="Make, follow, fetch and cancel jobs; every setting by its name, as the page and the "
-                              "command line name it. Log in with the page's user and password (HTTP basic) or a "
-                              "token of --api-token (Authorization: Bearer).")
+    # Its docs page with Swagger UI's files served from here (a package of them), not from a CDN: it works offline.
+    app = FastAPIOffline(title=f"{APP_NAME} API", version=__version__, docs_url="/docs", redoc_url=None,
+                         static_url=DOCS_ASSETS, openapi_url="/openapi.json",
+                         description="Make, follow, fetch and cancel jobs; every setting by its name, as the page and "
+                                     "the command line name it. Log in with the page's user and password (HTTP basic) "
+                                     "or a token of --api-token (Authorization: Bearer).")
     jobs = ApiJobs(ctx)
     _job_routes(app, ctx, jobs)
     _follow_routes(app, ctx, jobs)

@@ -9,32 +9,41 @@ from engine.settings.values import InputError
 from ui.context import AppContext
 from ui.generate import EngineWork, gpu_event, run_job
 
-NONE_SAVED = ("No saved latents: a run keeps its latents here when its VAE decode fails, so that it can be "
-              "decoded again without denoising. Nothing to decode now.")
+NONE_SAVED = ("No saved latents: a run keeps its latents here when its VAE decode fails (and a finished run while "
+              "--latents-hours keeps them, or with keep_latents), so that it can be decoded again without denoising. "
+              "Nothing to decode now.")
+# How the list names latents whose run has its video already: decoding them makes another one beside it.
+FINISHED = "its video is made; decoding again makes another"
 
 
 def pending_latents(outputs_dir: str) -> list[tuple[str, str]]:
-    """(label, path) of saved latents whose run has no video or image yet, newest first."""
+    """(label, path) of the saved latents to decode again, newest first: those whose run has no video or image yet
+    (its decode failed), then those of finished runs, named so (``app.py decode`` takes both)."""
     found = []
     for bundle in saved_latents(outputs_dir):
-        if not bundle.has_media():
-            path = bundle.latents
-            found.append((path.stat().st_mtime, f"{path.parent.name} / {bundle.stem.name}", str(path)))
-    return [(label, path) for _, label, path in sorted(found, reverse=True)]
+        path = bundle.latents
+        done = bundle.has_media()
+        label = f"{path.parent.name} / {bundle.stem.name}" + (f" ({FINISHED})" if done else "")
+        found.append((done, -path.stat().st_mtime, label, str(path)))
+    return [(label, path) for _, _, label, path in sorted(found)]
 
 
 def listing(outputs_dir: str) -> tuple:
     """The list of saved latents, the buttons (usable only when there is something to decode) and a note."""
     pending = pending_latents(outputs_dir)
-    note = NONE_SAVED if not pending else f"{len(pending)} saved latents to decode again; the newest first."
+    failed = sum(FINISHED not in label for label, _ in pending)
+    note = NONE_SAVED if not pending else (f"{len(pending)} saved latents to decode again, the newest first: {failed} "
+                                           f"of runs whose decode failed, {len(pending) - failed} of finished runs "
+                                           "(decoding those makes another video beside theirs).")
     return (gr.Dropdown(choices=pending, value=pending[0][1] if pending else None, interactive=bool(pending)),
             gr.Button(interactive=bool(pending)), gr.Button(interactive=bool(pending)), note)
 
 
 def build(ctx: AppContext, tabs_select=None) -> None:
     """The tab; ``tabs_select`` (the tab's own select event) refreshes its list whenever it is opened."""
-    gr.Markdown("Runs whose VAE decode failed keep their denoised latents. Decode them again here, in tiles "
-                "(less memory) or on the CPU (slow, no device memory), without repeating the denoising.")
+    gr.Markdown("Runs whose VAE decode failed keep their denoised latents (finished runs too, while --latents-hours "
+                "keeps them). Decode them again here, in tiles (less memory) or on the CPU (slow, no device memory), "
+                "without repeating the denoising.")
     pending = pending_latents(ctx.outputs_dir)
     with gr.Row():
         choice = gr.Dropdown(choices=pending, label="Saved latents", scale=4, elem_id="decode-latents",

@@ -35,6 +35,7 @@ FILE_FOLDERS = {f"models/{TRANSFORMERS_FOLDER}/ (a transformer file)": TRANSFORM
 # Seconds between two progress lines of a download.
 PROGRESS_EVERY_S = 0.5
 CONFIRM_FIRST = "Tick “Yes, delete it from disk” first: a delete cannot be undone."
+PICK_FIRST = "Pick the model to delete in the Model list first."
 
 
 def models_dir(ctx: AppContext) -> Path:
@@ -78,6 +79,8 @@ def loaded_files(ctx: AppContext) -> list[LoadedFiles]:
 
 def delete_model(ctx: AppContext, key, confirmed) -> str:
     """Delete the listed entry ``key`` when ``confirmed``; what happened, in words."""
+    if not isinstance(key, str) or not key:
+        return PICK_FIRST
     if confirmed is not True:
         return CONFIRM_FIRST
     try:
@@ -180,14 +183,16 @@ def build(ctx: AppContext, tabs_select=None) -> None:
     delete_btn = gr.Button("Delete", variant="stop", elem_id="models-delete")
     deleted = gr.Markdown(elem_id="models-deleted", elem_classes=["wan-status"])
 
-    def listing():
+    def listing(keep=None):
+        """The table, its summary and the Model list, still on ``keep`` while it is listed."""
         found = entries(ctx)
         return (table_rows(found), summary(found, free_where_downloads_go(ctx)),
-                gr.Dropdown(choices=[(f"{e.name} ({e.kind})", e.key) for e in found], value=None))
+                gr.Dropdown(choices=[(f"{e.name} ({e.kind})", e.key) for e in found],
+                            value=keep if keep in [e.key for e in found] else None))
 
     def delete(key, confirmed):
         said = delete_model(ctx, key, confirmed)
-        return (said, gr.Checkbox(value=False), *listing())
+        return (said, gr.Checkbox(value=False), *listing(key))   # the choice stays unless it was deleted
 
     def fetch(repo_id, file, folder):
         yield from download(ctx, repo_id, file, folder)

@@ -63,11 +63,32 @@ class _Dropdowns:
             names = [name for _, name in choices[mode]]
             if select and select[0] == mode:
                 updates.append(gr.Dropdown(choices=choices[mode], value=select[1]))
-            elif value not in names:   # deleted: back to the mode's default
-                updates.append(gr.Dropdown(choices=choices[mode], value=self.ctx.default_preset(mode)))
+            elif value not in names:   # deleted: to the preset the tab starts on here
+                updates.append(gr.Dropdown(choices=choices[mode], value=self.fallback(mode)))
             else:                      # the value stays, so the form keeps its edits
                 updates.append(gr.Dropdown(choices=choices[mode]))
         return updates
+
+    def fallback(self, mode: str) -> str:
+        """The preset a tab whose preset is gone turns to: the one it starts on (--model's, else the first that
+        fits this machine), never one that cannot run here while one can."""
+        if self.ctx.default_model:
+            return self.ctx.default_preset(mode)
+        try:
+            return self.ctx.fitting_preset(mode, self.ctx.client.hardware_profile())
+        except OSError:   # the engine did not say what it runs on
+            return self.ctx.default_preset(mode)
+
+    def switched(self, *current: str | None) -> list[str]:
+        """A sentence for each tab whose preset is gone, saying which preset it uses now."""
+        known = self.choices()
+        said = []
+        for mode, value in zip(self.forms, current):
+            if value and value not in [name for _, name in known[mode]]:
+                now = self.ctx.presets[self.fallback(mode)]
+                said.append(f"The {MODE_TITLES.get(mode, mode)} tab used it, so it now uses {now.title}, with that "
+                            "preset's settings.")
+        return said
 
     def skip(self) -> list:
         return [gr.skip()] * len(self.components)
@@ -84,7 +105,7 @@ class _Dropdowns:
         fields = []
         for (mode, form), value in zip(self.forms.items(), current):
             gone = value not in [name for _, name in known[mode]]
-            fields += (preset_values(self.ctx.presets[self.ctx.default_preset(mode)]) if gone
+            fields += (preset_values(self.ctx.presets[self.fallback(mode)]) if gone
                        else [gr.skip()] * len(form.preset_fields()))
         return [*self.updates(*current), *fields]
 
@@ -171,7 +192,8 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
                     text = delete_user_preset(ctx, name)
                 except ValueError as exc:
                     return [f"**Not deleted:** {_escaped(exc)}", gr.skip(), *dropdowns.skip_all()]
-                return [text, presets(), *dropdowns.updates_and_forms(*current)]
+                switched = " ".join(dropdowns.switched(*current))
+                return [f"{text} {switched}".strip(), presets(), *dropdowns.updates_and_forms(*current)]
 
             def asking(ask: bool):
                 return [gr.Button(visible=not ask), gr.Button(visible=ask), gr.Button(visible=ask)]

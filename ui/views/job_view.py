@@ -171,8 +171,10 @@ class JobView:
 
     def apply(self, event: Event) -> "JobView":
         self._apply(event)
-        if self.video and not self.ended:   # a job of several: which one the status speaks of
-            self.status = f"Video {self.video[0]} of {self.video[1]}: {self.status}"
+        if self.video and not self.ended:   # a job of several: which one the status speaks of (said once)
+            prefix = f"Video {self.video[0]} of {self.video[1]}: "
+            if not self.status.startswith(prefix):
+                self.status = prefix + self.status
         return self
 
     def _apply(self, event: Event) -> None:
