@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.models.limits import MAX_FRAMES
 from engine.settings.images import size_for_aspect
 from engine.settings.values import Settings
 from engine.settings.videos import VideoInfo, read_video
@@ -79,11 +80,14 @@ def extension_start(path: Path, outputs_dir: Path, base: Settings, multiple: int
     return FromVideo(values, sidecar.preset, sidecar.model, video)
 
 
-def remake_start(path: Path, outputs_dir: Path, base: Settings, multiple: int = 16) -> FromVideo:
-    """The video at ``path`` made again on a preset of ``base`` settings (VideoError when it is no video)."""
+def remake_start(path: Path, outputs_dir: Path, base: Settings, multiple: int = 16,
+                 most: int = MAX_FRAMES) -> FromVideo:
+    """The video at ``path`` made again on a preset of ``base`` settings: its shape at about the preset's pixels
+    and its whole length up to ``most`` frames (a video longer than the model's window is made in windows), not the
+    preset's length (VideoError when it is no video)."""
     video = read_video(path, "video")
     width, height = size_for_aspect((video.width, video.height), base.width, base.height, multiple)
-    values = {"width": width, "height": height, "frames": max(1, min(base.frames, video.usable_frames(base.fps)))}
+    values = {"width": width, "height": height, "frames": max(1, min(most, video.usable_frames(base.fps)))}
     sidecar = _sidecar(path, outputs_dir)
     if sidecar is not None:
         values |= {"prompt": sidecar.prompt, "negative_prompt": sidecar.negative_prompt}

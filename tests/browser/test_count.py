@@ -2,6 +2,8 @@
 names every output, and History lists each."""
 from __future__ import annotations
 
+import re
+
 from tests.browser.test_long_videos import _choose
 from tests.browser.test_pages import _open_tab, _set_number, _status
 from tests.conftest import Screenshots
@@ -77,3 +79,33 @@ def test_a_page_open_through_twenty_jobs_stays_light(page, shot: Screenshots):
     (heap_5, stored_5), (heap_20, stored_20) = weights[5], weights[20]
     assert stored_20 < 20_000 and stored_20 <= stored_5 + 1_000, weights
     assert heap_20 < heap_5 * 1.2 + 2_000_000, weights
+
+
+def test_history_captions_tell_outputs_apart_and_its_choice_stays_through_smoother(page, shot: Screenshots):
+    """Each thumbnail says how it was made, its frames and size, its steps after the video and its time; a stale
+    "pick an output" goes when one is picked; after Smoother the new output is listed and the chosen one is still
+    chosen."""
+    from playwright.sync_api import expect
+
+    _open_tab(page, "History")
+    page.locator("#history-refresh").click()
+    items = page.locator("#history-gallery .thumbnail-item")
+    expect(items.first).to_be_visible(timeout=30_000)
+    captions = page.evaluate("() => [...document.querySelectorAll('#history-gallery .thumbnail-item')]"
+                             ".map(item => item.innerText.trim())")
+    assert all(re.match(r"T2V · \d+ fr \d+x\d+ · seed \d+ · \d\d-\d\d \d\d:\d\d:\d\d · ", text) for text in captions), captions
+    assert len(set(captions)) == len(captions), captions
+    page.locator("#history-smoother").click()
+    status = page.locator("#history-post-status")
+    expect(status).to_contain_text("ick an output in the gallery first", timeout=30_000)
+    boats = page.locator("#history-gallery .thumbnail-item", has_text=PROMPT).first
+    chosen = boats.inner_text().strip()
+    boats.click()
+    expect(status).to_have_text("", timeout=10_000)
+    page.locator("#history-smoother").click()
+    expect(status).to_contain_text("Done", timeout=120_000)
+    expect(page.locator("#history-gallery .thumbnail-item", has_text="smoother 2x")).to_have_count(1, timeout=30_000)
+    selected = page.locator("#history-gallery .thumbnail-item.selected")
+    expect(selected).to_have_count(1)
+    assert selected.inner_text().strip() == chosen
+    shot(page, "history-captions-and-choice-after-smoother")

@@ -30,9 +30,14 @@ def test_the_video_to_video_tab_shows_what_it_starts_from_and_makes_it_again(pag
     page.locator("#v2v-input input[type=file]").set_input_files(str(clip))
     note = page.locator("#v2v-fit-note")
     expect(note).to_contain_text("Made again at", timeout=30_000)
-    # The upload takes its shape (wider than tall) and as much of its length as the preset makes.
+    # The upload takes its shape (wider than tall) and its whole length: 24 frames at 24 fps are 16 at the model's
+    # 16 fps, so 13 (4k+1), more than the self-test preset's 9.
     page.wait_for_function("() => Number(document.querySelector('#v2v-width input').value) > "
                            "Number(document.querySelector('#v2v-height input').value)")
+    expect(page.locator("#v2v-frames input")).to_have_value("13")
+    _set_number(page, "v2v-frames", 5)
+    page.locator("#v2v-use-shape").click()     # the button takes the whole length again
+    expect(page.locator("#v2v-frames input")).to_have_value("13")
     expect(note).to_contain_text("read at 16 fps")
     page.locator("#v2v-fitted img").wait_for()
     page.locator("#v2v-prompt textarea").fill("the ramp, in other colours")

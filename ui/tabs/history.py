@@ -34,6 +34,7 @@ from ui.views.history_view import (
     NOTHING_CHOSEN,
     confirm_markdown,
     entry_markdown,
+    gallery_caption,
     reused_markdown,
     started_markdown,
     summary_markdown,
@@ -141,9 +142,10 @@ class _Parts:
     post: PostParts
 
     def shown(self) -> list:
-        """What choosing an output updates (``show``'s outputs, in order)."""
+        """What choosing an output updates (``show``'s outputs, in order): the last one, the steps' status, is
+        cleared (what it said was of the output chosen before, or of none)."""
         return [self.chosen, self.details, self.video, self.image, self.reuse, self.extend, self.remake, self.delete,
-                self.confirm_box]
+                self.confirm_box, self.post.status]
 
     def listing(self) -> list:
         return [self.gallery, self.keys, self.summary]
@@ -199,15 +201,17 @@ def _delete_everywhere(ctx: AppContext, key) -> list[str]:
 def build(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form]) -> None:
     parts = _layout()
 
-    def list_outputs():
+    def list_outputs(chosen: str | None = None):
+        """The gallery (still on ``chosen`` while it is listed), its keys and the summary."""
         found = read_history(ctx.outputs_dir, limit=DEFAULT_LIMIT)
-        items = [(entry.media, entry.label()) for entry in found.entries]
-        return (gr.Gallery(value=items, selected_index=None), [entry.key for entry in found.entries],
+        items = [(entry.media, gallery_caption(entry)) for entry in found.entries]
+        keys = [entry.key for entry in found.entries]
+        return (gr.Gallery(value=items, selected_index=keys.index(chosen) if chosen in keys else None), keys,
                 summary_markdown(len(found.entries), DEFAULT_LIMIT, found.unreadable))
 
     history_tab = tab_by_id(tabs, "history")
     triggers = [parts.refresh.click] + ([history_tab.select] if history_tab is not None else [])
-    gr.on(triggers, list_outputs, None, parts.listing(), api_visibility="private", show_progress="minimal")
+    gr.on(triggers, list_outputs, parts.chosen, parts.listing(), api_visibility="private", show_progress="minimal")
     _wire_one_output(ctx, parts, tabs, forms, list_outputs)
     wire_post(ctx, parts.post, parts.chosen, parts.listing(), list_outputs)
     _public_api(ctx)
@@ -223,7 +227,7 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
         video = entry.kind == "video"
         return (entry.key, entry_markdown(entry), *_shown(entry), gr.Button(interactive=True),
                 gr.Button(interactive=video), gr.Button(interactive=video), gr.Button(interactive=True),
-                gr.Group(visible=False))
+                gr.Group(visible=False), "")
 
     parts.gallery.select(show, parts.keys, parts.shown(), api_visibility="private", show_progress="hidden")
     reuse_targets = [tabs, *(box for form in forms.values() for box in form.boxes().values()),
@@ -266,7 +270,7 @@ def _wire_one_output(ctx: AppContext, parts: _Parts, tabs: gr.Tabs, forms: dict[
         removed = _delete_everywhere(ctx, key)
         gr.Info(f"Deleted {html.escape(removed[0])} and {len(removed) - 1} file(s) that belonged to it.")
         return (None, NOTHING_CHOSEN, *_shown(None), *(gr.Button(interactive=False) for _ in range(4)),
-                gr.Group(visible=False), *list_outputs())
+                gr.Group(visible=False), "", *list_outputs())
 
     parts.yes.click(confirm_delete, parts.chosen, [*parts.shown(), *parts.listing()], api_visibility="private",
                     show_progress="hidden")

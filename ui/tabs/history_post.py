@@ -50,11 +50,13 @@ def wire_post(ctx: AppContext, parts: PostParts, chosen: gr.State, listing: list
     refreshed by ``list_outputs`` when the new output is written."""
     status = parts.status
 
-    def show(view, event) -> dict:
-        updates = {status: view.markdown()}
-        if isinstance(event, JobFinished):
-            updates.update(zip(listing, list_outputs()))
-        return updates
+    def shower(key: str | None):
+        def show(view, event) -> dict:
+            updates = {status: view.markdown()}
+            if isinstance(event, JobFinished):   # the new output listed, the chosen one still chosen
+                updates.update(zip(listing, list_outputs(key)))
+            return updates
+        return show
 
     def prepare(key, how, kind: str):
         def check():
@@ -68,10 +70,10 @@ def wire_post(ctx: AppContext, parts: PostParts, chosen: gr.State, listing: list
         return check
 
     def make_smoother(key: str | None, how: int = 2, session: gr.Request = None):
-        yield from run_job(ctx, session, "smoother", prepare(key, how, "interpolate"), show)
+        yield from run_job(ctx, session, "smoother", prepare(key, how, "interpolate"), shower(key))
 
     def make_larger(key: str | None, how: int = 2, session: gr.Request = None):
-        yield from run_job(ctx, session, "larger", prepare(key, how, "upscale"), show)
+        yield from run_job(ctx, session, "larger", prepare(key, how, "upscale"), shower(key))
 
     targets = [status, *listing]
     parts.smoother.click(make_smoother, [chosen, parts.factor], targets, api_visibility="private", **gpu_event(ctx))

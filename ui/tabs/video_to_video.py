@@ -43,8 +43,9 @@ def fitted_preview(ctx: AppContext, video, preset, width, height, frames):
 
 
 def video_shape(ctx: AppContext, video, preset, width, height, frames):
-    """The form's width, height and frames set to the video's shape (about the preset's pixels) and as much of
-    its length as the preset makes; unchanged for no video."""
+    """The form's width, height and frames set to the video's shape (about the preset's pixels) and its whole
+    length (up to the app's longest video; past the model's window it is made in windows); unchanged for no
+    video."""
     try:
         path = upload_path(video, "input video", "video")
         if not path:

@@ -35,6 +35,28 @@ def _size(entry: HistoryEntry) -> str:
     return f"{made['width']}x{made['height']}, {plural(made['frames'], 'frame')}{fps}"
 
 
+# How a thumbnail names the way an output was made.
+CAPTION_KINDS = {"t2v": "T2V", "i2v": "I2V", "v2v": "V2V", "t2i": "Still"}
+
+
+def gallery_caption(entry: HistoryEntry, words: int = 8) -> str:
+    """A thumbnail's caption, by what tells it from its neighbours: how it was made (an extension as one), its
+    frames and size as written, its smoother and larger steps, its seed (the videos of one job differ by it), the
+    time, then the prompt's first words: "T2V · 241 fr 832x480 · smoother 2x · seed 7 · 12-07 14:05:31 · a red fox
+    running through the snow"."""
+    made = entry.made or {"frames": entry.settings.frames, "width": entry.settings.width,
+                          "height": entry.settings.height}
+    kind = "Extension" if entry.extend else CAPTION_KINDS.get(entry.settings.mode, entry.settings.mode.upper())
+    shape = f"{made['width']}x{made['height']}" if entry.kind == "image" else \
+        f"{made['frames']} fr {made['width']}x{made['height']}"
+    steps = [f"{ {'interpolate': 'smoother', 'upscale': 'larger'}.get(step.get('step'), step.get('step'))} "
+             f"{step.get('factor')}x" for step in entry.post if isinstance(step, dict)]
+    prompt = entry.prompt.split()
+    said = " ".join(prompt[:words]) + (" ..." if len(prompt) > words else "")
+    when = entry.created[5:19].replace("T", " ")   # to the second: runs of one minute differ
+    return " · ".join([kind, shape, *steps, f"seed {entry.seed}", when, said or "(no prompt)"])
+
+
 def post_words(post: list) -> str:
     """The steps after the run, as a row says them: "Smoother 2x (RIFE 4.7, 3.1 s); Larger 2x (Lanczos, 0.4 s)"."""
     names = {"interpolate": "Smoother", "upscale": "Larger"}
