@@ -25,7 +25,8 @@ from bench.realsize import vae as real_vae
 from engine.models.spec import KNOWN_MODELS
 from engine.outputs.export import read_video, write_mp4
 from engine.planning import memory
-from engine.planning.timing import VIDEO_ENCODE_SHARE, VIDEO_ENCODE_SHARE_WAN22, _join
+from engine.planning.export_time import join_seconds as _join
+from engine.planning.vae_time import VIDEO_ENCODE_SHARE, VIDEO_ENCODE_SHARE_WAN22
 from engine.post.extend import join
 from engine.run.job import Job
 from engine.run.video_input import encode_video

@@ -24,7 +24,7 @@ from typing import Callable
 from engine.device.hardware import DECIMAL_GB, HardwareProfile
 
 CALIBRATION_FILE = ".calibration.json"
-SCHEMA = 1
+SCHEMA = 2   # 2: small_op_seconds
 
 # Shapes measured. Matrix products: tokens x inner dimension @ inner x 4*inner, the inner dimensions of the
 # 1.3B and the 14B transformers (their FFN and projections are of this kind). Attention: 16 heads of 128 at
@@ -82,6 +82,9 @@ class Calibration:
     conv2d_tflops: tuple[tuple[str, str, int, float], ...] = ()   # (set-up, dtype, width, TFLOP/s): 3x3 conv2d
     attention_seconds: dict = field(default_factory=dict)   # diffusers backend -> s for one self-attention call
     fp8_matmul_tflops: tuple[tuple[int, float], ...] = ()   # (inner dimension, TFLOP/s): float8 matmul; () not run
+    # One small operation (a layer on a few channels, a norm, a join): what a model too small for its work to
+    # count costs a call (the self-test models: engine/planning/small_work.py).
+    small_op_seconds: float | None = None
     quick: bool = False
     seconds: float = 0.0                             # how long the calibration took
     schema: int = SCHEMA
@@ -264,6 +267,40 @@ def _memory_gbps(torch, device, seconds, nbytes: int) -> float:
     return round(2 * nbytes / t / DECIMAL_GB, 2)
 
 
+SMALL_OP_SAMPLES = 30
+SMALL_OP_WARMUP_S = 0.2   # calls first, this long: a fresh process's first calls are slower
+
+
+def _small_op_seconds(torch, device) -> float:
+    """Seconds of one small operation: the mean of a decoder block's kinds of call (a 3x3x3 convolution, a norm,
+    an activation, a cached frame joined on, a linear layer, an add) on a few channels, where the call and not
+    its arithmetic is the cost."""
+    import torch.nn.functional as F
+
+    x = torch.randn(1, 4, 3, 16, 16, device=device)
+    weight = torch.randn(4, 4, 3, 3, 3, device=device)
+    tokens, projection = torch.randn(64, 32, device=device), torch.randn(32, 32, device=device)
+
+    def calls() -> None:
+        y = F.conv3d(x, weight, padding=1)
+        y = F.silu(F.group_norm(y, 2))
+        y = torch.cat([x[:, :, -1:], y], dim=2)
+        F.linear(tokens, projection).add_(1.0)
+    from engine.device.runtime import synchronize
+
+    warm_until = time.perf_counter() + SMALL_OP_WARMUP_S
+    while time.perf_counter() < warm_until:
+        calls()
+    fastest = float("inf")
+    for _ in range(SMALL_OP_SAMPLES):   # the fastest sample: a moment's contention is not this machine's pace
+        start = time.perf_counter()
+        for _ in range(10):
+            calls()
+        synchronize(device)
+        fastest = min(fastest, (time.perf_counter() - start) / 10)
+    return round(fastest / 6, 8)
+
+
 def _copies(torch, device, seconds, nbytes: int) -> dict:
     """Host <-> device copy rates and the rate of page-locking RAM (what pinning a model costs)."""
     host = torch.ones(nbytes, dtype=torch.uint8)
@@ -305,6 +342,7 @@ def calibrate(device: str, dtype, quick: bool = False, *, export_rates: Callable
         conv, conv_2d = _convs(torch, device, conv_dtypes, seconds, _CONV[size], _CONV2D[size],
                                _conv_modes(torch, device))
         memory = _memory_gbps(torch, device, seconds, _COPY_BYTES[size])
+        small_op = _small_op_seconds(torch, device)
         if on_cpu:
             cpu_matmul = max(v for _, v in matmul)
             copies = {}
@@ -321,6 +359,6 @@ def calibrate(device: str, dtype, quick: bool = False, *, export_rates: Callable
     return Calibration(
         device_name=name, backend=backend, torch_version=torch.__version__, dtype=_dtype_name(compute),
         matmul_tflops=matmul, attention_tflops=attention, conv3d_tflops=conv, conv2d_tflops=conv_2d,
-        memory_gbps=memory, fp8_matmul_tflops=fp8,
+        memory_gbps=memory, fp8_matmul_tflops=fp8, small_op_seconds=small_op,
         cpu_matmul_tflops=cpu_matmul, **copies, **export, quick=quick,
         seconds=round(time.perf_counter() - started, 2))

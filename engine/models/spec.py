@@ -88,6 +88,25 @@ class TransformerWeights:
 
 
 @dataclass(frozen=True)
+class SmallWork:
+    """What a model too small for its arithmetic to count costs, phase by phase, in this machine's small operations
+    (the calibration's ``small_op_seconds``): its calls, and its narrow layers' work per pixel, which the rates
+    measured at the released widths do not tell (engine/planning/small_work.py turns it into seconds)."""
+    load: float            # reading and building it
+    transfer: float        # placing it
+    prompt: float          # a prompt's first encode after a load
+    image: float           # the image's encode (image to video)
+    pass_fixed: float      # a transformer pass
+    pass_token: float      # ... and per token of it
+    encode_pixel: float    # the VAE's encoder, per pixel of each frame it encodes (image to video's condition)
+    video_fixed: float     # a video-to-video input read and encoded
+    video_pixel: float     # ... per pixel of each of its frames
+    decode_fixed: float    # the VAE's decode
+    decode_latent: float   # ... per latent frame
+    decode_pixel: float    # ... and per output pixel of each latent frame
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     name: str
     transformer: TransformerShape
@@ -108,6 +127,8 @@ class ModelSpec:
     # How wide each component is stored, (component, bytes per parameter) from its files' headers (the published
     # Wan2.1 repositories keep their transformers and text encoder in float32: 4); () when the files are not known.
     stored: tuple[tuple[str, float], ...] = ()
+    # A model too small for its arithmetic to count (the self-test models); None: the time model's work over rates.
+    small_work: SmallWork | None = None
 
     def stored_width(self, component: str) -> float:
         """Bytes per parameter ``component`` is stored in; 0 when not known."""
@@ -216,14 +237,21 @@ KNOWN_MODELS: dict[str, ModelSpec] = {
 _TINY = TransformerShape(2, 2, 12, 32, 16, 28_328, 6_680, rope_max_seq_len=32)
 # Their window: all that their 32-row position table covers, so that a long self-test video has few windows.
 SELFTEST_CLIP_FRAMES = 125
+# Their phases in small operations, fitted on the project's 2-core CPU by bench/small_work.py
+# (docs/data/small-work-cpu.json); the decode's fixed part there (4340, 0.05 s) is the streamed export's encoder
+# starting, which the time model counts for every model (engine/planning/export_time.py STREAMED_FIXED_SHARE).
+SELFTEST_WORK = SmallWork(load=4240, transfer=810, prompt=1440, image=640, pass_fixed=193, pass_token=0.53,
+                          encode_pixel=0.052, video_fixed=5870, video_pixel=0.040, decode_fixed=0,
+                          decode_latent=161, decode_pixel=0.27)
 SELFTEST_SPECS: dict[str, ModelSpec] = {
     "selftest-t2v": ModelSpec("selftest-t2v", _TINY, text_encoder_params=23_872,
                               text_encoder_largest_params=3_168, vae_params=13_861, clip_frames=SELFTEST_CLIP_FRAMES,
-                              stored=_WAN21),
+                              stored=_WAN21, small_work=SELFTEST_WORK),
     "selftest-i2v": ModelSpec("selftest-i2v", replace(_TINY, in_channels=36, params=30_444),
                               text_encoder_params=23_872, clip_frames=SELFTEST_CLIP_FRAMES,
                               text_encoder_largest_params=3_168, image_encoder_params=4_620, vae_params=13_861,
-                              stored=stored_widths(transformer=4.0, text_encoder=4.0, vae=4.0, image_encoder=4.0)),
+                              stored=stored_widths(transformer=4.0, text_encoder=4.0, vae=4.0, image_encoder=4.0),
+                              small_work=SELFTEST_WORK),
 }
 
 
@@ -285,6 +313,7 @@ def spec_for(ref: str, folder: Path | None = None, headers: dict[str, Headers] |
     they are not in the folder yet), else the known table."""
     known = KNOWN_MODELS.get(ref) or SELFTEST_SPECS.get(ref)
     if folder is not None and (Path(folder) / "transformer" / "config.json").is_file():
-        spec = spec_from_folder(folder, ref, headers)   # its files say its shapes; its clip length:
-        return replace(spec, clip_frames=known.clip_frames) if known else spec   # the table alone knows it
+        spec = spec_from_folder(folder, ref, headers)   # its files say its shapes; its clip length and how
+        # small it is, the table alone knows
+        return replace(spec, clip_frames=known.clip_frames, small_work=known.small_work) if known else spec
     return replace(known) if known else None

@@ -36,6 +36,7 @@ class MeasuredRun:
     prompts: int = 0                   # prompts encoded; 0: as many as ``passes`` (a run from before windows)
     # The steps after the video it ran, as the time model counts them: phase -> PostWork.to_dict()
     post: dict = field(default_factory=dict)
+    model_seconds: dict = field(default_factory=dict)   # the time model's own seconds of each phase for this run
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -97,7 +98,7 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
         seconds["denoise"] = step * prediction.steps + rest + prediction.compile_seconds
         compiling = f", +{prediction.compile_seconds:.0f} s compiling at this size" if prediction.compile_seconds else ""
         how["denoise"] = f"{said}: {words}{compiling}"
-    for phase in ("vae_decode", "export"):
+    for phase in ("vae_decode", "export", "join"):
         # The first decode after a load pays one-off costs (1.80 s later, 3.01 s first on an H200): a decode is
         # learned from the nearest run in the same state; from one in the other state only when the model's
         # figure is off from it by more than OTHER_STATE_OFF times (a model it has no measured rates of: the
@@ -110,9 +111,8 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
             if max(scaled, seconds[phase]) <= OTHER_STATE_OFF * max(min(scaled, seconds[phase]), 1e-6):
                 source = None
         if source is not None and phase in seconds:
-            seconds[phase] = source.seconds[phase] * prediction.pixels / source.pixels
-            how[phase] = (f"learned from a run of {source.tokens} tokens, {source.steps} steps: "
-                          f"{source.seconds[phase]:.2f} s x pixels ratio")
+            seconds[phase], words = _scaled(phase, source, prediction)
+            how[phase] = f"learned from a run of {source.tokens} tokens, {source.steps} steps: {words}"
     if "text_encode" in run.seconds and run.loaded == prediction.loaded:
         seconds["text_encode"] = run.seconds["text_encode"] * (prediction.prompts or prediction.passes) / \
             (run.prompts or run.passes)
@@ -124,6 +124,18 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     return replace(prediction, seconds=seconds, how=how, step_seconds=round(step, 4),
                    total=round(sum(seconds.values()), 2))
+
+
+def _scaled(phase: str, run: MeasuredRun, prediction: PhaseTimes) -> tuple[float, str]:
+    """(seconds, how) of ``phase`` from ``run``'s measured seconds: as measured = k x the model's + c, k from this run
+    (at most MOST_SLOWER, c the rest: a cost that does not grow with the work, such as the first decode's one-off
+    costs, is not scaled up as work); by the pixels when the run did not keep the model's figure."""
+    measured, then, now = run.seconds[phase], run.model_seconds.get(phase), prediction.model_seconds.get(phase)
+    if not then or now is None:
+        return measured * prediction.pixels / run.pixels, f"{measured:.2f} s x pixels ratio"
+    k = min(measured / then, MOST_SLOWER)
+    c = measured - k * then
+    return k * now + c, f"{measured:.2f} s as {k:.2f} x the model's {then:.3f} s + {c:.3f} s, at the model's {now:.3f} s"
 
 
 def learn_post(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:

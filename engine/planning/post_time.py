@@ -47,7 +47,13 @@ REFERENCE_UPSCALER_BYTES = 67_000_000
 BENCH_CPU_TFLOPS = 0.194
 # (megapixels a second, fixed seconds) of each method, fitted over two lengths, two sizes and both factors.
 RIFE_CPU = (1.40, 0.11)            # the frames RIFE makes, padded
-MINTERPOLATE = (5.2, 0.0)          # the frames written (the H200 machine: 3.5)
+MINTERPOLATE = (6.3, 0.0)          # the frames written (the H200 machine: 3.5), beside its processes' start:
+# minterpolate's ffmpeg processes (the video read, filtered, written) cost this many times the export's calibrated
+# fixed cost (an ffmpeg's start): a 64x64 clip's 17 frames took 0.185 s on the 2-core CPU against 0.07 s of it
+# (docs/data/small-work-cpu.json), its larger runs 0.69-1.26 of this rate's figure (docs/data/post-cpu.json).
+MINTERPOLATE_PROCESSES = 2.5
+# An ffmpeg's start where the export could not be measured (engine/planning/export_time.py DEFAULT_ENCODE_FIXED_S).
+DEFAULT_PROCESS_S = 0.1
 LANCZOS = (35.3, 0.17)             # the frames written (the H200 machine: 33.5)
 # An upscaler's work a megapixel read is (its file's size against the reference's + UPSCALER_BASE), counted so the
 # reference file's is 1: a 3.5 MB ESRGAN (32 features, 2 blocks) took 23 s a megapixel read where the 67 MB one took
@@ -140,8 +146,11 @@ def method_rate(method: str, calibration: Calibration) -> tuple[float, float, st
                 f"an H200's x {device:.2g}, this device's matrix rate against it; docs/data/post-h200.json")
     if kind == "upscaler":
         return UPSCALER_CPU_MPS * cpu, method_fixed(method), cpu_source
-    rate, fixed = MINTERPOLATE if kind == "minterpolate" else LANCZOS
-    return rate, fixed, "a CPU core's, docs/data/post-cpu.json"
+    if kind == "minterpolate":
+        start = calibration.encode_fixed_s if calibration.encode_megapixels_per_s and calibration.encode_fixed_s \
+            else DEFAULT_PROCESS_S
+        return MINTERPOLATE[0], MINTERPOLATE_PROCESSES * start, "a CPU core's, docs/data/post-cpu.json"
+    return LANCZOS[0], LANCZOS[1], "a CPU core's, docs/data/post-cpu.json"
 
 
 def method_fixed(method: str) -> float:
@@ -152,7 +161,7 @@ def method_fixed(method: str) -> float:
     if kind == "upscaler":
         device, _, size = where.partition("/")
         return 0.0 if device == "gpu" else UPSCALER_LOAD_S * int(size or 0) / REFERENCE_UPSCALER_BYTES
-    return (MINTERPOLATE if kind == "minterpolate" else LANCZOS)[1]
+    return MINTERPOLATE_PROCESSES * DEFAULT_PROCESS_S if kind == "minterpolate" else LANCZOS[1]
 
 
 def _what(work: PostWork) -> str:

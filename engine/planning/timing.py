@@ -11,7 +11,7 @@ machine measured once (engine/device/calibrate.py). Every phase is an amount of 
 - text_encode / image_encode: the encoder's FLOPs per prompt (and its copies when it visits the device);
 - vae_decode: the FLOPs of the Wan VAE decoder's convolutions, derived from its layer widths, over the
   measured conv3d rate at each width in the VAE's dtype, plus copying and converting the frames;
-- export: frame pixels over the measured H.264 rate; load: weight bytes over the disk's rate; transfer:
+- export: frame pixels over the measured H.264 rate (engine/planning/export_time.py); load: weight bytes over the disk's rate; transfer:
   bytes to the device over the copy rate (and page-locking for streamed parts);
 - interpolate / upscale (the steps after the video is written): each by the method the users' files make it run,
   its frames' megapixels over that method's measured rate (engine/planning/post_time.py).
@@ -36,8 +36,11 @@ from engine.planning.memory import FP8_KEPT_FRACTION, pass_frames, stored_bytes
 from engine.planning.places import TransformerPlace
 from engine.planning.plan import Plan
 from engine.planning.post_time import PostFiles, post_seconds, post_works
+from engine.planning.export_time import export_seconds, join_seconds, streamed_export
 from engine.planning.fp8_time import FP8_COMPILE_FIRST_S, fp8_linears
 from engine.planning.rates import Rates, bytes_per, copy_gbps, device_rates
+from engine.planning.small_work import SmallRun, small_seconds
+from engine.planning.small_work import step_seconds as small_step
 from engine.planning.speed import DECODERS
 from engine.planning.vae_time import decode_seconds, vae_encode_seconds, video_encode_seconds
 from engine.settings.choices import TextEncoderPlace
@@ -104,9 +107,6 @@ IMAGE_ENCODE_LAUNCH_S = 0.02
 # permute into a NumPy array, the clip and scale): fitted to the engine's vae_decode phase, 3.7-4.2 s on an
 # H200 against 2.8 s for the decode alone (docs/reference-figures.md).
 POSTPROCESS_PASSES = 3
-# A streamed export (engine/outputs/export.Mp4Stream) encodes while the decoder works; what is left after the
-# last frame, against the whole clip's encode: 0.47-0.55 s of 0.74 s on an H200 (docs/data/speed-1.3b-h200.json).
-STREAMED_EXPORT_SHARE = 0.7
 
 # ----- copies, disk and export ---------------------------------------------------------------------------
 # The rate weights are read at when no load has been measured yet: a conservative local SSD (the engine's
@@ -115,10 +115,6 @@ DEFAULT_DISK_GBPS = 1.5
 # Page-locking a model tensor by tensor is slower than pinning one large buffer as calibrate.py does:
 # 0.91 GB/s for the 14B transformer and 1.16 GB/s for UMT5 against 1.45 GB/s calibrated (docs/speed.md).
 PIN_EFFICIENCY = 0.7
-# H.264 export when the encoder could not be measured here: 81 frames of 832x480 took 2.1 s on the H200
-# machine's 16 cores (docs/reference-figures.md), about 15 megapixels a second.
-DEFAULT_ENCODE_MPS = 15.0
-DEFAULT_ENCODE_FIXED_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -141,6 +137,8 @@ class PhaseTimes:
     # The steps after the video, as the time model counted them: phase -> PostWork.to_dict() (how, how much).
     post: dict = field(default_factory=dict)
     compile_seconds: float = 0.0   # the one-off compile inside the denoise (a first compiled run at this size)
+    # The time model's own seconds of each phase, before runs corrected them: what a finished run's are compared with.
+    model_seconds: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -386,31 +384,6 @@ def _expert_swap(spec: ModelSpec, plan: Plan, cal: Calibration, swaps: int) -> t
     return swaps * expert / (gbps * DECIMAL_GB), how + twice
 
 
-def _export(pixels: int, cal: Calibration) -> tuple[float, str]:
-    if cal.encode_megapixels_per_s:
-        rate, fixed, source = cal.encode_megapixels_per_s, cal.encode_fixed_s or 0.0, "measured here"
-    else:
-        rate, fixed, source = DEFAULT_ENCODE_MPS, DEFAULT_ENCODE_FIXED_S, "not measured here: a 16-core CPU's rate"
-    return pixels / (rate * 1e6) + fixed, f"{pixels / 1e6:.0f} megapixels of H.264 at {rate:.1f} MP/s ({source}) + {fixed:.2f} s"
-
-
-# An extension's colour match, per megapixel of its part on the CPU (engine/post/extend.py, measured on the 2-core
-# CPU: 15 MP/s at 832x480); the part is read, matched and encoded again, the video's own streams copied.
-COLOUR_MATCH_MPS = 15.0
-# Its ffmpeg processes (the video's last frame read, the part read, the new frames encoded, the streams joined) and
-# their files, whatever the length: a 9-frame 64x64 join took 0.68 s on that CPU.
-JOIN_FIXED_S = 0.6
-
-
-def _join(frames: int, width: int, height: int, cal: Calibration) -> tuple[float, str]:
-    pixels = (frames - 1) * width * height
-    encode, _ = _export(pixels, cal)
-    match = pixels / (COLOUR_MATCH_MPS * 1e6)
-    return encode + match + JOIN_FIXED_S, (
-        f"the part's {frames - 1} new frames colour-matched ({match:.2f} s at {COLOUR_MATCH_MPS:g} MP/s) and encoded "
-        f"again ({encode:.2f} s), + {JOIN_FIXED_S} s for ffmpeg's processes; the video's streams copied")
-
-
 # ----- the prediction ------------------------------------------------------------------------------------
 
 def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: int, guidance: float, plan: Plan,
@@ -435,10 +408,8 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
     windows = model_windows(spec, frames, window, overlap)
     prompts = 2 if guidance > 1.0 else 1
     passes = prompts * (windows.count if windows else 1)
-    tokens = spec.tokens(width, height, pass_frames(spec, frames, window))
-    pixels = width * height * frames
-    seconds: dict[str, float] = {}
-    how: dict[str, str] = {}
+    tokens, pixels = spec.tokens(width, height, pass_frames(spec, frames, window)), width * height * frames
+    seconds, how = {}, {}
     if not loaded:
         seconds["load"], how["load"] = _load(spec, plan, calibration, weight_bytes)
         seconds["transfer"], how["transfer"] = _transfer(spec, plan, calibration)
@@ -453,23 +424,53 @@ def predict_times(spec: ModelSpec, width: int, height: int, frames: int, steps: 
                                                                    compiled)
     if _swaps_experts(spec, plan):
         seconds["expert_swap"], how["expert_swap"] = _expert_swap(spec, plan, calibration, 2 if loaded else 1)
-    decode, decode_how = decode_seconds(spec, width, height, frames, plan, calibration, decoder)
-    tiled = plan.vae_tile is not None and (plan.vae_tile < width or plan.vae_tile < height)
-    streamed = frames > 1 and (decoder == "fast" or not tiled)
-    post = _postprocess(pixels, plan, calibration, streamed)
-    seconds["vae_decode"] = decode + post
-    how["vae_decode"] = f"{decode_how}; +{post:.2f} s to bring the frames to the host as uint8"
-    seconds["export"], how["export"] = _export(pixels, calibration)
-    if streamed:   # the encoder works while the decoder does: only its tail is left after the last frame
-        seconds["export"] *= STREAMED_EXPORT_SHARE
-        how["export"] += f"; streamed beside the decode, x{STREAMED_EXPORT_SHARE} left after the last frame"
+    stream_start = _decode_and_export(spec, (width, height, frames), plan, calibration, decoder, seconds, how)
     after = _steps_after(width, height, frames, interpolate, upscale, plan, calibration, post_files, seconds, how)
     if extends:
         made = (frames - 1) * interpolate + 1, width * upscale, height * upscale
-        seconds["join"], how["join"] = _join(*made, calibration)
+        seconds["join"], how["join"] = join_seconds(*made, calibration)
+    if spec.small_work is not None and calibration.small_op_seconds:
+        step = _at_least_small_work(spec, calibration, seconds, how, step, SmallRun(
+            width, height, frames, steps, passes, tokens, prompts, loaded, image_to_video and
+            bool(spec.image_encoder_params), video_input, (frames - 1) // spec.vae_temporal + 1))
+    if stream_start:   # after the small work's floor: the encoder's start is beside the decode's own work
+        seconds["vae_decode"] += stream_start
+        how["vae_decode"] += f"; +{stream_start:.2f} s starting the streamed export's encoder"
     seconds = {k: round(v, 3) for k, v in seconds.items()}
     return PhaseTimes(seconds, how, round(step, 4), steps, passes, tokens, pixels, round(sum(seconds.values()), 2),
-                      loaded, model_step_seconds=step, prompts=prompts, post=after, compile_seconds=compiling)
+                      loaded, model_step_seconds=step, prompts=prompts, post=after, compile_seconds=compiling,
+                      model_seconds=dict(seconds))
+
+
+def _decode_and_export(spec: ModelSpec, size: tuple[int, int, int], plan: Plan, cal: Calibration, decoder: str,
+                       seconds: dict, how: dict) -> float:
+    """The decode's and the export's seconds and how put in ``seconds`` and ``how``; the seconds of the streamed
+    export's start, which run inside the decode (0 when not streamed)."""
+    width, height, frames = size
+    pixels = width * height * frames
+    decode, decode_how = decode_seconds(spec, width, height, frames, plan, cal, decoder)
+    tiled = plan.vae_tile is not None and (plan.vae_tile < width or plan.vae_tile < height)
+    streamed = frames > 1 and (decoder == "fast" or not tiled)
+    post = _postprocess(pixels, plan, cal, streamed)
+    seconds["vae_decode"] = decode + post
+    how["vae_decode"] = f"{decode_how}; +{post:.2f} s to bring the frames to the host as uint8"
+    seconds["export"], how["export"] = export_seconds(pixels, cal)
+    if not streamed:
+        return 0.0
+    # The encoder works while the decoder does: only its tail is left after the last frame.
+    seconds["export"], how["export"], start = streamed_export(seconds["export"], how["export"], frames,
+                                                              spec.vae_temporal, plan.device, cal)
+    return start
+
+
+def _at_least_small_work(spec: ModelSpec, cal: Calibration, seconds: dict, how: dict, step: float,
+                         run: SmallRun) -> float:
+    """Each phase at least what its small operations cost (a model too small for its arithmetic to count), in
+    ``seconds`` and ``how``; the step, at least theirs."""
+    for phase, (at_least, words) in small_seconds(spec.small_work, cal.small_op_seconds, run).items():
+        if phase in seconds and at_least > seconds[phase]:
+            seconds[phase], how[phase] = at_least, words
+    return max(step, small_step(spec.small_work, cal.small_op_seconds, run))
 
 
 def _steps_after(width: int, height: int, frames: int, interpolate: int, upscale: int, plan: Plan, cal: Calibration,

@@ -148,9 +148,7 @@ def vae_decode_seconds(spec: ModelSpec, width: int, height: int, frames: int, va
     rest_s, rest_e = _decoder_call(vae, cal, conv, vae_dtype, False)
     conv_s = area * (first_s + (latent_frames - 1) * rest_s)
     memory_s = area * (first_e + (latent_frames - 1) * rest_e) * vae.elementwise_bytes / (cal.memory_gbps * DECIMAL_GB)
-    # A VAE smaller than the released one (the self-test models'): its work shrinks with its weights.
-    released = VAE22_PARAMS if spec.wan22_vae else VAE21_PARAMS
-    seconds = (conv_s + memory_s) * min(1.0, spec.vae_params / released) if spec.vae_params else conv_s + memory_s
+    seconds = (conv_s + memory_s) * _smaller(spec)
     how = (f"{flops / 1e12:.0f} TFLOP of convolutions in {vae_dtype} ({conv} set-up) at "
            f"{flops / conv_s / 1e12:.0f} TFLOP/s, +{memory_s:.2f} s of memory work")
     if conv == "benchmark":
@@ -183,7 +181,13 @@ def vae_encode_seconds(spec: ModelSpec, width: int, height: int, frames: int, pl
     vae = VAE22 if spec.wan22_vae else VAE21
     encoded = 1 if spec.expand_timesteps else frames
     flops = width * height * (vae.encode_first_flops_per_pixel + (encoded - 1) * vae.encode_flops_per_pixel)
-    return flops / (conv_rate(cal, "default", plan.vae_dtype, 96) * 1e12) * VAE_ENCODE_OVERHEAD
+    return flops / (conv_rate(cal, "default", plan.vae_dtype, 96) * 1e12) * VAE_ENCODE_OVERHEAD * _smaller(spec)
+
+
+def _smaller(spec: ModelSpec) -> float:
+    """A VAE smaller than the released one (the self-test models'): its work shrinks with its weights."""
+    released = VAE22_PARAMS if spec.wan22_vae else VAE21_PARAMS
+    return min(1.0, spec.vae_params / released) if spec.vae_params else 1.0
 
 
 # Encoding a video-to-video input takes this share of decoding the same frames: measured on an H200 at 832x480x81

@@ -272,7 +272,8 @@ class Generation:
             sidecar = self._write_sidecar(loaded, request, bundle, media, shape, post, joined)
             note = f"{joined_note(joined)} {note}".strip()
         self.host.timing.finished(loaded, request, job.timings, job.step_seconds, "load" not in job.timings,
-                                  job.decoder, job.predicted.model_step_seconds if job.predicted else None)
+                                  job.decoder, job.predicted.model_step_seconds if job.predicted else None,
+                                  job.predicted.model_seconds if job.predicted else None)
         return JobFinished(job.id, (str(media),), str(sidecar), request.seed, dict(job.timings), peak_vram_gb(),
                            job.ram.peak_gb, note)
 

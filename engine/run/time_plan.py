@@ -171,7 +171,7 @@ class TimePlanner:
         return self._runs
 
     def finished(self, loaded_model, request, timings: dict, step_seconds: list, was_loaded: bool,
-                 decoder: str, model_step: float | None = None) -> None:
+                 decoder: str, model_step: float | None = None, model_seconds: dict | None = None) -> None:
         """Keep a finished run, to correct the next predictions for the same model and plan (``model_step``: the
         time model's own step for it), in this process and beside the outputs."""
         s, plan, ref = request.settings, loaded_model.plan, loaded_model.model.ref
@@ -187,7 +187,8 @@ class TimePlanner:
                                                                                  s.window), s.denoise_steps,
                           (2 if s.guidance > 1.0 else 1) * window_count(spec, s), s.width * s.height * s.frames, step,
                           loaded=was_loaded, prompts=2 if s.guidance > 1.0 else 1,
-                          model_step=model_step, post=self._post_counted(s, plan.device, seconds))
+                          model_step=model_step, post=self._post_counted(s, plan.device, seconds),
+                          model_seconds=dict(model_seconds or {}))
         runs = self._known_runs(self._calibration).setdefault(family_key(ref, plan, s), [])
         runs.append(run)
         del runs[:-KEPT_RUNS]

@@ -504,7 +504,8 @@ def test_the_cpu_rates_predict_what_bench_post_cpu_measured_here():
     within 30%, minterpolate within 45% (its cost a pixel written varies with the factor and the size: 0.14 to 0.24 s
     a megapixel there, its motion search)."""
     data = json.loads((Path(__file__).parents[2] / "docs" / "data" / "post-cpu.json").read_text())
-    cpu = replace(H200_CALIBRATION, cpu_matmul_tflops=data["calibration"]["cpu_matmul_tflops"])
+    cpu = replace(H200_CALIBRATION, **{key: data["calibration"][key] for key in (
+        "cpu_matmul_tflops", "encode_megapixels_per_s", "encode_fixed_s")})   # minterpolate's processes start as its
     assert cpu.cpu_matmul_tflops == post_time.BENCH_CPU_TFLOPS
     for run in data["runs"]:
         kind = "interpolate" if run["step"] == "interpolate" else "upscale"
@@ -533,7 +534,8 @@ def test_a_step_after_the_video_learns_from_a_run_of_the_same_method_of_any_size
     learned = learn_post(prediction, [run])
     fixed = post_time.method_fixed("lanczos")
     assert learned.seconds["upscale"] == pytest.approx(fixed + (6.0 - fixed) * 161 / 81, rel=1e-3)
-    assert learned.seconds["interpolate"] == pytest.approx(20.0 * 161 / 81, rel=1e-3)
+    fixed = post_time.method_fixed("minterpolate")   # its processes' start
+    assert learned.seconds["interpolate"] == pytest.approx(fixed + (20.0 - fixed) * 161 / 81, rel=1e-3)
     assert "learned from a run of the same method (minterpolate)" in learned.how["interpolate"]
     assert learned.total == pytest.approx(sum(learned.seconds.values()), abs=0.02)
     # A run by another method (a RIFE file was there then) says nothing of minterpolate's.

@@ -244,3 +244,31 @@ def test_a_single_video_s_time_left_is_its_steps_then_the_phases_still_to_come()
     assert view.seconds_left() == pytest.approx(6.0 + 2.0 + 0.5 + 30.0)   # the upscale counted, not the eta alone
     unplanned = JobView().apply(PhaseStarted("j", "denoise")).apply(StepFinished("j", 1, 4, 2.0, 6.0))
     assert unplanned.seconds_left() == 6.0                                # no prediction: the steps' own pace
+
+
+def test_a_job_of_several_videos_is_charted_against_the_sum_of_their_plans():
+    """The chart's bars are the job's seconds, summed over its videos: what each bar is set against is the sum of
+    each video's plan, not the last one's (a 2-video job read as 2x slower than predicted)."""
+    from types import SimpleNamespace
+
+    from engine.events import PlanReady, VideoStarted
+
+    plan = SimpleNamespace(device="cpu", predicted_peak_ram_gb=1.0, predicted_peak_vram_gb=0.0, fits=True,
+                           strategy="cpu")
+    view = JobView()
+    events = [JobStarted("j", "t2v"), PlanReady("j", plan, {"load": 1.0, "denoise": 2.0, "vae_decode": 0.5}, 3.5),
+              PhaseFinished("j", "load", 1.1), PhaseFinished("j", "denoise", 2.1), PhaseFinished("j", "vae_decode", 0.4),
+              VideoStarted("j", 2, 2), PlanReady("j", plan, {"denoise": 1.8, "vae_decode": 0.5}, 2.3),
+              PhaseFinished("j", "denoise", 1.9), PhaseFinished("j", "vae_decode", 0.6)]
+    for event in events:
+        view.apply(event)
+    assert view.predicted_so_far() == {"load": 1.0, "denoise": 3.8, "vae_decode": 1.0}
+    assert view.phase_seconds["denoise"] == pytest.approx(4.0)
+    assert "4.00 s · predicted 3.8" in view.chart_html() and "1.00 s · predicted 1.0" in view.chart_html()
+
+
+def test_a_phase_predicted_at_less_than_a_millisecond_does_not_read_as_zero():
+    from ui.views.timing_chart import timing_chart_html
+
+    chart = timing_chart_html([("text_encode", "Text encode", 0.0001)], [], 0, {"text_encode": 0.0002})
+    assert "predicted &lt;0.001" in chart and "0.000" not in chart

@@ -168,6 +168,7 @@ class JobView:
     done_here: set = field(default_factory=set)       # the phases finished in the video under way
     video_began: dict = field(default_factory=dict)   # each phase's seconds over the videos before this one
     last_video: dict = field(default_factory=dict)    # the last finished video's seconds by phase
+    planned_before: dict = field(default_factory=dict)   # a job of several: the earlier videos' predictions, summed
 
     def apply(self, event: Event) -> "JobView":
         self._apply(event)
@@ -241,6 +242,8 @@ class JobView:
         self.last_video = {phase: seconds - self.video_began.get(phase, 0.0)
                            for phase, seconds in self.phase_seconds.items()}
         self.video_began, self.done_here = dict(self.phase_seconds), set()
+        for phase, seconds in self.predicted().items():
+            self.planned_before[phase] = self.planned_before.get(phase, 0.0) + seconds
         self.video = (event.video, event.videos)
         self.step, self.step_seconds, self.window, self.eta = 0, [], None, None
         self.status = "Starting..."
@@ -354,7 +357,13 @@ class JobView:
         upcoming = [] if self.ended else [(p, self.label(p)) for p in PHASES if p in self.predicted() and p not in seen]
         ended = {self.running_phase: self._running_detail(self.running_phase)} if self.ended and self.running_phase \
             else {}
-        return timing_chart_html(shown, self.step_seconds, self.total_steps, self.predicted(), upcoming, ended)
+        return timing_chart_html(shown, self.step_seconds, self.total_steps, self.predicted_so_far(), upcoming, ended)
+
+    def predicted_so_far(self) -> dict:
+        """phase -> the seconds predicted for it over the videos started so far (the chart's bars are the job's)."""
+        now = self.predicted()
+        return {phase: round(self.planned_before.get(phase, 0.0) + now.get(phase, 0.0), 3)
+                for phase in {**self.planned_before, **now}}
 
     def preview_html(self) -> str:
         """The latest live preview as an inline animated image with its caption ('' when there is none)."""

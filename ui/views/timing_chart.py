@@ -18,8 +18,10 @@ def _width(seconds: float | None, longest: float) -> float:
 
 
 def _short(seconds: float) -> str:
-    """A predicted time with the figures it needs: '12.3', '0.42', '0.003' (never '0.0' for a short phase)."""
-    return f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2f}" if seconds >= 0.01 else f"{seconds:.3f}"
+    """A predicted time with the figures it needs: '12.3', '0.42', '0.003', '<0.001' (never '0.0' for a short
+    phase)."""
+    return (f"{seconds:.1f}" if seconds >= 1 else f"{seconds:.2f}" if seconds >= 0.01 else
+            f"{seconds:.3f}" if seconds >= 0.0005 else "<0.001")
 
 
 def _bar_row(label: str, seconds: float | None, longest: float, colour: str, predicted: float | None = None,
