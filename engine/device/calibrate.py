@@ -267,15 +267,19 @@ def _memory_gbps(torch, device, seconds, nbytes: int) -> float:
     return round(2 * nbytes / t / DECIMAL_GB, 2)
 
 
-SMALL_OP_SAMPLES = 30
+SMALL_OP_SAMPLES = 15
 SMALL_OP_WARMUP_S = 0.2   # calls first, this long: a fresh process's first calls are slower
 
 
-def _small_op_seconds(torch, device) -> float:
-    """Seconds of one small operation: the mean of a decoder block's kinds of call (a 3x3x3 convolution, a norm,
-    an activation, a cached frame joined on, a linear layer, an add) on a few channels, where the call and not
-    its arithmetic is the cost."""
+def _small_op_probe(torch, device) -> Callable[[], float]:
+    """A probe of the seconds of one small operation: the mean of a decoder block's kinds of call (a 3x3x3
+    convolution, a norm, an activation, a cached frame joined on, a linear layer, an add) on a few channels, where
+    the call and not its arithmetic is the cost. Warmed up once; each call of the probe is the fastest of a few
+    samples (a moment's contention is not this machine's pace), and the calibration takes the median of probes spread
+    over its run (the pace of a shared machine drifts by tens of percent from second to second)."""
     import torch.nn.functional as F
+
+    from engine.device.runtime import synchronize
 
     x = torch.randn(1, 4, 3, 16, 16, device=device)
     weight = torch.randn(4, 4, 3, 3, 3, device=device)
@@ -286,19 +290,21 @@ def _small_op_seconds(torch, device) -> float:
         y = F.silu(F.group_norm(y, 2))
         y = torch.cat([x[:, :, -1:], y], dim=2)
         F.linear(tokens, projection).add_(1.0)
-    from engine.device.runtime import synchronize
 
     warm_until = time.perf_counter() + SMALL_OP_WARMUP_S
     while time.perf_counter() < warm_until:
         calls()
-    fastest = float("inf")
-    for _ in range(SMALL_OP_SAMPLES):   # the fastest sample: a moment's contention is not this machine's pace
-        start = time.perf_counter()
-        for _ in range(10):
-            calls()
-        synchronize(device)
-        fastest = min(fastest, (time.perf_counter() - start) / 10)
-    return round(fastest / 6, 8)
+
+    def probe() -> float:
+        fastest = float("inf")
+        for _ in range(SMALL_OP_SAMPLES):
+            start = time.perf_counter()
+            for _ in range(10):
+                calls()
+            synchronize(device)
+            fastest = min(fastest, (time.perf_counter() - start) / 10)
+        return fastest / 6
+    return probe
 
 
 def _copies(torch, device, seconds, nbytes: int) -> dict:
@@ -336,13 +342,16 @@ def calibrate(device: str, dtype, quick: bool = False, *, export_rates: Callable
     seconds = timer(device)
     conv_dtypes = [torch.float32] + ([compute] if compute != torch.float32 else [])
     with torch.inference_mode():
+        small_op = _small_op_probe(torch, device)
+        probes = [small_op()]
         matmul = _matmul(torch, device, compute, seconds, **_MATMUL[size])
         attention = _attention(torch, device, compute, seconds, _ATTENTION[size],
                                _ATTENTION_HEADS["cpu" if on_cpu else "gpu"])
+        probes.append(small_op())
         conv, conv_2d = _convs(torch, device, conv_dtypes, seconds, _CONV[size], _CONV2D[size],
                                _conv_modes(torch, device))
         memory = _memory_gbps(torch, device, seconds, _COPY_BYTES[size])
-        small_op = _small_op_seconds(torch, device)
+        probes.append(small_op())
         if on_cpu:
             cpu_matmul = max(v for _, v in matmul)
             copies = {}
@@ -359,6 +368,6 @@ def calibrate(device: str, dtype, quick: bool = False, *, export_rates: Callable
     return Calibration(
         device_name=name, backend=backend, torch_version=torch.__version__, dtype=_dtype_name(compute),
         matmul_tflops=matmul, attention_tflops=attention, conv3d_tflops=conv, conv2d_tflops=conv_2d,
-        memory_gbps=memory, fp8_matmul_tflops=fp8, small_op_seconds=small_op,
+        memory_gbps=memory, fp8_matmul_tflops=fp8, small_op_seconds=round(statistics.median(probes), 8),
         cpu_matmul_tflops=cpu_matmul, **copies, **export, quick=quick,
         seconds=round(time.perf_counter() - started, 2))

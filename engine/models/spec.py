@@ -239,7 +239,7 @@ _TINY = TransformerShape(2, 2, 12, 32, 16, 28_328, 6_680, rope_max_seq_len=32)
 SELFTEST_CLIP_FRAMES = 125
 # Their phases in small operations, fitted on the project's 2-core CPU by bench/small_work.py
 # (docs/data/small-work-cpu.json); the decode's fixed part there (4340, 0.05 s) is the streamed export's encoder
-# starting, which the time model counts for every model (engine/planning/export_time.py STREAMED_FIXED_SHARE).
+# starting, which the time model counts for every model (engine/planning/export_time.py STREAM_START_FIXED).
 SELFTEST_WORK = SmallWork(load=4240, transfer=810, prompt=1440, image=640, pass_fixed=193, pass_token=0.53,
                           encode_pixel=0.052, video_fixed=5870, video_pixel=0.040, decode_fixed=0,
                           decode_latent=161, decode_pixel=0.27)

@@ -4,6 +4,7 @@ its export rates (``calibrate(..., export_rates=export_rates)``, engine/device/c
 divides the frames' work by them (engine/planning/timing.py)."""
 from __future__ import annotations
 
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -33,6 +34,15 @@ def _to_uint8_gbps(quick: bool) -> float:
     return round(frames.nbytes / t / DECIMAL_GB, 3)
 
 
+FIXED_TRIES = 5
+
+
+def _seconds(work) -> float:
+    start = time.perf_counter()
+    work()
+    return time.perf_counter() - start
+
+
 def _encode(quick: bool) -> dict:
     """H.264 encode through the engine's own writer (engine.outputs.export.write_mp4): ffmpeg's fixed cost
     and megapixels per second, from two clip lengths. Empty when there is no video encoder here."""
@@ -57,14 +67,16 @@ def _encode(quick: bool) -> dict:
 
     times = {}
     with tempfile.TemporaryDirectory() as folder:
+        tiny = clip(1)[:, :64, :64]
+        write_mp4(tiny, Path(folder) / "warm.mp4", 16)     # ffmpeg's first start reads its binary
+        fixed = statistics.median(_seconds(lambda: write_mp4(tiny, Path(folder) / "tiny.mp4", 16))
+                                  for _ in range(FIXED_TRIES))
         for count in counts:
             frames = clip(count)
-            write_mp4(frames, Path(folder) / "warm.mp4", 16)     # ffmpeg's first start reads its binary
-            start = time.perf_counter()
-            write_mp4(frames, Path(folder) / f"clip{count}.mp4", 16)
-            times[count] = time.perf_counter() - start
+            times[count] = _seconds(lambda: write_mp4(frames, Path(folder) / f"clip{count}.mp4", 16))
     (short, long_) = counts
-    per_frame = max((times[long_] - times[short]) / (long_ - short), 1e-6)
-    fixed = max(times[short] - short * per_frame, 0.0)
+    # The fixed cost is a one-frame thumbnail's whole write, the median of a few (a process's start varies): the
+    # two lengths' difference alone told it within 0.03-0.07 s from run to run on a 2-core CPU.
+    per_frame = max((times[long_] - times[short]) / (long_ - short), (times[long_] - fixed) / long_, 1e-6)
     return {"encode_megapixels_per_s": round(width * height / per_frame / 1e6, 3),
             "encode_fixed_s": round(fixed, 3)}

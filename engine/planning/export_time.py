@@ -7,10 +7,14 @@ from engine.device.calibrate import Calibration
 # A streamed export (engine/outputs/export.Mp4Stream) encodes while the decoder works; what is left after the
 # last frame, against the whole clip's encode: 0.47-0.55 s of 0.74 s on an H200 (docs/data/speed-1.3b-h200.json).
 STREAMED_EXPORT_SHARE = 0.7
-# Its process started with the first frame: of its fixed cost only the closing is left, 0.011-0.021 s of the
-# calibrated 0.07 s on the project's 2-core CPU whatever the length, 9 to 241 frames (docs/data/small-work-cpu.json):
-# there the encoder keeps up with a CPU decode, and only the last latent frame's frames are left to encode.
-STREAMED_FIXED_SHARE = 0.2
+# Its process started with the first frame: of its fixed cost (the calibration's encode_fixed_s, a one-frame
+# thumbnail's whole write: 0.033-0.039 s on the project's 2-core CPU) only the closing is left after the last frame,
+# 0.011-0.021 s there whatever the length, 9 to 241 frames (docs/data/small-work-cpu.json): the encoder keeps up with
+# a CPU decode, and only the last latent frame's frames are left to encode.
+STREAMED_FIXED_SHARE = 0.45
+# Starting it (the process, its pipes) is done inside the decode: a streamed video's decode there had 0.05 s that
+# did not grow with its frames, where a still's (not streamed) had none: this many times the fixed cost.
+STREAM_START_FIXED = 1.4
 # H.264 export when the encoder could not be measured here: 81 frames of 832x480 took 2.1 s on the H200
 # machine's 16 cores (docs/reference-figures.md), about 15 megapixels a second.
 DEFAULT_ENCODE_MPS = 15.0
@@ -27,13 +31,28 @@ def export_seconds(pixels: int, cal: Calibration) -> tuple[float, str]:
                                            f"+ {fixed:.2f} s")
 
 
+# A still is a PNG written whole (engine/outputs/export.py write_png): its pixels at PIL's rate on noise, the worst
+# case (8.3-8.8 MP/s at 832x480 and 1280x720 on the project's 2-core CPU), and the file written safely, which took
+# 0.037-0.042 s for a 64x64 still there, about the export's calibrated fixed cost (a one-frame thumbnail's write).
+PNG_MPS = 8.5
+STILL_WRITE_SHARE = 1.1
+
+
+def still_seconds(pixels: int, cal: Calibration) -> tuple[float, str]:
+    """A still's PNG: its pixels encoded and the file written."""
+    fixed = (cal.encode_fixed_s if cal.encode_megapixels_per_s else DEFAULT_ENCODE_FIXED_S) or 0.0
+    write = STILL_WRITE_SHARE * fixed
+    return pixels / (PNG_MPS * 1e6) + write, (f"a {pixels / 1e6:.2f} MP PNG at {PNG_MPS:g} MP/s + {write:.3f} s to "
+                                              "write the file safely")
+
+
 # An extension's colour match, per megapixel of its part on the CPU (engine/post/extend.py, measured on the 2-core
 # CPU: 15 MP/s at 832x480); the part is read, matched and encoded again, the video's own streams copied.
 COLOUR_MATCH_MPS = 15.0
-# Its ffmpeg processes beside the encode (the video's last frame read, the part read, the streams joined), each
-# costing about what the export's calibrated fixed cost is: a 9-frame 64x64 join took 0.26-0.29 s on that CPU
-# against 0.07 s of fixed cost a process.
-JOIN_PROCESSES = 3
+# Its ffmpeg processes beside the encode (the video's last frame read, the part read, the streams joined) and their
+# files: a 9-frame 64x64 join took 0.26-0.38 s on that CPU, about this many times the export's calibrated fixed cost
+# (0.035 s) beside its encode.
+JOIN_FIXED_COSTS = 7
 
 
 def join_seconds(frames: int, width: int, height: int, cal: Calibration) -> tuple[float, str]:
@@ -41,10 +60,10 @@ def join_seconds(frames: int, width: int, height: int, cal: Calibration) -> tupl
     encode, _ = export_seconds(pixels, cal)
     match = pixels / (COLOUR_MATCH_MPS * 1e6)
     fixed = cal.encode_fixed_s if cal.encode_megapixels_per_s and cal.encode_fixed_s else DEFAULT_ENCODE_FIXED_S
-    processes = JOIN_PROCESSES * fixed
+    processes = JOIN_FIXED_COSTS * fixed
     return encode + match + processes, (
         f"the part's {frames - 1} new frames colour-matched ({match:.2f} s at {COLOUR_MATCH_MPS:g} MP/s) and encoded "
-        f"again ({encode:.2f} s), + {processes:.2f} s for ffmpeg's other {JOIN_PROCESSES} processes; the video's "
+        f"again ({encode:.2f} s), + {processes:.2f} s for ffmpeg's other processes and their files; the video's "
         "streams copied")
 
 
@@ -62,4 +81,4 @@ def streamed_export(export: float, how: str, frames: int, temporal: int, device:
     left = share * (export - fixed) + STREAMED_FIXED_SHARE * fixed
     return left, how + (f"; streamed beside the decode on the CPU: the last latent frame's {share:.2f} of the encode "
                         f"and x{STREAMED_FIXED_SHARE} of its fixed cost left after the last frame"), \
-        (1 - STREAMED_FIXED_SHARE) * fixed
+        STREAM_START_FIXED * fixed

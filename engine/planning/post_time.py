@@ -47,11 +47,12 @@ REFERENCE_UPSCALER_BYTES = 67_000_000
 BENCH_CPU_TFLOPS = 0.194
 # (megapixels a second, fixed seconds) of each method, fitted over two lengths, two sizes and both factors.
 RIFE_CPU = (1.40, 0.11)            # the frames RIFE makes, padded
-MINTERPOLATE = (6.3, 0.0)          # the frames written (the H200 machine: 3.5), beside its processes' start:
-# minterpolate's ffmpeg processes (the video read, filtered, written) cost this many times the export's calibrated
-# fixed cost (an ffmpeg's start): a 64x64 clip's 17 frames took 0.185 s on the 2-core CPU against 0.07 s of it
-# (docs/data/small-work-cpu.json), its larger runs 0.69-1.26 of this rate's figure (docs/data/post-cpu.json).
-MINTERPOLATE_PROCESSES = 2.5
+MINTERPOLATE = (6.7, 0.0)          # the frames written (the H200 machine: 3.5), beside its processes' start:
+# minterpolate's ffmpeg processes (the video read, filtered, written) and their files cost this many times the
+# export's calibrated fixed cost (a one-frame thumbnail's write): a 64x64 clip's 17 frames took 0.11-0.19 s on the
+# 2-core CPU against 0.035-0.045 s of it (docs/data/small-work-cpu.json); its larger runs are 0.67-1.38 of this rate's
+# figure (docs/data/post-cpu.json).
+MINTERPOLATE_PROCESSES = 3
 # An ffmpeg's start where the export could not be measured (engine/planning/export_time.py DEFAULT_ENCODE_FIXED_S).
 DEFAULT_PROCESS_S = 0.1
 LANCZOS = (35.3, 0.17)             # the frames written (the H200 machine: 33.5)

@@ -36,7 +36,7 @@ from engine.planning.memory import FP8_KEPT_FRACTION, pass_frames, stored_bytes
 from engine.planning.places import TransformerPlace
 from engine.planning.plan import Plan
 from engine.planning.post_time import PostFiles, post_seconds, post_works
-from engine.planning.export_time import export_seconds, join_seconds, streamed_export
+from engine.planning.export_time import export_seconds, join_seconds, still_seconds, streamed_export
 from engine.planning.fp8_time import FP8_COMPILE_FIRST_S, fp8_linears
 from engine.planning.rates import Rates, bytes_per, copy_gbps, device_rates
 from engine.planning.small_work import SmallRun, small_seconds
@@ -454,7 +454,7 @@ def _decode_and_export(spec: ModelSpec, size: tuple[int, int, int], plan: Plan, 
     post = _postprocess(pixels, plan, cal, streamed)
     seconds["vae_decode"] = decode + post
     how["vae_decode"] = f"{decode_how}; +{post:.2f} s to bring the frames to the host as uint8"
-    seconds["export"], how["export"] = export_seconds(pixels, cal)
+    seconds["export"], how["export"] = export_seconds(pixels, cal) if frames > 1 else still_seconds(pixels, cal)
     if not streamed:
         return 0.0
     # The encoder works while the decoder does: only its tail is left after the last frame.

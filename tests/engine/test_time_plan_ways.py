@@ -4,8 +4,9 @@ them) is within half and twice what the phase took.
 
 Each way starts on a machine never measured (a fresh outputs folder): its first run measures it and loads the model,
 the next runs are loaded and learn from the runs before them. A phase within TICK_S of its prediction passes too: the
-export's end is noticed by a poll of about 10 ms, and a garbage collection or the scheduler's pause adds tens of
-milliseconds to a phase of a few, below what a person notices. Timed: the README's test command runs these alone, after
+self-test models' phases take tens to hundreds of milliseconds, where the export's end is noticed by a poll of about
+10 ms and a shared machine's pace drifts by tens of percent from one second to the next, below what a person notices;
+a phase that took a measurable time is never predicted at nothing ("predicted 0.000"). Timed: the README's test command runs these alone, after
 the other tests (tests/run.py).
 """
 from __future__ import annotations
@@ -18,7 +19,7 @@ from engine.settings.request import check_request
 from tests.conftest import CPU, run_engine, tiny_request
 from ui.views.job_view import JobView
 
-TICK_S = 0.05
+TICK_S = 0.1
 # Phases of a run that are not the run itself: never predicted (the machine measured, a self-test model built).
 UNPREDICTED = {"calibrate", "build_model", "download"}
 
@@ -30,6 +31,8 @@ def _off(predicted: dict, took: dict) -> list[str]:
         said, real = predicted.get(phase), took[phase]
         if said is None:
             off.append(f"{phase}: took {real:.3f} s, not predicted")
+        elif real >= 0.01 and said < 0.001:
+            off.append(f"{phase}: took {real:.3f} s, predicted {said:.3f}")
         elif abs(said - real) > TICK_S and not 0.5 <= said / max(real, 1e-9) <= 2.0:
             off.append(f"{phase}: predicted {said:.3f} s, took {real:.3f} s")
     return off + [f"{phase}: predicted {predicted[phase]:.3f} s, never ran" for phase in set(predicted) - set(took)]
