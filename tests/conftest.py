@@ -194,6 +194,37 @@ def app_command(*args: str) -> list[str]:
     return [sys.executable, str(ROOT / "app.py"), *args]
 
 
+def app_main(*args: str) -> subprocess.CompletedProcess:
+    """``python app.py ARGS`` for a command that starts no engine (plan, doctor, --help, a refusal), run through
+    app.main in this process: its exit code (an argparse refusal's included) and what it printed, as a finished
+    command. The commands as a user types them run as processes in test_cli's README and generate tests."""
+    import io
+
+    import app
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _columns(120):
+        try:
+            rc = app.main(list(args))
+        except SystemExit as exc:   # argparse's --help and refusals
+            rc = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return subprocess.CompletedProcess(["app.py", *args], rc, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def _columns(width: int):
+    """argparse's help wrapped at ``width`` meanwhile, as in a terminal of that width."""
+    before = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(width)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = before
+
+
 def app_env(**extra: str) -> dict:
     env = dict(os.environ)
     env.update(PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")

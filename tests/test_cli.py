@@ -17,7 +17,7 @@ import pytest
 
 from engine.models.loras import Lora
 from engine.outputs.export import read_video
-from tests.conftest import ROOT, app_command, app_env, said
+from tests.conftest import ROOT, app_command, app_env, app_main, said
 
 REVISION = "89abcdef0123456789abcdef0123456789abcdef"
 
@@ -106,14 +106,13 @@ def test_generate_from_a_hub_cache_offline(model_dirs, tmp_path, outputs):
 
 
 def test_doctor_reports_hardware_and_versions():
-    done = subprocess.run(app_command("doctor", "--json"), capture_output=True, text=True, timeout=120,
-                          env=app_env(), cwd=ROOT)
+    done = app_main("doctor", "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["hardware"]["backend"] in ("cpu", "cuda", "rocm", "mps")
     assert report["packages"]["diffusers"] and report["packages"]["torch"]
     assert Path(report["ffmpeg"]).exists()
-    text = subprocess.run(app_command("doctor"), capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    text = app_main("doctor")
     assert text.returncode == 0 and "Hardware:" in text.stdout and "backend" in text.stdout
 
 
@@ -125,8 +124,7 @@ def _hardware_file(tmp_path, **fields):
 
 def test_plan_json_for_a_described_machine(tmp_path):
     hw = _hardware_file(tmp_path, vram_total_gb=24, vram_free_gb=23, ram_total_gb=64, ram_available_gb=58)
-    done = subprocess.run(app_command("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--json"),
-                          capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    done = app_main("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--json")
     assert done.returncode == 0, done.stderr
     plan = json.loads(done.stdout)
     assert plan["fits"] is True and plan["strategy"] == "group_offload"
@@ -137,20 +135,15 @@ def test_plan_json_for_a_described_machine(tmp_path):
 
 def test_plan_that_fits_nowhere_exits_non_zero_and_says_what_would_fit(tmp_path):
     hw = _hardware_file(tmp_path, vram_total_gb=4, vram_free_gb=3.5, ram_total_gb=8, ram_available_gb=6)
-    done = subprocess.run(app_command("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--frames", "81",
-                                      "--width", "832"), capture_output=True, text=True, timeout=120,
-                          env=app_env(), cwd=ROOT)
+    done = app_main("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--frames", "81", "--width", "832")
     assert done.returncode == 1
     assert "fits: NO" in done.stdout and "To make it fit:" not in done.stdout and "GGUF" not in done.stdout
     assert "Neither fewer frames, a smaller size nor a smaller known model makes it fit" in done.stdout
     roomier = _hardware_file(tmp_path, vram_total_gb=12, vram_free_gb=11.5, ram_total_gb=32, ram_available_gb=28)
-    done = subprocess.run(app_command("plan", "--preset", "wan21-i2v-14b", "--hardware", str(roomier), "--frames",
-                                      "81", "--width", "832"), capture_output=True, text=True, timeout=120,
-                          env=app_env(), cwd=ROOT)
+    done = app_main("plan", "--preset", "wan21-i2v-14b", "--hardware", str(roomier), "--frames", "81", "--width", "832")
     assert done.returncode == 1 and "To make it fit:" in done.stdout
     assert "Use a smaller model: Wan2.2 TI2V 5B (Wan-AI/Wan2.2-TI2V-5B-Diffusers) fits here" in done.stdout
-    as_json = subprocess.run(app_command("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--json"),
-                             capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    as_json = app_main("plan", "--preset", "wan21-i2v-14b", "--hardware", str(hw), "--json")
     assert as_json.returncode == 1 and json.loads(as_json.stdout)["fits"] is False
 
 
@@ -162,13 +155,12 @@ def test_plan_that_fits_nowhere_exits_non_zero_and_says_what_would_fit(tmp_path)
 def test_plan_refuses_a_bad_hardware_file(tmp_path, content, expected):
     path = tmp_path / "hw.json"
     path.write_text(content)
-    done = subprocess.run(app_command("plan", "--preset", "wan21-t2v-1.3b", "--hardware", str(path)),
-                          capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    done = app_main("plan", "--preset", "wan21-t2v-1.3b", "--hardware", str(path))
     assert done.returncode == 2 and expected in done.stderr
 
 
 def test_help_lists_the_page_s_options_as_well_as_the_commands():
-    done = subprocess.run(app_command("--help"), capture_output=True, text=True, timeout=60, env=app_env(), cwd=ROOT)
+    done = app_main("--help")
     assert done.returncode == 0
     for part in ("{serve,generate,plan,decode,post,doctor}", "--port PORT", "--share", "--auth AUTH", "--max-queue N",
                  "--preview-every SECONDS", "'python app.py [options]' is 'python app.py serve [options]'"):
@@ -196,9 +188,8 @@ def test_lora_options_are_files_with_a_strength_each(tmp_path, capsys):
 
 
 def test_a_file_that_is_no_lora_is_refused_before_anything_runs(tmp_path):
-    done = subprocess.run(app_command("plan", "--preset", "selftest-t2v", "--lora", "app.py:0.5", "--lora",
-                                      str(tmp_path / "gone.safetensors"), "--models-dir", str(tmp_path)),
-                          capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+    done = app_main("plan", "--preset", "selftest-t2v", "--lora", "app.py:0.5", "--lora",
+                    str(tmp_path / "gone.safetensors"), "--models-dir", str(tmp_path))
     assert done.returncode == 2
     assert done.stderr == (f"error: LoRA file 'app.py' is not a .safetensors file: use the .safetensors version of "
                            f"the LoRA (other formats can run code when they are read). LoRA file "
@@ -212,8 +203,7 @@ def test_plan_splits_a_job_across_gpus_when_it_fits_only_split_and_split_1_keeps
                                 "ram_total_gb": 128, "ram_available_gb": 120,
                                 "devices": [card, {**card, "index": 1}]}))
     for extra, words in (((), "GPUs: 2, split (ulysses)"), (("--split", "1"), "GPUs: 1 GPU, as the settings ask.")):
-        done = subprocess.run(app_command("plan", "--preset", "wan21-t2v-14b-720p", "--hardware", str(path), *extra),
-                              capture_output=True, text=True, timeout=120, env=app_env(), cwd=ROOT)
+        done = app_main("plan", "--preset", "wan21-t2v-14b-720p", "--hardware", str(path), *extra)
         assert done.returncode == 0 and words in done.stdout, done.stdout + done.stderr
 
 
@@ -297,8 +287,7 @@ def test_decode_of_a_file_that_is_not_saved_latents_exits_2_with_one_sentence(tm
     fake.write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{}      ")
     for path, words in ((notes, "notes.png is not saved latents"), (fake, "fake.latents.safetensors is not latents"),
                         (tmp_path / "gone.latents.safetensors", "does not exist")):
-        done = subprocess.run(app_command("decode", str(path), "--models-dir", str(selftest_models_dir)),
-                              capture_output=True, text=True, timeout=60, env=app_env(), cwd=ROOT)
+        done = app_main("decode", str(path), "--models-dir", str(selftest_models_dir))
         assert done.returncode == 2 and words in done.stderr, done.stderr
         assert len(done.stderr.splitlines()) == 1 and "Latents saved" not in done.stderr and not done.stdout
 
@@ -392,8 +381,7 @@ def test_post_makes_an_output_smoother_beside_it_and_refuses_a_still_in_a_senten
     still = generate("--model", "selftest-t2v", "--prompt", "a still", "--frames", "1", "--steps", "2",
                      models_dir=selftest_models_dir, outputs=outputs)
     image = next(outputs.rglob("*.png"))
-    refused = subprocess.run(app_command("post", str(image), "--interpolate", "2"), capture_output=True, text=True,
-                             timeout=60, env=app_env(), cwd=ROOT)
+    refused = app_main("post", str(image), "--interpolate", "2")
     assert still.returncode == 0 and refused.returncode == 2 and "a still has no frames" in refused.stderr.lower()
 
 
