@@ -21,12 +21,17 @@ DEFAULT_ENCODE_MPS = 15.0
 DEFAULT_ENCODE_FIXED_S = 0.1
 
 
+def process_start_seconds(cal: Calibration) -> float:
+    """The export's fixed cost (an ffmpeg's start, a one-frame write and its check): the calibrated one, else the
+    default; the unit the other ffmpeg work beside an encode is counted in."""
+    return (cal.encode_fixed_s or 0.0) if cal.encode_megapixels_per_s else DEFAULT_ENCODE_FIXED_S
+
+
 def export_seconds(pixels: int, cal: Calibration) -> tuple[float, str]:
     """A whole clip's encode: its pixels over the measured rate, plus the encoder's start and the file's check."""
-    if cal.encode_megapixels_per_s:
-        rate, fixed, source = cal.encode_megapixels_per_s, cal.encode_fixed_s or 0.0, "measured here"
-    else:
-        rate, fixed, source = DEFAULT_ENCODE_MPS, DEFAULT_ENCODE_FIXED_S, "not measured here: a 16-core CPU's rate"
+    rate, source = ((cal.encode_megapixels_per_s, "measured here") if cal.encode_megapixels_per_s else
+                    (DEFAULT_ENCODE_MPS, "not measured here: a 16-core CPU's rate"))
+    fixed = process_start_seconds(cal)
     return pixels / (rate * 1e6) + fixed, (f"{pixels / 1e6:.0f} megapixels of H.264 at {rate:.1f} MP/s ({source}) "
                                            f"+ {fixed:.2f} s")
 
@@ -40,8 +45,7 @@ STILL_WRITE_SHARE = 1.1
 
 def still_seconds(pixels: int, cal: Calibration) -> tuple[float, str]:
     """A still's PNG: its pixels encoded and the file written."""
-    fixed = (cal.encode_fixed_s if cal.encode_megapixels_per_s else DEFAULT_ENCODE_FIXED_S) or 0.0
-    write = STILL_WRITE_SHARE * fixed
+    write = STILL_WRITE_SHARE * process_start_seconds(cal)
     return pixels / (PNG_MPS * 1e6) + write, (f"a {pixels / 1e6:.2f} MP PNG at {PNG_MPS:g} MP/s + {write:.3f} s to "
                                               "write the file safely")
 
@@ -59,8 +63,7 @@ def join_seconds(frames: int, width: int, height: int, cal: Calibration) -> tupl
     pixels = (frames - 1) * width * height
     encode, _ = export_seconds(pixels, cal)
     match = pixels / (COLOUR_MATCH_MPS * 1e6)
-    fixed = cal.encode_fixed_s if cal.encode_megapixels_per_s and cal.encode_fixed_s else DEFAULT_ENCODE_FIXED_S
-    processes = JOIN_FIXED_COSTS * fixed
+    processes = JOIN_FIXED_COSTS * process_start_seconds(cal)
     return encode + match + processes, (
         f"the part's {frames - 1} new frames colour-matched ({match:.2f} s at {COLOUR_MATCH_MPS:g} MP/s) and encoded "
         f"again ({encode:.2f} s), + {processes:.2f} s for ffmpeg's other processes and their files; the video's "
@@ -76,7 +79,7 @@ def streamed_export(export: float, how: str, frames: int, temporal: int, device:
                 how + f"; streamed beside the decode, x{STREAMED_EXPORT_SHARE} left after the last frame", 0.0)
     # On the CPU the decode and the encoder share the cores and the encoder keeps up: only the last latent frame's
     # frames and the closing are left; its process started inside the decode.
-    fixed = (calibration.encode_fixed_s if calibration.encode_megapixels_per_s else DEFAULT_ENCODE_FIXED_S) or 0.0
+    fixed = process_start_seconds(calibration)
     share = 1 / ((frames - 1) // temporal + 1)
     left = share * (export - fixed) + STREAMED_FIXED_SHARE * fixed
     return left, how + (f"; streamed beside the decode on the CPU: the last latent frame's {share:.2f} of the encode "

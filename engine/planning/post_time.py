@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.device.calibrate import Calibration
+from engine.planning.export_time import DEFAULT_ENCODE_FIXED_S, process_start_seconds
 
 # The phases of the steps, in the order they run (interpolation first: it works on the smaller frames).
 POST_PHASES = ("interpolate", "upscale")
@@ -53,8 +54,6 @@ MINTERPOLATE = (6.7, 0.0)          # the frames written (the H200 machine: 3.5),
 # 2-core CPU against 0.035-0.045 s of it (docs/data/small-work-cpu.json); its larger runs are 0.67-1.38 of this rate's
 # figure (docs/data/post-cpu.json).
 MINTERPOLATE_PROCESSES = 3
-# An ffmpeg's start where the export could not be measured (engine/planning/export_time.py DEFAULT_ENCODE_FIXED_S).
-DEFAULT_PROCESS_S = 0.1
 LANCZOS = (35.3, 0.17)             # the frames written (the H200 machine: 33.5)
 # An upscaler's work a megapixel read is (its file's size against the reference's + UPSCALER_BASE), counted so the
 # reference file's is 1: a 3.5 MB ESRGAN (32 features, 2 blocks) took 23 s a megapixel read where the 67 MB one took
@@ -148,9 +147,8 @@ def method_rate(method: str, calibration: Calibration) -> tuple[float, float, st
     if kind == "upscaler":
         return UPSCALER_CPU_MPS * cpu, method_fixed(method), cpu_source
     if kind == "minterpolate":
-        start = calibration.encode_fixed_s if calibration.encode_megapixels_per_s and calibration.encode_fixed_s \
-            else DEFAULT_PROCESS_S
-        return MINTERPOLATE[0], MINTERPOLATE_PROCESSES * start, "a CPU core's, docs/data/post-cpu.json"
+        return (MINTERPOLATE[0], MINTERPOLATE_PROCESSES * process_start_seconds(calibration),
+                "a CPU core's, docs/data/post-cpu.json")
     return LANCZOS[0], LANCZOS[1], "a CPU core's, docs/data/post-cpu.json"
 
 
@@ -162,7 +160,7 @@ def method_fixed(method: str) -> float:
     if kind == "upscaler":
         device, _, size = where.partition("/")
         return 0.0 if device == "gpu" else UPSCALER_LOAD_S * int(size or 0) / REFERENCE_UPSCALER_BYTES
-    return MINTERPOLATE_PROCESSES * DEFAULT_PROCESS_S if kind == "minterpolate" else LANCZOS[1]
+    return MINTERPOLATE_PROCESSES * DEFAULT_ENCODE_FIXED_S if kind == "minterpolate" else LANCZOS[1]
 
 
 def _what(work: PostWork) -> str:

@@ -11,8 +11,8 @@ machine measured once (engine/device/calibrate.py). Every phase is an amount of 
 - text_encode / image_encode: the encoder's FLOPs per prompt (and its copies when it visits the device);
 - vae_decode: the FLOPs of the Wan VAE decoder's convolutions, derived from its layer widths, over the
   measured conv3d rate at each width in the VAE's dtype, plus copying and converting the frames;
-- export: frame pixels over the measured H.264 rate (engine/planning/export_time.py); load: weight bytes over the disk's rate; transfer:
-  bytes to the device over the copy rate (and page-locking for streamed parts);
+- export: frame pixels over the measured H.264 rate (engine/planning/export_time.py); load: weight bytes over the
+  disk's rate; transfer: bytes to the device over the copy rate (and page-locking for streamed parts);
 - interpolate / upscale (the steps after the video is written): each by the method the users' files make it run,
   its frames' megapixels over that method's measured rate (engine/planning/post_time.py).
 
@@ -35,8 +35,8 @@ from engine.models.windows import OVERLAP_FRAMES, model_windows
 from engine.planning.memory import FP8_KEPT_FRACTION, pass_frames, stored_bytes
 from engine.planning.places import TransformerPlace
 from engine.planning.plan import Plan
-from engine.planning.post_time import PostFiles, post_seconds, post_works
 from engine.planning.export_time import export_seconds, join_seconds, still_seconds, streamed_export
+from engine.planning.post_time import PostFiles, post_seconds, post_works
 from engine.planning.fp8_time import FP8_COMPILE_FIRST_S, fp8_linears
 from engine.planning.rates import Rates, bytes_per, copy_gbps, device_rates
 from engine.planning.small_work import SmallRun, small_seconds
