@@ -204,8 +204,9 @@ def _typed(args):
     """(the preset, the fields typed as options, by name, the mode): an option not typed is the preset's
     (engine/settings/draft.py); the run's check says what is wrong."""
     from engine.settings.fields import cli_fields
+    from ui.serving import presets_with_user_folder
 
-    preset = _pick_preset(_presets_with_user_folder(args.user_presets)[0], args)
+    preset = _pick_preset(presets_with_user_folder(args.user_presets)[0], args)
     image, extend, video = (getattr(args, name, None) for name in ("image", "extend", "video"))
     mode = getattr(args, "mode", None) or ("i2v" if image or extend else "v2v" if video else
                                            ("t2i" if args.frames == 1 else preset.settings.mode))
@@ -360,36 +361,6 @@ def doctor(args) -> int:
 
 
 # ----- serve --------------------------------------------------------------
-def _presets_with_user_folder(folder: str):
-    """The built-in presets and the user's own from ``folder``; a bad user file is reported and skipped."""
-    from engine.settings.presets import PresetError, UserPresets, load_presets
-
-    try:
-        user = UserPresets(Path(folder), load_presets())
-    except PresetError as exc:
-        raise SystemExit(f"error: --user-presets: {exc}") from None
-    for problem in user.load():
-        print(f"warning: {problem}", file=sys.stderr, flush=True)
-    return user.presets, user
-
-
-def _server_parts(args, ctx, served: Path, tokens: tuple[str, ...]) -> dict:
-    """What gradio's server is made with besides the page: the guard in front of every request, the API callers'
-    trailing inputs, and the JSON API and /metrics as routes of its own (behind the same guard)."""
-    from starlette.middleware import Middleware
-
-    from ui.api_defaults import TrailingDefaults
-    from ui.guard import Guard, HostAllowList, LoginThrottle
-    from ui.guard.api_login import ApiLogins
-    from ui.guard.routes import RouteTable
-    from ui.rest.mount import service_routes
-
-    hosts = HostAllowList.for_server(args.host, args.listen, args.share, args.allowed_host)
-    guard = Middleware(Guard, hosts=hosts, throttle=LoginThrottle(), uploads_folder=served,
-                       api_logins=ApiLogins(tokens), routes=RouteTable.with_api(args.metrics_public))
-    return {"middleware": [guard, Middleware(TrailingDefaults)], "routes": service_routes(ctx)}
-
-
 def _check_serve_numbers(args) -> None:
     for flag, value in (("--max-queue", args.max_queue), ("--queue-share", args.queue_share)):
         if value is not None and value < 1:
@@ -400,9 +371,7 @@ def _check_serve_numbers(args) -> None:
 
 def serve(args) -> int:
     from engine import APP_NAME
-    from engine.service.jobqueue import JobQueue
-    from engine.service.pool import EnginePool
-    from ui.startup import api_tokens, job_ceiling, port_in_use, port_taken_message, prepare_served_dir, resolve_auth
+    from ui.startup import api_tokens, port_in_use, port_taken_message, prepare_served_dir, resolve_auth
 
     _check_serve_numbers(args)
     host = "0.0.0.0" if args.listen else args.host
@@ -413,35 +382,18 @@ def serve(args) -> int:
     tokens = api_tokens(args.api_token)
     Path(args.outputs).mkdir(parents=True, exist_ok=True)
     served = prepare_served_dir()   # before gradio is imported
-    from engine.service.metrics import ServiceMetrics
-    from ui.app_ui import MAX_QUEUE, PAGE_CSS, PAGE_JS, STATE_SESSIONS, build_app, server_threads
-    from ui.context import AppContext
+    from ui.serving import make_server
 
-    presets, user_presets = _presets_with_user_folder(args.user_presets)
-    max_queue = args.max_queue or MAX_QUEUE
-    jobs = JobQueue(max_queue, engines=args.gpus.known or 1, share=args.queue_share)
-    client = EnginePool(args.models_dir, args.gpus, latents_hours=args.latents_hours,
-                        preview_seconds=args.preview_every, on_resize=jobs.resize, outputs_dir=args.outputs)
-    client.start()  # the engine processes load their libraries while the page starts and loads
-    ctx = AppContext(client, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
-                     models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served),
-                     metrics=ServiceMetrics(jobs, client, presets=[(p.settings.mode, p.settings.model)
-                                                                   for p in presets.values()]),
-                     ceiling=job_ceiling(args.max_job_minutes, bool(auth or tokens)))
-    demo = build_app(ctx)
+    server = make_server(args, served, auth, tokens)
+    server.engines.start()  # the engine processes load their libraries while the page starts and loads
+    demo = server.demo
     # uvicorn believes a request's X-Forwarded-For only from these (its default trusts this machine, where a tunnel
     # connects from, and anyone's header would then name the caller the password throttle counts).
     os.environ["FORWARDED_ALLOW_IPS"] = args.forwarded_allow_ips
     try:
         try:
             # quiet: gradio's own start-up lines (and its tip about share=True) give way to ours.
-            demo.launch(server_name=host, server_port=args.port,
-                        share=args.share, auth=auth, inbrowser=not args.no_browser,
-                        allowed_paths=[str(Path(args.outputs).resolve())], max_file_size="50mb",
-                        footer_links=["api"], css=PAGE_CSS, js=PAGE_JS, max_threads=server_threads(max_queue),
-                        quiet=True, run_history=False,   # runs kept in the browser grow the page (and keep prompts)
-                        prevent_thread_lock=True, state_session_capacity=STATE_SESSIONS,
-                        app_kwargs=_server_parts(args, ctx, served, tokens))
+            demo.launch(server_name=host, server_port=args.port, inbrowser=not args.no_browser, **server.launch)
         except OSError as exc:
             if "empty port" not in str(exc):
                 raise
@@ -453,7 +405,7 @@ def serve(args) -> int:
             print(f"Share link for colleagues (password required): {demo.share_url}", flush=True)
         demo.block_thread()
     finally:
-        client.close()
+        server.engines.close()
     return 0
 
 

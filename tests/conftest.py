@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -34,6 +35,21 @@ from engine.models.selftest import (  # noqa: E402
 )
 from engine.settings.presets import load_presets  # noqa: E402
 from engine.settings.request import GenerationRequest  # noqa: E402
+
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread_per_worker():
+    """Torch on one CPU thread in each of the suite's worker processes (not in the processes they start): two
+    workers share two cores, and the in-process runs are many tiny operations where a second thread only spins
+    against the other worker's (a windowed image-to-video test took 16.5 s instead of 3.3 s). The timed tests run
+    alone in one process (tests/run.py) and keep torch's own count."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
+        yield
+        return
+    with one_torch_thread():
+        yield
+
 
 # The hardware of the tests that run the engine in their own process: a CPU-only machine with room for the
 # self-test models (nothing is probed, so every machine plans alike).
@@ -138,6 +154,15 @@ def image_file(tmp_path_factory) -> Path:
             img.putpixel((x, y), (20, 40, 220))
     img.save(path)
     return path
+
+
+@pytest.fixture(scope="module")
+def secret_file(tmp_path_factory) -> tuple[Path, str]:
+    """A file in the system temp folder (which gradio trusts for some things) holding a marker."""
+    marker = f"SECRET-{secrets.token_hex(8)}"
+    path = tmp_path_factory.mktemp("secret") / "secret.txt"
+    path.write_text(marker + "\n")
+    return path, marker
 
 
 def shown(markdown: str) -> str:
@@ -278,6 +303,15 @@ def engine_pid(app: dict) -> int:
     raise AssertionError("no engine process found")
 
 
+@pytest.fixture(scope="session")
+def shared_app(tmp_path_factory, selftest_models_dir):
+    """The app on the self-test model as ``./launch.sh`` starts it, shared by the files that use it: one per worker
+    process that runs any of them, not one per file. Its outputs, history and console hold every such file's runs,
+    so a test looks for its own."""
+    with selftest_app(tmp_path_factory, selftest_models_dir, "shared") as app:
+        yield app
+
+
 @pytest.fixture(scope="module")
 def client(server):
     """An API client of the app that the test module runs as its ``server`` fixture (a dict with its "url")."""
@@ -358,6 +392,30 @@ class Screenshots:
 @pytest.fixture(scope="session")
 def shot():
     return Screenshots()
+
+
+# The kinds of test that start something heavy (pytest.ini lists them); each is also ``slow``, and the quick lane
+# (``./launch.sh test -m "not slow"``) leaves them out. A file says its kind with ``pytestmark``; tests/browser/ is
+# ``browser`` as a whole.
+SLOW_KINDS = ("bench", "browser", "server", "process", "timed")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Every test of a heavy kind is ``slow`` too; and the files run heaviest kind first (pytest.ini's ``--dist
+    loadfile --no-loadscope-reorder`` hands out whole files in this order), so that the many quick files fill the two
+    workers' ends rather than one long file keeping one worker busy after the other is done."""
+    browser_folder = Path(__file__).parent / "browser"
+    for item in items:
+        if browser_folder in Path(item.path).parents:
+            item.add_marker(pytest.mark.browser)
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)
+    first = {}   # each file's rank: the heaviest kind of test it holds (SLOW_KINDS' order), quick files last
+    for item in items:
+        rank = next((n for n, kind in enumerate(SLOW_KINDS) if item.get_closest_marker(kind)), len(SLOW_KINDS))
+        first[item.path] = min(rank, first.get(item.path, rank))
+    items.sort(key=lambda item: first[item.path])   # stable: each file's tests keep their order
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

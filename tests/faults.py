@@ -33,3 +33,20 @@ class InjectedFaults:
         self.entered[phase] += 1
         if self.entered[phase] <= self.out_of_memory.get(phase, 0):
             raise InjectedOutOfMemory(f"out of memory (injected into {phase} for a test)")
+
+
+@dataclass(frozen=True)
+class CrashWhenAsked:
+    """A PhaseHook for every engine process of a client (``every_process``): the start of the phase named in the
+    file ``order`` kills the engine process (SIGKILL), once: the file is removed first. The tests crash one engine
+    in each phase in turn this way, each fresh engine serving on, instead of starting two engines per phase."""
+    order: str
+    every_process = True
+
+    def before_phase(self, phase: str) -> None:
+        from pathlib import Path
+
+        order = Path(self.order)
+        if order.is_file() and order.read_text() == phase:
+            order.unlink()
+            os.kill(os.getpid(), signal.SIGKILL)

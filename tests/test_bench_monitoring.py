@@ -7,9 +7,13 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from engine.events import FailureKind
 from engine.service.metrics import OUTCOMES
 from tests.conftest import ROOT, app_env
+
+pytestmark = pytest.mark.bench
 
 
 def test_the_feed_of_a_tiny_run_is_graphed_by_prometheus(tmp_path):

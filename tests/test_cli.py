@@ -19,6 +19,8 @@ from engine.models.loras import Lora
 from engine.outputs.export import read_video
 from tests.conftest import ROOT, app_command, app_env, app_main, said
 
+pytestmark = pytest.mark.process
+
 REVISION = "89abcdef0123456789abcdef0123456789abcdef"
 
 
@@ -28,9 +30,16 @@ def generate(*args, models_dir, outputs, env=None, timeout=180):
 
 
 def test_generate_with_the_selftest_model_writes_video_and_sidecar(selftest_models_dir, outputs):
+    """Also a new user's terminal: the first line says the engine is starting, the table times it, nothing leaks."""
     done = generate("--model", "selftest-t2v", "--prompt", "a cat", "--seed", "42",
                     models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 0, done.stderr
+    assert done.stderr.splitlines()[0] == "[Engine start (libraries)]"
+    lines = done.stderr.splitlines()   # the plan, then its reasons under it
+    heading = next(i for i, line in enumerate(lines) if line.startswith("  Plan: CPU only (predicted peak"))
+    assert lines[heading + 1].startswith("    - No GPU found"), lines
+    assert re.search(r"^  Engine start \(libraries\) +\d+\.\d{3} s", done.stdout, re.M), done.stdout
+    assert "leaked semaphore" not in done.stderr and "Traceback" not in done.stderr
     videos = list(outputs.rglob("*.mp4"))
     assert len(videos) == 1 and f"Wrote {videos[0]}" in done.stdout
     frames, fps = read_video(videos[0])
@@ -40,13 +49,6 @@ def test_generate_with_the_selftest_model_writes_video_and_sidecar(selftest_mode
     assert "Phase timings:" in done.stdout and "Denoise" in done.stdout and "VAE decode" in done.stdout
     assert "step 4/4" in done.stderr
     assert "self-test model" in done.stdout
-
-
-def test_generate_one_frame_writes_a_png(selftest_models_dir, outputs):
-    done = generate("--model", "selftest-t2v", "--prompt", "a cat", "--frames", "1",
-                    models_dir=selftest_models_dir, outputs=outputs)
-    assert done.returncode == 0, done.stderr
-    assert len(list(outputs.rglob("*.png"))) == 1 and not list(outputs.rglob("*.mp4"))
 
 
 def test_generate_image_to_video(selftest_models_dir, outputs, image_file):
@@ -211,7 +213,7 @@ def test_generate_with_a_lora_of_nan_weights_exits_non_zero_naming_it(selftest_m
     import torch
     from safetensors.torch import save_file
 
-    from tests.engine.test_lora import diffusers_lora
+    from tests.helpers.loras import diffusers_lora
 
     lora = tmp_path / "broken.safetensors"
     save_file({name: torch.full_like(t, float("nan")) for name, t in diffusers_lora().items()}, lora)
@@ -224,20 +226,7 @@ def test_generate_with_a_lora_of_nan_weights_exits_non_zero_naming_it(selftest_m
     assert not list(outputs.rglob("*.mp4")) and "Wrote" not in done.stdout
 
 
-# ----- a new user's terminal --------------------------------------------------------------------------------
-def test_the_first_line_says_the_engine_is_starting_and_the_table_times_it_and_nothing_leaks(selftest_models_dir,
-                                                                                            outputs):
-    done = generate("--model", "selftest-t2v", "--prompt", "a cat", "--steps", "2",
-                    models_dir=selftest_models_dir, outputs=outputs)
-    assert done.returncode == 0, done.stderr
-    assert done.stderr.splitlines()[0] == "[Engine start (libraries)]"
-    lines = done.stderr.splitlines()   # the plan, then its reasons under it
-    heading = next(i for i, line in enumerate(lines) if line.startswith("  Plan: CPU only (predicted peak"))
-    assert lines[heading + 1].startswith("    - No GPU found"), lines
-    assert re.search(r"^  Engine start \(libraries\) +\d+\.\d{3} s", done.stdout, re.M), done.stdout
-    assert "leaked semaphore" not in done.stderr and "Traceback" not in done.stderr
-
-
+# ----- a new user's terminal (the first line and the table: the self-test generate above) ----------------------
 def test_bad_input_is_refused_before_any_engine_starts(selftest_models_dir, outputs):
     for args in (("--width", "70"), ("--prompt", " "), ("--model", "selftest-i2v")):
         done = generate("--model", "selftest-t2v", "--prompt", "a cat", *args, models_dir=selftest_models_dir,
@@ -378,11 +367,14 @@ def test_post_makes_an_output_smoother_beside_it_and_refuses_a_still_in_a_senten
     made = video.with_name(video.stem + "_smoother2x.mp4")
     assert f"Wrote {made}" in smoother.stdout and json.loads(made.with_suffix(".json").read_text())["output"][
         "frames"] == 17
+    stills = outputs.parent / "stills"   # one frame: a PNG, and no video
     still = generate("--model", "selftest-t2v", "--prompt", "a still", "--frames", "1", "--steps", "2",
-                     models_dir=selftest_models_dir, outputs=outputs)
-    image = next(outputs.rglob("*.png"))
+                     models_dir=selftest_models_dir, outputs=stills)
+    assert still.returncode == 0, still.stderr
+    [image] = list(stills.rglob("*.png"))
+    assert not list(stills.rglob("*.mp4"))
     refused = app_main("post", str(image), "--interpolate", "2")
-    assert still.returncode == 0 and refused.returncode == 2 and "a still has no frames" in refused.stderr.lower()
+    assert refused.returncode == 2 and "a still has no frames" in refused.stderr.lower()
 
 
 def test_extend_continues_an_output_with_its_prompt_and_video_remakes_one_by_a_strength(selftest_models_dir,
@@ -416,11 +408,11 @@ def test_extend_continues_an_output_with_its_prompt_and_video_remakes_one_by_a_s
 
 def test_a_playlist_or_manifest_given_as_a_video_is_refused_before_anything_reads_what_it_names(selftest_models_dir,
                                                                                                   outputs, tmp_path):
-    from tests.engine.test_video_containers import _dash, _hls, _video
+    from tests.helpers.containers import dash, hls, video
 
-    secret = _video(tmp_path / "private" / "secret.mp4")
-    (tmp_path / "video.mp4").write_text(_dash(secret))
-    (tmp_path / "clip.m3u8").write_text(_hls(secret))
+    secret = video(tmp_path / "private" / "secret.mp4")
+    (tmp_path / "video.mp4").write_text(dash(secret))
+    (tmp_path / "clip.m3u8").write_text(hls(secret))
     for option, upload, said in (("--video", "video.mp4", "a DASH manifest"), ("--extend", "clip.m3u8",
                                                                                  "an HLS playlist")):
         done = generate(option, str(tmp_path / upload), "--prompt", "x", models_dir=selftest_models_dir,

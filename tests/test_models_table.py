@@ -10,6 +10,8 @@ from engine.planning.planner import LADDER
 from engine.settings.presets import load_presets
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.slow   # in process, but every model's table on every machine: seconds of planning
+
 
 @pytest.fixture(scope="module")
 def written() -> str:

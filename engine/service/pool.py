@@ -121,11 +121,13 @@ class EnginePool:
     def __init__(self, models_dir: Path | str = "models", gpus: GpuChoice = GpuChoice(),
                  latents_hours: float | None = None, preview_seconds: float | None = None,
                  faults: PhaseHook = NO_FAULTS, on_resize: Callable[[int], None] | None = None,
-                 outputs_dir: Path | str | None = None):
+                 outputs_dir: Path | str | None = None, ranks_grace_s: float = RANKS_GRACE_S):
         """``on_resize(n)``: told how many engines there are once the machine's GPUs are known (the queue runs
         that many jobs at once). ``faults`` go to the first engine process only (tests). ``outputs_dir``: the
-        app's outputs folder (the engines find this machine's measured rates there)."""
+        app's outputs folder (the engines find this machine's measured rates there). ``ranks_grace_s``: how long
+        the other ranks of a split job get to end after its leader has (tests shorten it rather than wait)."""
         self.models_dir = str(models_dir)
+        self.ranks_grace_s = ranks_grace_s
         self.choice = gpus
         self._options = {"latents_hours": latents_hours, "preview_seconds": preview_seconds,
                          "outputs_dir": outputs_dir}
@@ -313,10 +315,10 @@ class EnginePool:
             lead.close()
             self.cancel(slots[1:])
             for slot, thread in followers:
-                thread.join(RANKS_GRACE_S)
+                thread.join(self.ranks_grace_s)
                 if thread.is_alive():   # stuck in a collective its leader left: stopped, and started afresh
                     self.engines[slot].kill()
-                    thread.join(RANKS_GRACE_S)
+                    thread.join(self.ranks_grace_s)
 
     def _follow(self, rank: int, slot: int, events: Iterator[Event], failures: list, slots: tuple[int, ...]) -> None:
         """Drain a following rank's events (its engine says nothing the user needs); a failure stops the group:
@@ -327,7 +329,7 @@ class EnginePool:
             if isinstance(event, JobFailed) and event.kind != "peer":
                 failures.append((rank, event))
                 self.cancel(slots)
-                timer = threading.Timer(RANKS_GRACE_S, self._stop_if_running, args=(slots[0],))
+                timer = threading.Timer(self.ranks_grace_s, self._stop_if_running, args=(slots[0],))
                 timer.daemon = True
                 timer.start()
             if is_terminal(event):

@@ -30,6 +30,14 @@ STEP_FACTOR = 20.0
 STEP_FLOOR_S = 600.0
 
 
+@dataclass(frozen=True)
+class Silence:
+    """How long an engine may stay silent: the defaults above (tests shorten them rather than wait them out)."""
+    limit_s: float = SILENCE_LIMIT_S
+    after_cancel_s: float = CANCEL_SILENCE_S
+    ask_after_s: float = QUIET_BEFORE_ASKING_S
+
+
 @dataclass
 class Watchdog:
     """What the client knows of the running job: when it last heard of it and where it is."""
@@ -41,6 +49,7 @@ class Watchdog:
     silent_since: float | None = None      # the first status question left unanswered, if any
     cancelled_at: float | None = None
     said: list = field(default_factory=list)
+    silence: Silence = Silence()
 
     def __post_init__(self):
         self.last_event = self.started
@@ -65,7 +74,7 @@ class Watchdog:
 
     def should_ask(self, now: float) -> bool:
         """Whether to ask the engine's status channel now (it has been quiet a while)."""
-        return now - self.last_event >= QUIET_BEFORE_ASKING_S
+        return now - self.last_event >= self.silence.ask_after_s
 
     def answered(self, alive: bool, now: float) -> None:
         """What the status question got: an answer, or nothing in time."""
@@ -87,7 +96,7 @@ class Watchdog:
     def hung(self, now: float) -> str | None:
         """Why the engine is hung now, as the end of a sentence; None while it is not."""
         if self.silent_since is not None:
-            limit = CANCEL_SILENCE_S if self.cancelled_at is not None else SILENCE_LIMIT_S
+            limit = self.silence.after_cancel_s if self.cancelled_at is not None else self.silence.limit_s
             if now - self.silent_since >= limit:
                 return f"it answered nothing for {now - self.silent_since:.0f} s"
         quiet = now - self.last_event

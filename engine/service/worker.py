@@ -32,7 +32,7 @@ from engine.run.failures import failure_event
 from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.service.commands import PONG, Ask, DecodeSaved, PostOutput, Ready, RunJob, Stop, Unload, Unloaded
 from engine.service.engine_process import run_engine_process
-from engine.service.watchdog import Watchdog
+from engine.service.watchdog import Silence, Watchdog
 from engine.settings.model_fit import check_model_fits
 from engine.settings.request import GenerationRequest, check_request_with_notes
 from engine.settings.values import InputError
@@ -78,13 +78,14 @@ class WorkerClient:
     def __init__(self, models_dir: Path | str = "models", hardware: HardwareProfile | None = None,
                  latents_hours: float | None = None, preview_seconds: float | None = None,
                  faults: PhaseHook = NO_FAULTS, env: dict[str, str] | None = None,
-                 outputs_dir: Path | str | None = None):
+                 outputs_dir: Path | str | None = None, silence: Silence = Silence()):
         """``latents_hours``: how long finished runs' latents are kept; ``preview_seconds``: the least time
         between live previews (0: every step; negative: none); ``faults``: the engine's phase hook in the
         first engine process (tests inject faults with it, such as a crash in a phase), NO_FAULTS after;
         ``env``: variables every engine process of this client starts with (its GPU: engine/service/pool.py);
         ``hardware``: the profile the engine plans for instead of probing its device (a described machine);
-        ``outputs_dir``: the app's outputs folder, where the engine finds this machine's measured rates."""
+        ``outputs_dir``: the app's outputs folder, where the engine finds this machine's measured rates;
+        ``silence``: how long a running engine may answer nothing before it is declared hung."""
         self.models_dir = str(models_dir)
         self.env = dict(env or {})
         self.catalog = ModelCatalog()   # the models' specs and checks, read once per version of their files
@@ -97,6 +98,7 @@ class WorkerClient:
         if outputs_dir is not None:
             self.options["outputs_dir"] = str(outputs_dir)
         self.given_hardware = hardware
+        self.silence = silence
         self._cancel = _SPAWN.Event()
         self._job_lock = threading.Lock()
         self._start_lock = threading.Lock()
@@ -128,8 +130,10 @@ class WorkerClient:
                 child.close()
                 status_child.close()
                 self._worker = _Worker(process, parent, status_parent)
-                # Injected faults apply to the first engine process only: the one started after a fault runs clean.
-                self.options = {**self.options, "faults": NO_FAULTS}
+                # Injected faults apply to the first engine process only: the one started after a fault runs clean
+                # (unless the hook acts on every process: engine/run/faults.py).
+                if not getattr(self.options["faults"], "every_process", False):
+                    self.options = {**self.options, "faults": NO_FAULTS}
             return self._worker
 
     @property
@@ -397,7 +401,7 @@ class WorkerClient:
                         pass
 
     def _read_events(self, worker: _Worker, job_id: str) -> Iterator[Event]:
-        watch = Watchdog(time.monotonic())
+        watch = Watchdog(time.monotonic(), silence=self.silence)
         latents = None
         while True:
             ready = wait([worker.conn, worker.process.sentinel], timeout=WATCH_TICK_S)

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import re
 
-from tests.browser.test_long_videos import _choose
-from tests.browser.test_pages import _open_tab, _set_number, _status
 from tests.conftest import Screenshots
+from tests.helpers.page import choose, open_tab, set_number, status
 
 PROMPT = "two paper boats on a pond"
 # Every status text the page shows, kept in the page as it changes (a short video may pass in less than a poll).
@@ -19,17 +18,17 @@ WATCH_STATUS = """() => { window.__statuses = [];
 def test_the_videos_box_makes_two_videos_that_the_status_and_history_name(page, shot: Screenshots):
     from playwright.sync_api import expect
 
-    _open_tab(page, "Text to Video")
-    _choose(page, "t2v-preset", "Self-test T2V - tiny offline model")
+    open_tab(page, "Text to Video")
+    choose(page, "t2v-preset", "Self-test T2V - tiny offline model")
     page.locator("#t2v-prompt textarea").fill(PROMPT)
     for name, value in (("width", 64), ("height", 64), ("frames", 9), ("steps", 4), ("seed", 5), ("count", 2)):
-        _set_number(page, f"t2v-{name}", value)
+        set_number(page, f"t2v-{name}", value)
     expect(page.locator("#t2v-count input")).to_have_value("2")
     page.evaluate(WATCH_STATUS)
     page.locator("#t2v-generate").click()
-    status = page.locator("#t2v-status")
-    expect(status).to_contain_text("Done in", timeout=180_000)
-    final = _status(page)
+    status_box = page.locator("#t2v-status")
+    expect(status_box).to_contain_text("Done in", timeout=180_000)
+    final = status(page)
     assert "2 outputs, seeds 5, 6" in final, final
     # The seed box holds the seed of the video the player shows (the first), so copying it makes that video again.
     expect(page.locator("#t2v-seed input")).to_have_value("5")
@@ -37,13 +36,13 @@ def test_the_videos_box_makes_two_videos_that_the_status_and_history_name(page, 
     assert any("Video 2 of 2" in text for text in seen), seen[-5:]
     assert not any("Video 2 of 2: Video 2 of 2" in text for text in seen), seen
     shot(page, "t2v-two-videos-done")
-    _open_tab(page, "History")
+    open_tab(page, "History")
     page.locator("#history-refresh").click()
     items = page.locator("#history-gallery .thumbnail-item", has_text=PROMPT)
     expect(items).to_have_count(2, timeout=30_000)
     shot(page, "history-two-videos")
-    _open_tab(page, "Text to Video")
-    _set_number(page, "t2v-count", 1)
+    open_tab(page, "Text to Video")
+    set_number(page, "t2v-count", 1)
 
 
 # The bytes the page keeps in the browser's storage (gradio's run history kept ~1.7 MB a key of every run's outputs).
@@ -63,14 +62,14 @@ def test_a_page_open_through_twenty_jobs_stays_light(page, shot: Screenshots):
         cdp.send("HeapProfiler.collectGarbage")
         return cdp.send("Runtime.getHeapUsage")["usedSize"], page.evaluate(STORED_BYTES)
 
-    _open_tab(page, "Text to Video")
-    _choose(page, "t2v-preset", "Self-test T2V - tiny offline model")
+    open_tab(page, "Text to Video")
+    choose(page, "t2v-preset", "Self-test T2V - tiny offline model")
     page.locator("#t2v-prompt textarea").fill("a light page")
     for name, value in (("width", 64), ("height", 64), ("frames", 5), ("steps", 1), ("count", 1)):
-        _set_number(page, f"t2v-{name}", value)
+        set_number(page, f"t2v-{name}", value)
     weights = {}
     for run in range(1, 21):
-        _set_number(page, "t2v-seed", 1000 + run)
+        set_number(page, "t2v-seed", 1000 + run)
         page.locator("#t2v-generate").click()
         expect(page.locator("#t2v-status")).to_contain_text(f"Seed used: {1000 + run}.", timeout=120_000)
         if run in (5, 20):
@@ -87,7 +86,7 @@ def test_history_captions_tell_outputs_apart_and_its_choice_stays_through_smooth
     chosen."""
     from playwright.sync_api import expect
 
-    _open_tab(page, "History")
+    open_tab(page, "History")
     page.locator("#history-refresh").click()
     items = page.locator("#history-gallery .thumbnail-item")
     expect(items.first).to_be_visible(timeout=30_000)
@@ -96,14 +95,14 @@ def test_history_captions_tell_outputs_apart_and_its_choice_stays_through_smooth
     assert all(re.match(r"T2V · \d+ fr \d+x\d+ · seed \d+ · \d\d-\d\d \d\d:\d\d:\d\d · ", text) for text in captions), captions
     assert len(set(captions)) == len(captions), captions
     page.locator("#history-smoother").click()
-    status = page.locator("#history-post-status")
-    expect(status).to_contain_text("ick an output in the gallery first", timeout=30_000)
+    status_box = page.locator("#history-post-status")
+    expect(status_box).to_contain_text("ick an output in the gallery first", timeout=30_000)
     boats = page.locator("#history-gallery .thumbnail-item", has_text=PROMPT).first
     chosen = boats.inner_text().strip()
     boats.click()
-    expect(status).to_have_text("", timeout=10_000)
+    expect(status_box).to_have_text("", timeout=10_000)
     page.locator("#history-smoother").click()
-    expect(status).to_contain_text("Done", timeout=120_000)
+    expect(status_box).to_contain_text("Done", timeout=120_000)
     expect(page.locator("#history-gallery .thumbnail-item", has_text="smoother 2x")).to_have_count(1, timeout=30_000)
     selected = page.locator("#history-gallery .thumbnail-item.selected")
     expect(selected).to_have_count(1)

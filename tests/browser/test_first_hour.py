@@ -6,9 +6,9 @@ import os
 import signal
 
 
-from tests.browser.test_pages import (_no_error_badge, _open_tab, _set_number, _set_text, _start_long_job, _status,
-                                      _table_text, _toasts)
 from tests.conftest import Screenshots, engine_pid
+from tests.helpers.page import (no_error_badge, open_tab, set_number, set_text, start_long_job, status, table_text,
+                                toasts)
 
 
 def _log(app_server) -> str:
@@ -22,10 +22,10 @@ def test_generate_is_in_sight_on_a_1280x720_screen(browser, app_server, shot: Sc
         page.goto(app_server["url"])
         page.locator("#t2v-generate").wait_for()
         for tab, button in (("Text to Video", "#t2v-generate"), ("Image to Video", "#i2v-generate")):
-            _open_tab(page, tab)
+            open_tab(page, tab)
             box = page.locator(button).bounding_box()
             assert box and box["y"] + box["height"] <= 720, f"{button} is below the fold: {box}"
-        _open_tab(page, "Text to Video")
+        open_tab(page, "Text to Video")
         # The preset's whole title fits its box.
         assert page.evaluate("() => { const i = document.querySelector('#t2v-preset input');"
                              " return i.scrollWidth <= i.clientWidth; }")
@@ -35,41 +35,41 @@ def test_generate_is_in_sight_on_a_1280x720_screen(browser, app_server, shot: Sc
 
 
 def test_a_settings_mistake_is_said_once_and_the_next_run_clears_it(page, app_server, shot: Screenshots):
-    _open_tab(page, "Text to Video")
-    _set_text(page, "t2v-model", "selftest-t2v")
+    open_tab(page, "Text to Video")
+    set_text(page, "t2v-model", "selftest-t2v")
     page.locator("#t2v-prompt textarea").fill("")
-    _set_number(page, "t2v-width", 70)
-    _set_number(page, "t2v-frames", 241)
-    _set_number(page, "t2v-window", 129)
+    set_number(page, "t2v-width", 70)
+    set_number(page, "t2v-frames", 241)
+    set_number(page, "t2v-window", 129)
     page.locator("#t2v-generate").click()
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.includes('Not started')")
-    lines = [line for line in _status(page).splitlines() if line.strip()]
+    lines = [line for line in status(page).splitlines() if line.strip()]
     assert lines == ["Not started: the settings need a change.",
                      "The prompt is empty: describe what the video should show.",
                      "Width 70 is not a multiple of 16, which selftest-t2v needs: try 64 or 80.",
                      "A window of 129 frames is more than selftest-t2v can see at once (its position table has 32 "
                      "rows for the frames): use at most 125."], lines
     # Said once: not on the result box, not in everyone's system panel; a short toast that closes by itself.
-    assert _no_error_badge(page, "t2v-video")
+    assert no_error_badge(page, "t2v-video")
     assert "prompt" not in page.locator("#system-panel").inner_text()
-    assert any("Not started" in toast for toast in _toasts(page))
+    assert any("Not started" in toast for toast in toasts(page))
     shot(page, "t2v-settings-refused")
     page.wait_for_function("() => document.querySelectorAll('.toast-body').length === 0", timeout=15_000)
     # A number the form's own limits refuse gets the same kind of sentence and replaces the earlier one.
-    _set_number(page, "t2v-width", 64)
-    _set_number(page, "t2v-window", 0)
-    _set_number(page, "t2v-frames", 1030)
+    set_number(page, "t2v-width", 64)
+    set_number(page, "t2v-window", 0)
+    set_number(page, "t2v-frames", 1030)
     page.locator("#t2v-prompt textarea").fill("a fox")
     page.locator("#t2v-generate").click()
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.includes('Frames 1030')")
-    assert "The prompt is empty" not in _status(page)
-    assert "Frames 1030 is out of range: use 1 to 1025." in _status(page)
-    _set_number(page, "t2v-frames", 9)
-    _set_number(page, "t2v-steps", 3)
+    assert "The prompt is empty" not in status(page)
+    assert "Frames 1030 is out of range: use 1 to 1025." in status(page)
+    set_number(page, "t2v-frames", 9)
+    set_number(page, "t2v-steps", 3)
     page.locator("#t2v-generate").click()
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Done in')",
                            timeout=120_000)
-    assert "Not started" not in _status(page) and "Frames 1030" not in _status(page)
+    assert "Not started" not in status(page) and "Frames 1030" not in status(page)
     # The console has one line per mistake and no traceback.
     log = _log(app_server)
     assert "[page] Not started: the settings need a change. The prompt is empty" in log
@@ -77,30 +77,30 @@ def test_a_settings_mistake_is_said_once_and_the_next_run_clears_it(page, app_se
 
 
 def test_the_frames_maximum_and_hint_follow_the_model(page):
-    _open_tab(page, "Text to Video")
-    _set_text(page, "t2v-model", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+    open_tab(page, "Text to Video")
+    set_text(page, "t2v-model", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
     page.wait_for_function("() => document.querySelector('#t2v-frames').innerText.includes('in windows past 81')")
     assert page.locator("#t2v-frames input").get_attribute("max") == "1025"
     assert page.locator("#t2v-window input").get_attribute("max") == "257"
-    _set_text(page, "t2v-model", "selftest-t2v")
+    set_text(page, "t2v-model", "selftest-t2v")
     page.wait_for_function("() => document.querySelector('#t2v-frames').innerText.includes("
                            "'Frames (4k+1, at most 1025; in windows past 125)')")
     assert page.locator("#t2v-window input").get_attribute("max") == "125"
     assert "the model's own, 125 frames" in page.locator("#t2v-window").inner_text()
     assert page.locator("#t2v-width input").get_attribute("max") == "512"
     # The plan says the same before anything runs.
-    _set_number(page, "t2v-frames", 241)
-    _set_number(page, "t2v-window", 129)
+    set_number(page, "t2v-frames", 241)
+    set_number(page, "t2v-window", 129)
     page.wait_for_function("() => document.querySelector('#t2v-plan').innerText.includes("
                            "'A window of 129 frames is more than selftest-t2v can see at once')")
-    _set_number(page, "t2v-window", 0)
-    _set_number(page, "t2v-frames", 9)
+    set_number(page, "t2v-window", 0)
+    set_number(page, "t2v-frames", 9)
 
 
 def test_a_file_that_is_not_an_image_is_named_before_anything_runs(page, app_server, shot: Screenshots, tmp_path):
     not_an_image = tmp_path / "holiday.png"
     not_an_image.write_text("a text file named like a picture")
-    _open_tab(page, "Image to Video")
+    open_tab(page, "Image to Video")
     page.locator("#i2v-image input[type=file]").set_input_files(str(not_an_image))
     page.wait_for_function("() => document.querySelector('#i2v-fit-note').innerText.includes('Cannot use this image')")
     said = "Image 'holiday.png' is not a readable image (not a known image format); upload a PNG, JPEG or WebP image."
@@ -108,14 +108,14 @@ def test_a_file_that_is_not_an_image_is_named_before_anything_runs(page, app_ser
     page.locator("#i2v-prompt textarea").fill("waves")
     page.locator("#i2v-generate").click()
     page.wait_for_function("() => document.querySelector('#i2v-status [data-testid=markdown]').innerText.includes('Not started')")
-    assert said in _status(page, "i2v") and _no_error_badge(page, "i2v-video")
+    assert said in status(page, "i2v") and no_error_badge(page, "i2v-video")
     shot(page, "i2v-not-an-image")
     assert "Traceback" not in _log(app_server) and "UnidentifiedImageError" not in _log(app_server)
     page.locator("#i2v-image button[aria-label='Remove Image']").first.click()
 
 
 def test_the_plan_on_a_cpu_hides_what_changes_nothing_and_offers_ti2v_5b_for_images(page):
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     # Hidden once the engine process has said what it runs on (its libraries load with the page).
     page.wait_for_function("() => !document.querySelector('#t2v-strategy')")
     for hidden in ("strategy", "text-encoder", "compile", "attention"):
@@ -124,7 +124,7 @@ def test_the_plan_on_a_cpu_hides_what_changes_nothing_and_offers_ti2v_5b_for_ima
     assert page.locator("#t2v-vae-tiling").is_visible()
     plan = page.locator("#t2v-plan").inner_text()
     assert "Strategy: CPU only" in plan and "Transfer" not in plan and "all_on_device" not in plan
-    _open_tab(page, "Image to Video")
+    open_tab(page, "Image to Video")
     page.locator("#i2v-preset input").click()
     page.locator("[role=option]").first.wait_for()
     options = page.evaluate("() => [...document.querySelectorAll('[role=option]')].map(o => o.innerText)")
@@ -133,21 +133,21 @@ def test_the_plan_on_a_cpu_hides_what_changes_nothing_and_offers_ti2v_5b_for_ima
 
 
 def test_decode_again_with_nothing_saved_says_so_and_its_buttons_are_off(page, shot: Screenshots):
-    _open_tab(page, "Decode again")
+    open_tab(page, "Decode again")
     page.wait_for_function("() => document.querySelector('#decode-note').innerText.includes('No saved latents')")
     assert page.locator("#decode-tiled").is_disabled() and page.locator("#decode-cpu").is_disabled()
     shot(page, "decode-again-empty")
 
 
 def test_after_a_fault_nothing_on_the_page_says_the_job_still_runs(page, app_server, shot: Screenshots):
-    _open_tab(page, "Text to Video")
-    _set_text(page, "t2v-model", "selftest-t2v")
-    _start_long_job(page, "a job whose engine dies", width=64, height=64, frames=9)
+    open_tab(page, "Text to Video")
+    set_text(page, "t2v-model", "selftest-t2v")
+    start_long_job(page, "a job whose engine dies", width=64, height=64, frames=9)
     os.kill(engine_pid(app_server), signal.SIGKILL)
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Failed during Denoise')",
                            timeout=60_000)
-    assert "The engine process stopped unexpectedly during denoise (killed by signal SIGKILL)" in _status(page)
-    assert "failed at step" in _table_text(page, "t2v-timings") and "ETA" not in _table_text(page, "t2v-timings")
+    assert "The engine process stopped unexpectedly during denoise (killed by signal SIGKILL)" in status(page)
+    assert "failed at step" in table_text(page, "t2v-timings") and "ETA" not in table_text(page, "t2v-timings")
     page.wait_for_function("() => /Engine: (idle|starting)/.test(document.querySelector('#system-panel').innerText)",
                            timeout=10_000)
     assert "running:" not in page.locator("#system-panel").inner_text()
@@ -155,7 +155,7 @@ def test_after_a_fault_nothing_on_the_page_says_the_job_still_runs(page, app_ser
                            "document.querySelector('#system-panel').innerText)", timeout=30_000)
     assert page.locator("#t2v-cancel").get_attribute("class").count("secondary") == 1
     shot(page, "t2v-failed")
-    _set_number(page, "t2v-steps", 3)
+    set_number(page, "t2v-steps", 3)
     page.locator("#t2v-generate").click()   # a fresh engine takes the next job
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Done in')",
                            timeout=120_000)
@@ -169,15 +169,15 @@ def test_the_low_noise_fields_show_only_for_a_model_with_a_low_noise_expert(page
     """Guidance 2 and the low-noise transformer file mean something for Wan2.2 A14B only (the table of known
     models says so before any download); for a one-transformer model they are hidden."""
     fields = ("#t2v-guidance-2", "#t2v-transformer-2-file")
-    _open_tab(page, "Text to Video")
-    _set_text(page, "t2v-model", "selftest-t2v")
+    open_tab(page, "Text to Video")
+    set_text(page, "t2v-model", "selftest-t2v")
     for selector in fields:
         page.wait_for_function(f"() => !{_shown(selector)}")
-    _set_text(page, "t2v-model", "Wan-AI/Wan2.2-T2V-A14B-Diffusers")
+    set_text(page, "t2v-model", "Wan-AI/Wan2.2-T2V-A14B-Diffusers")
     for selector in fields:
         page.wait_for_function(f"() => {_shown(selector)}")
     shot(page, "t2v-a14b-low-noise-fields")
-    _set_text(page, "t2v-model", "selftest-t2v")
+    set_text(page, "t2v-model", "selftest-t2v")
     for selector in fields:
         page.wait_for_function(f"() => !{_shown(selector)}")
     assert page.locator("#t2v-guidance").is_visible() and page.locator("#t2v-transformer-file").is_visible()
@@ -193,7 +193,7 @@ def test_without_a_model_flag_the_tabs_open_on_a_preset_that_fits_this_machine(b
     with running_app(folder / "app.log", "--outputs", str(folder / "outputs"), "--models-dir",
                      str(selftest_models_dir)) as (url, _), open_page(browser, url) as page:
         for tab, prefix, preset in (("Text to Video", "t2v", "Self-test"), ("Image to Video", "i2v", "Self-test")):
-            _open_tab(page, tab)
+            open_tab(page, tab)
             page.wait_for_function(f"() => document.querySelector('#{prefix}-preset input').value.includes('{preset}')",
                                    timeout=90_000)
             page.wait_for_function(f"() => document.querySelector('#{prefix}-model textarea, #{prefix}-model input')"
@@ -201,5 +201,5 @@ def test_without_a_model_flag_the_tabs_open_on_a_preset_that_fits_this_machine(b
             page.wait_for_function(f"() => /fits/i.test(document.querySelector('#{prefix}-plan').innerText) && "
                                    f"!/does NOT fit/.test(document.querySelector('#{prefix}-plan').innerText)",
                                    timeout=60_000)
-        _open_tab(page, "Text to Video")
+        open_tab(page, "Text to Video")
         shot(page, "t2v-opens-on-a-preset-that-fits")

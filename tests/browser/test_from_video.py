@@ -6,8 +6,8 @@ import pytest
 from playwright.sync_api import expect
 
 from engine.outputs.export import write_mp4
-from tests.browser.test_pages import _open_tab, _set_number, _set_text, _status
 from tests.conftest import Screenshots
+from tests.helpers.page import open_tab, set_number, set_text
 
 RUN_S = 120_000
 
@@ -25,8 +25,8 @@ def _number(page, elem_id: str) -> int:
 
 
 def test_the_video_to_video_tab_shows_what_it_starts_from_and_makes_it_again(page, shot: Screenshots, clip):
-    _open_tab(page, "Video to Video")
-    _set_text(page, "v2v-model", "selftest-t2v")
+    open_tab(page, "Video to Video")
+    set_text(page, "v2v-model", "selftest-t2v")
     page.locator("#v2v-input input[type=file]").set_input_files(str(clip))
     note = page.locator("#v2v-fit-note")
     expect(note).to_contain_text("Made again at", timeout=30_000)
@@ -35,14 +35,14 @@ def test_the_video_to_video_tab_shows_what_it_starts_from_and_makes_it_again(pag
     page.wait_for_function("() => Number(document.querySelector('#v2v-width input').value) > "
                            "Number(document.querySelector('#v2v-height input').value)")
     expect(page.locator("#v2v-frames input")).to_have_value("13")
-    _set_number(page, "v2v-frames", 5)
+    set_number(page, "v2v-frames", 5)
     page.locator("#v2v-use-shape").click()     # the button takes the whole length again
     expect(page.locator("#v2v-frames input")).to_have_value("13")
     expect(note).to_contain_text("read at 16 fps")
     page.locator("#v2v-fitted img").wait_for()
     page.locator("#v2v-prompt textarea").fill("the ramp, in other colours")
-    _set_number(page, "v2v-steps", 4)
-    _set_number(page, "v2v-frames", 9)
+    set_number(page, "v2v-steps", 4)
+    set_number(page, "v2v-frames", 9)
     slider = page.locator("#v2v-strength input[type=number]")
     # A strength past 1 typed in the box: the page sets 1 and says so, in the sentence the API refuses it with.
     slider.fill("1.5")
@@ -61,23 +61,23 @@ def test_the_video_to_video_tab_shows_what_it_starts_from_and_makes_it_again(pag
     page.locator("#v2v-video video").wait_for()
     shot(page, "v2v-tab-run")
     # Too many frames for the video: said under the preview, and refused in a sentence.
-    _set_number(page, "v2v-frames", 33)
+    set_number(page, "v2v-frames", 33)
     expect(note).to_contain_text("make at most 13")
     page.locator("#v2v-generate").click()
     expect(page.locator("#v2v-status")).to_contain_text("make at most 13 frames", timeout=30_000)
-    _set_number(page, "v2v-frames", 9)
+    set_number(page, "v2v-frames", 9)
 
 
 def test_history_extends_an_output_and_makes_it_again(page, shot: Screenshots):
-    _open_tab(page, "Text to Video")
-    _set_text(page, "t2v-model", "selftest-t2v")
+    open_tab(page, "Text to Video")
+    set_text(page, "t2v-model", "selftest-t2v")
     page.locator("#t2v-prompt textarea").fill("a lantern swinging in the wind")
     for name, value in (("frames", 9), ("steps", 4), ("width", 64), ("height", 64)):
-        _set_number(page, f"t2v-{name}", value)
+        set_number(page, f"t2v-{name}", value)
     page.locator("#t2v-generate").click()
     expect(page.locator("#t2v-status")).to_contain_text("Done", timeout=RUN_S)
 
-    _open_tab(page, "History")
+    open_tab(page, "History")
     item = page.locator("#history-gallery .thumbnail-item", has_text="a lantern swinging")
     item.first.click()
     expect(page.locator("#history-extend")).to_be_enabled()
@@ -89,8 +89,8 @@ def test_history_extends_an_output_and_makes_it_again(page, shot: Screenshots):
     assert (_number(page, "i2v-width"), _number(page, "i2v-height")) == (64, 64)
     assert "lantern" in page.locator("#i2v-prompt textarea").input_value()
     page.locator("#i2v-prompt textarea").fill("the lantern falls")
-    _set_number(page, "i2v-frames", 5)
-    _set_number(page, "i2v-steps", 4)
+    set_number(page, "i2v-frames", 5)
+    set_number(page, "i2v-steps", 4)
     expect(page.locator("#i2v-fit-note")).to_contain_text("The joined video: 9 frames and 4 new, 13 frames")
     page.locator("#i2v-generate").click()
     status = page.locator("#i2v-status")
@@ -99,7 +99,7 @@ def test_history_extends_an_output_and_makes_it_again(page, shot: Screenshots):
     expect(page.locator("#i2v-timings")).to_contain_text("Join (the new part after the video)")
     shot(page, "i2v-extend-run")
 
-    _open_tab(page, "History")
+    open_tab(page, "History")
     page.locator("#history-refresh").click()
     page.locator("#history-gallery .thumbnail-item", has_text="the lantern falls").first.click()
     details = page.locator("#history-details")
@@ -117,7 +117,7 @@ def test_history_extends_an_output_and_makes_it_again(page, shot: Screenshots):
 def test_a_video_put_on_an_image_box_says_where_a_video_goes(page, shot: Screenshots, clip, image_file):
     """Picked for the first frame, or dropped on the last frame: no "Invalid file type … Only image/* allowed", one
     sentence under the boxes pointing to Extend a video; an image afterwards clears it."""
-    _open_tab(page, "Image to Video")
+    open_tab(page, "Image to Video")
     page.locator("#i2v-image input[type=file]").set_input_files(str(clip))
     note = page.locator(".wan-video-on-image")
     expect(note).to_contain_text("ramp.mp4 is a video, and this box takes an image (the frame the video starts from): "

@@ -2,43 +2,38 @@
 (Smoother, Larger) chosen in the form."""
 from __future__ import annotations
 
-from tests.browser.test_pages import _open_tab, _set_number, _set_text, _start_long_job, _status
 from tests.conftest import Screenshots
+from tests.helpers.page import choose, open_tab, set_number, set_text, start_long_job, status
 
 
 def test_a_long_video_shows_its_windows_inside_each_step(page, shot: Screenshots):
-    _open_tab(page, "Text to Video")
-    _set_text(page, "t2v-model", "selftest-t2v")
+    open_tab(page, "Text to Video")
+    set_text(page, "t2v-model", "selftest-t2v")
     page.wait_for_function("() => document.querySelector('#t2v-window').innerText.includes('125 frames')")
-    _start_long_job(page, "a long walk along the beach", frames=241, width=128, height=128, window=0, overlap=16)
+    start_long_job(page, "a long walk along the beach", frames=241, width=128, height=128, window=0, overlap=16)
     page.wait_for_function("() => /window [123] of 3|step \\d+\\/200 in 3 windows/"
                            ".test(document.querySelector('#t2v-status').innerText)")
-    assert "window" in _status(page)
+    assert "window" in status(page)
     shot(page, "t2v-long-video-windows")
     page.locator("#t2v-cancel").click()
     page.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('Cancelled')",
                            timeout=60_000)
-    _set_number(page, "t2v-frames", 9)
-    _set_number(page, "t2v-steps", 4)
-    _set_number(page, "t2v-width", 64)
-    _set_number(page, "t2v-height", 64)
-
-
-def _choose(page, elem_id: str, option: str) -> None:
-    page.locator(f"#{elem_id} input").click()
-    page.locator(f"#{elem_id}").get_by_role("option", name=option, exact=True).click()
+    set_number(page, "t2v-frames", 9)
+    set_number(page, "t2v-steps", 4)
+    set_number(page, "t2v-width", 64)
+    set_number(page, "t2v-height", 64)
 
 
 def test_smoother_and_larger_chosen_in_the_form_run_after_the_video_as_their_own_phases(page, shot: Screenshots):
     from playwright.sync_api import expect
 
-    _open_tab(page, "Text to Video")
-    _set_text(page, "t2v-model", "selftest-t2v")
+    open_tab(page, "Text to Video")
+    set_text(page, "t2v-model", "selftest-t2v")
     page.locator("#t2v-prompt textarea").fill("a kite over a hill")
     for name, value in (("frames", 9), ("steps", 4), ("width", 64), ("height", 64)):
-        _set_number(page, f"t2v-{name}", value)
-    _choose(page, "t2v-interpolate", "2x frames")
-    _choose(page, "t2v-upscale", "2x size")
+        set_number(page, f"t2v-{name}", value)
+    choose(page, "t2v-interpolate", "2x frames")
+    choose(page, "t2v-upscale", "2x size")
     page.locator("#t2v-generate").click()
     timings = page.locator("#t2v-timings")
     expect(timings).to_contain_text("Larger (upscale)", timeout=120_000)
@@ -46,6 +41,6 @@ def test_smoother_and_larger_chosen_in_the_form_run_after_the_video_as_their_own
     expect(page.locator("#t2v-status")).to_contain_text("Done")
     expect(page.locator("#t2v-status")).to_contain_text("minterpolate")   # no RIFE file: the fallback, said so
     shot(page, "t2v-smoother-larger-run")
-    _choose(page, "t2v-interpolate", "Off")
-    _choose(page, "t2v-upscale", "Off")
+    choose(page, "t2v-interpolate", "Off")
+    choose(page, "t2v-upscale", "Off")
 

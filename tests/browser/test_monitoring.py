@@ -4,41 +4,26 @@ every query of docs/monitoring/grafana-dashboard.json answered, and Prometheus' 
 real browser (the screenshot the README shows)."""
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
 import time
 import urllib.parse
-from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 
 from engine.service.metrics import OUTCOMES
-from tests.conftest import ROOT, free_port, selftest_app
+from tests.conftest import selftest_app
+from tests.helpers.monitoring import MONITORING, query, started_prometheus, wait_for
 
 USER, PASSWORD = "wan", "a-long-secret-3"
 SMALL = {"mode": "t2v", "prompt": "a red fox", "model": "selftest-t2v", "width": 64, "height": 64, "frames": 9,
          "steps": 2}
-MONITORING = ROOT / "docs" / "monitoring"
 # The dashboard's panels whose queries have data on a CPU once jobs ran (GPU utilisation and VRAM need a GPU; the
 # failed share needs a failed job).
 ANSWERED_ON_A_CPU = {"Jobs done (last hour)", "Waiting in the queue", "Loaded model", "Jobs by outcome", "Job time",
                      "Seconds per phase", "Engine state", "Engine RAM", "Failures by kind", "Refusals by kind",
                      "Queue wait"}
-
-
-def prometheus_path() -> str:
-    """WAN_TEST_PROMETHEUS (./launch.sh test sets it), else one on this machine; the test fails without one."""
-    from tests.prometheus_setup import ENV, find_installed
-
-    path = os.environ.get(ENV, "").strip() or find_installed()
-    if not path:
-        pytest.fail(f"no Prometheus for the monitoring test: run the tests with ./launch.sh test (launch.bat test on "
-                    f"Windows), which finds or installs one, or set {ENV} to a prometheus program")
-    return path
 
 
 def dashboard_queries() -> list[tuple[str, str]]:
@@ -69,51 +54,6 @@ def prometheus(tmp_path_factory, app):
         yield started
 
 
-@contextlib.contextmanager
-def started_prometheus(folder: Path, config: dict):
-    """A real Prometheus run with ``config`` (written to ``folder``), once it says it is ready: {"url", "log"}."""
-    (folder / "prometheus.yml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    with open(folder / "prometheus.log", "w+") as log:
-        proc = subprocess.Popen([prometheus_path(), f"--config.file={folder / 'prometheus.yml'}",
-                                 f"--storage.tsdb.path={folder / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=folder)
-        url = f"http://127.0.0.1:{port}"
-        try:
-            _wait_for(lambda: _ready(url), 60, lambda: Path(log.name).read_text())
-            yield {"url": url, "log": Path(log.name)}
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def _ready(url: str) -> bool:
-    try:
-        return httpx.get(f"{url}/-/ready", timeout=2).status_code == 200
-    except httpx.HTTPError:
-        return False
-
-
-def _wait_for(check, timeout_s: float, explain=lambda: ""):
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.5)
-    raise AssertionError(f"gave up after {timeout_s} s\n{explain()}")
-
-
-def query(prometheus: dict, expr: str) -> list[dict]:
-    """The answer of Prometheus' HTTP API to an instant query: its result vector."""
-    answer = httpx.get(f"{prometheus['url']}/api/v1/query", params={"query": expr}, timeout=10).json()
-    assert answer["status"] == "success", (expr, answer)
-    return answer["data"]["result"]
-
-
 def done_jobs(prometheus: dict) -> float:
     found = query(prometheus, 'sum(wan_studio_jobs_total{job="wan-studio", outcome="done"})')
     return float(found[0]["value"][1]) if found else 0.0
@@ -122,24 +62,24 @@ def done_jobs(prometheus: dict) -> float:
 def run_job(http: httpx.Client, **body) -> None:
     made = http.post("/api/v1/jobs", json={**SMALL, **body})
     assert made.status_code == 202, made.text
-    _wait_for(lambda: http.get(f"/api/v1/jobs/{made.json()['id']}").json()["state"] == "done", 120)
+    wait_for(lambda: http.get(f"/api/v1/jobs/{made.json()['id']}").json()["state"] == "done", 120)
 
 
 def test_prometheus_scrapes_the_app_and_answers_every_dashboard_query(app, prometheus, browser, shot):
-    target = _wait_for(lambda: [t for t in httpx.get(f"{prometheus['url']}/api/v1/targets").json()["data"]
+    target = wait_for(lambda: [t for t in httpx.get(f"{prometheus['url']}/api/v1/targets").json()["data"]
                                 ["activeTargets"] if t["health"] == "up"], 30,
                        lambda: httpx.get(f"{prometheus['url']}/api/v1/targets").text)
     assert target[0]["labels"]["job"] == "wan-studio"        # logged in with the password file: up, not 401
     with httpx.Client(base_url=app["url"], auth=(USER, PASSWORD), timeout=120) as http:
         run_job(http)
-        _wait_for(lambda: done_jobs(prometheus) == 1, 30)   # the first job, read back through Prometheus
+        wait_for(lambda: done_jobs(prometheus) == 1, 30)    # the first job, read back through Prometheus
         time.sleep(2)
         for steps in (3, 4):                                 # more jobs once the series exist: rates of them
             run_job(http, steps=steps)
         assert http.post("/api/v1/jobs", json={**SMALL, "width": 70}).status_code == 422
-    _wait_for(lambda: done_jobs(prometheus) == 3, 30)
+    wait_for(lambda: done_jobs(prometheus) == 3, 30)
     # Every bounded series is there from the start, at 0: the refused job's is the one that moved.
-    refused = _wait_for(lambda: [r for r in query(prometheus, 'wan_studio_jobs_total{outcome="refused"}')
+    refused = wait_for(lambda: [r for r in query(prometheus, 'wan_studio_jobs_total{outcome="refused"}')
                                  if float(r["value"][1])], 30)
     assert [float(r["value"][1]) for r in refused] == [1.0] and refused[0]["metric"]["mode"] == "t2v"
     time.sleep(3)                                            # a few scrapes after the last job, for the rates

@@ -6,12 +6,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import Screenshots
-
-
-def _set_number(page, elem_id: str, value) -> None:
-    box = page.locator(f"#{elem_id} input")
-    box.fill(str(value))
-    box.press("Tab")
+from tests.helpers.page import open_tab, set_number, start_long_job, status, table_text
 
 
 def _preview_src(page, prefix: str) -> str | None:
@@ -42,35 +37,6 @@ def _wait_for_playing_video(page, prefix: str) -> dict:
         return {w: v.videoWidth, h: v.videoHeight, duration: v.duration, src: v.currentSrc}; }""", selector)
 
 
-def _table_text(page, elem_id: str) -> str:
-    return page.locator(f"#{elem_id}").inner_text()
-
-
-def _set_text(page, elem_id: str, value: str) -> None:
-    box = page.locator(f"#{elem_id}").locator("input, textarea").first
-    box.fill(value)
-    box.press("Tab")
-
-
-def _status(page, prefix: str = "t2v") -> str:
-    """The status as a person reads it (gradio's hidden status overlay left out)."""
-    return page.locator(f"#{prefix}-status [data-testid=markdown]").inner_text()
-
-
-def _no_error_badge(page, elem_id: str) -> bool:
-    """gradio's red "Error" badge on a component: absent, or in its hidden (transparent) overlay."""
-    return page.evaluate("""id => [...document.querySelectorAll(`#${id} .error`)].every(e => {
-        for (let p = e; p && p.id !== id; p = p.parentElement) {
-            const style = getComputedStyle(p);
-            if (style.opacity === '0' || style.display === 'none' || style.visibility === 'hidden') return true;
-        }
-        return false; })""", elem_id)
-
-
-def _toasts(page) -> list[str]:
-    return page.evaluate("() => [...document.querySelectorAll('.toast-body')].map(t => t.innerText)")
-
-
 def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, shot: Screenshots):
     from playwright.sync_api import expect
 
@@ -79,7 +45,7 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
     page.locator("#t2v-prompt textarea").fill("a red fox running through snow")
     for elem, value in (("t2v-width", 96), ("t2v-height", 64), ("t2v-frames", 17), ("t2v-steps", 40),
                         ("t2v-seed", 42)):
-        _set_number(page, elem, value)
+        set_number(page, elem, value)
     cancel = page.locator("#t2v-cancel")
     assert "secondary" in cancel.get_attribute("class"), "Cancel is red while nothing runs"
     page.locator("#t2v-generate").click()
@@ -90,15 +56,15 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
     page.wait_for_function("() => document.querySelector('#t2v-timings').innerText.includes('Denoise')")
     assert "Live preview after step" in page.locator("#t2v-preview").inner_text()
     # The step count, while it denoises ("step 12/40") or, on a fast machine, once the denoise row is done ("40 steps")
-    shown_so_far = page.locator("#t2v-status").inner_text() + _table_text(page, "t2v-timings")
+    shown_so_far = page.locator("#t2v-status").inner_text() + table_text(page, "t2v-timings")
     assert re.search(r"step \d+/40|40 steps", shown_so_far)
     shot(page, "t2v-running")
     video = _wait_for_playing_video(page, "t2v")
     assert (video["w"], video["h"]) == (96, 64)
     page.wait_for_function("() => document.querySelector('#t2v-timings').innerText.includes('Total')")
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')")
-    status = page.locator("#t2v-status").inner_text()
-    assert "Done in" in status and "Seed used: 42" in status
+    final = page.locator("#t2v-status").inner_text()
+    assert "Done in" in final and "Seed used: 42" in final
     expect(seed_box).to_be_visible()
     assert seed_box.input_value() == "42"
     chart = page.locator("#t2v-timing-chart")
@@ -114,7 +80,7 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
 
 def test_a_still_replaces_the_video_box_and_the_next_video_replaces_the_still(page, shot: Screenshots):
     assert not page.locator("#t2i-image").is_visible()
-    _set_number(page, "t2v-steps", 4)
+    set_number(page, "t2v-steps", 4)
     page.locator("#t2i-generate").click()
     page.wait_for_function("() => { const img = document.querySelector('#t2i-image img');"
                            " return img && img.naturalWidth === 96 && img.naturalHeight === 64; }")
@@ -123,32 +89,18 @@ def test_a_still_replaces_the_video_box_and_the_next_video_replaces_the_still(pa
                            "document.querySelector('#t2v-video').offsetParent === null")
     assert page.locator("#t2i-image").bounding_box()["height"] > 200
     shot(page, "t2i-done")
-    _set_number(page, "t2v-frames", 9)
+    set_number(page, "t2v-frames", 9)
     page.locator("#t2v-generate").click()
     page.locator("#t2v-video video").wait_for(timeout=120_000)
     page.wait_for_function("() => !document.querySelector('#t2i-image') || "
                            "document.querySelector('#t2i-image').offsetParent === null")
-    _set_number(page, "t2v-frames", 17)
-
-
-def _open_tab(page, name: str) -> None:
-    page.get_by_role("tab", name=name).click()
-
-
-def _start_long_job(page, prompt: str, **numbers) -> None:
-    """Text to Video with ``prompt`` and 200 steps (plus any other ``t2v-<name>`` numbers), started and seen
-    running: the status line shows a step (it updates every step, unlike the 2 s system panel)."""
-    page.locator("#t2v-prompt textarea").fill(prompt)
-    for name, value in {**numbers, "steps": 200}.items():
-        _set_number(page, f"t2v-{name}", value)
-    page.locator("#t2v-generate").click()
-    page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+    set_number(page, "t2v-frames", 17)
 
 
 def test_image_to_video_shows_the_crop_at_its_final_size_then_makes_a_video(page, shot: Screenshots, image_file):
-    _open_tab(page, "Image to Video")
-    _set_number(page, "i2v-width", 96)
-    _set_number(page, "i2v-height", 64)
+    open_tab(page, "Image to Video")
+    set_number(page, "i2v-width", 96)
+    set_number(page, "i2v-height", 64)
     page.locator("#i2v-image input[type=file]").set_input_files(str(image_file))
     page.wait_for_function("() => document.querySelector('#i2v-fit-note').innerText.includes('Final size: 96x64')")
     fitted = page.locator("#i2v-fitted img")
@@ -156,8 +108,8 @@ def test_image_to_video_shows_the_crop_at_its_final_size_then_makes_a_video(page
     page.wait_for_function("() => document.querySelector('#i2v-fitted img').naturalWidth === 96")
     assert page.evaluate("() => document.querySelector('#i2v-fitted img').naturalHeight") == 64
     page.locator("#i2v-prompt textarea").fill("waves rolling onto a beach")
-    _set_number(page, "i2v-frames", 9)
-    _set_number(page, "i2v-steps", 12)
+    set_number(page, "i2v-frames", 9)
+    set_number(page, "i2v-steps", 12)
     page.locator("#i2v-generate").click()
     _wait_for_new_preview(page, "i2v", None)
     shot(page, "i2v-running")
@@ -168,10 +120,10 @@ def test_image_to_video_shows_the_crop_at_its_final_size_then_makes_a_video(page
 
 
 def test_cancel_stops_a_running_job_and_keeps_the_earlier_video(page, shot: Screenshots):
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     video = page.locator("#t2v-video video")
     before = video.get_attribute("src") if video.count() else None
-    _start_long_job(page, "a slow sunrise")
+    start_long_job(page, "a slow sunrise")
     # A second Generate while it runs starts nothing, and says so.
     time.sleep(1.6)
     page.locator("#t2v-generate").click()
@@ -183,58 +135,58 @@ def test_cancel_stops_a_running_job_and_keeps_the_earlier_video(page, shot: Scre
     page.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('earlier result is kept')")
     # One wording, true for where it stopped; the phase table no longer counts down.
     assert re.search(r"Cancelled during the denoising, after step \d+ of 200: nothing new was saved, and the "
-                     r"earlier result is kept\. The model stays loaded", _status(page))
-    assert re.search(r"Denoise\s+[\d.]+\s+cancelled after step \d+/200", _table_text(page, "t2v-timings"))
-    assert "ETA" not in _table_text(page, "t2v-timings")
+                     r"earlier result is kept\. The model stays loaded", status(page))
+    assert re.search(r"Denoise\s+[\d.]+\s+cancelled after step \d+/200", table_text(page, "t2v-timings"))
+    assert "ETA" not in table_text(page, "t2v-timings")
     # The engine is free again, and the panel says so at once (not at its next refresh), without the job's text.
     page.wait_for_function("() => /Engine: idle · last job: cancelled during the denoising/.test("
                            "document.querySelector('#system-panel').innerText)", timeout=5_000)
     assert (video.get_attribute("src") if video.count() else None) == before, "the earlier video was lost"
     shot(page, "t2v-cancelled")
-    _set_number(page, "t2v-steps", 4)
+    set_number(page, "t2v-steps", 4)
 
 
 def test_presets_and_history_during_and_after_a_run_reuse_and_apply(page, shot: Screenshots):
     from playwright.sync_api import expect
 
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     # Long enough (about 10 s here) for the other tabs to be seen while it runs.
-    _start_long_job(page, "a lighthouse at dusk", seed=77)
+    start_long_job(page, "a lighthouse at dusk", seed=77)
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: running')",
                            timeout=30_000)
-    _open_tab(page, "Presets")
+    open_tab(page, "Presets")
     # gradio puts a group's elem_id on two nested elements: take the outer one.
     page.locator("#preset-card-selftest-i2v").first.wait_for()
     expect(page.locator("#preset-card-selftest-t2v").first).to_contain_text("Expected on this machine")
     shot(page, "presets-during-run")
-    _open_tab(page, "History")
+    open_tab(page, "History")
     page.locator("#history-gallery .thumbnail-item").first.wait_for()
     shot(page, "history-during-run")
-    _open_tab(page, "Decode again")
+    open_tab(page, "Decode again")
     page.locator("#decode-tiled").wait_for()
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
                            timeout=120_000)
-    _open_tab(page, "History")
+    open_tab(page, "History")
     page.locator("#history-refresh").click()
     item = page.locator("#history-gallery .thumbnail-item", has_text="a lighthouse at dusk")
     item.wait_for()
     item.click()
     expect(page.locator("#history-details")).to_contain_text("a lighthouse at dusk")
     shot(page, "history-after-run")
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     page.locator("#t2v-prompt textarea").fill("something else")
-    _open_tab(page, "History")
+    open_tab(page, "History")
     page.locator("#history-reuse").click()
     expect(page.locator("#t2v-prompt textarea")).to_have_value("a lighthouse at dusk")
     expect(page.locator("#t2v-seed input")).to_have_value("77")
     expect(page.locator("#t2v-steps input")).to_have_value("200")
 
-    _open_tab(page, "Presets")
+    open_tab(page, "Presets")
     shot(page, "presets-after-run")
     page.locator("#use-preset-selftest-i2v").click()
     expect(page.locator("#i2v-generate")).to_be_visible()
     expect(page.locator("#i2v-preset input")).to_have_value("Self-test I2V - tiny offline model")
-    _open_tab(page, "Decode again")
+    open_tab(page, "Decode again")
 
 
 def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app_server, shot: Screenshots):
@@ -242,12 +194,12 @@ def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app
 
     from tests.conftest import open_page
 
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     # About 30 s here: time for a second page to open and queue behind it.
-    _start_long_job(page, "the first visitor's long job", frames=49)
+    start_long_job(page, "the first visitor's long job", frames=49)
     with open_page(browser, app_server["url"]) as other:
         other.locator("#t2v-prompt textarea").fill("the second visitor's job")
-        _set_number(other, "t2v-steps", 3)
+        set_number(other, "t2v-steps", 3)
         other.locator("#t2v-generate").click()
         # Its place and an estimate, in its own status: the first job reports its time left as it runs.
         other.wait_for_function("() => /Waiting in the queue: 1 job ahead of yours, about \\d+(\\.\\d)? (s|min) until it starts/"
@@ -259,7 +211,7 @@ def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app
     page.locator("#t2v-cancel").click()
     # How the long job ended: it was cancelled, or (a fast machine) it had already finished.
     page.wait_for_function("() => /earlier result is kept|Done in/.test(document.querySelector('#t2v-status').innerText)")
-    first_finished = "Done in" in _status(page)
+    first_finished = "Done in" in status(page)
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
                            timeout=30_000)
     page.wait_for_timeout(3000)   # had the withdrawn job still been queued, it would be running or done now
@@ -267,8 +219,8 @@ def test_a_second_visitor_waits_in_the_queue_and_can_leave_it(page, browser, app
     prompts = [json.loads(p.read_text()).get("prompt") for p in app_server["outputs"].rglob("*.json")]
     assert "the second visitor's job" not in prompts, "the withdrawn job ran anyway"
     assert ("the first visitor's long job" in prompts) == first_finished, "the first job's output contradicts its status"
-    _set_number(page, "t2v-steps", 4)
-    _set_number(page, "t2v-frames", 17)
+    set_number(page, "t2v-steps", 4)
+    set_number(page, "t2v-frames", 17)
 
 
 def test_closing_the_page_stops_its_running_job(page, browser, app_server):
@@ -277,7 +229,7 @@ def test_closing_the_page_stops_its_running_job(page, browser, app_server):
     from tests.conftest import open_page
 
     with open_page(browser, app_server["url"]) as leaving:
-        _start_long_job(leaving, "a job whose page is closed", width=256, height=256, frames=33)
+        start_long_job(leaving, "a job whose page is closed", width=256, height=256, frames=33)
     # 200 steps take minutes here; the engine is free again long before that.
     page.wait_for_function("() => document.querySelector('#system-panel').innerText.includes('Engine: idle')",
                            timeout=45_000)
@@ -291,11 +243,11 @@ def test_deleting_your_own_preset_asks_first(page, app_server, shot: Screenshots
     from gradio_client import Client
 
     saved = Path(app_server["log"]).parent / "user_presets" / "fox-draft.json"
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     # A colleague saves a preset while this page is open: it shows when the Presets tab is opened.
     Client(app_server["url"], verbose=False).predict("colleague-pick", "t2v", "selftest-t2v",
                                                     api_name="/save_preset")
-    _open_tab(page, "Presets")
+    open_tab(page, "Presets")
     page.locator("#preset-card-colleague-pick").first.wait_for()
     page.locator("#preset-save-name").locator("input, textarea").first.fill("fox-draft")
     page.locator("#preset-save-button").click()
@@ -324,7 +276,7 @@ def test_deleting_your_own_preset_asks_first(page, app_server, shot: Screenshots
     shot(page, "presets-deleted-tab-switched")
     expect(page.locator("#preset-card-fox-draft")).to_have_count(0)
     assert not saved.exists()
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     expect(page.locator("#t2v-preset input")).to_have_value("Self-test T2V - tiny offline model")
 
 
@@ -334,9 +286,9 @@ def test_a_transformer_file_put_in_the_models_folder_is_listed_after_refresh_and
 
     from engine.models.selftest import SELFTEST_T2V
     from engine.models.single_file import PREFIX
-    from tests.engine.test_single_file import original_state
+    from tests.helpers.weights import original_state
 
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     folder = selftest_models_dir / "transformers"
     folder.mkdir(exist_ok=True)
     state = original_state(selftest_models_dir / SELFTEST_T2V)
@@ -359,7 +311,7 @@ def test_a_lora_added_from_the_models_folder_gets_a_slider_that_rewrites_its_lin
         page, selftest_models_dir, shot: Screenshots):
     from playwright.sync_api import expect
 
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     folder = selftest_models_dir / "loras"
     folder.mkdir(exist_ok=True)
     (folder / "browser-style.safetensors").write_bytes(b"")   # listing reads names only
@@ -407,7 +359,7 @@ def test_a_lora_added_from_the_models_folder_gets_a_slider_that_rewrites_its_lin
 def test_a_two_expert_preset_fills_the_guidance_2_box_and_another_resets_it(page, shot: Screenshots):
     from playwright.sync_api import expect
 
-    _open_tab(page, "Text to Video")
+    open_tab(page, "Text to Video")
     box = page.locator("#t2v-guidance-2 input")
     expect(box).to_have_count(0)         # the self-test preset has one transformer: no low-noise guidance shown
     page.locator("#t2v-preset input").click()
@@ -423,7 +375,7 @@ def test_a_two_expert_preset_fills_the_guidance_2_box_and_another_resets_it(page
 def test_a_guided_preset_shows_the_official_negative_prompt_and_a_distilled_one_none(page, shot: Screenshots):
     from playwright.sync_api import expect
 
-    _open_tab(page, "Image to Video")
+    open_tab(page, "Image to Video")
     box = page.locator("#i2v-negative textarea")
     page.locator("#i2v-preset input").click()
     page.get_by_role("option", name="Wan2.1 I2V 14B - 480x480, 33 frames, 20 steps").click()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.browser.test_pages import _set_number
 from tests.conftest import Screenshots, open_page, running_app
+from tests.helpers.page import set_number
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def test_the_first_job_measures_the_machine_then_the_page_says_how_long_a_video_
                                timeout=120_000)
         assert "Measure this machine (once)" in page.locator("#t2v-timings").inner_text()
         assert (measuring_app["outputs"] / ".calibration.json").is_file()
-        _set_number(page, "t2v-width", 96)           # the plan is worked out again, now with this machine's speed
+        set_number(page, "t2v-width", 96)           # the plan is worked out again, now with this machine's speed
         page.wait_for_function("() => document.querySelector('#t2v-plan').innerText.includes('About')")
         assert "when the model is already loaded" in _plan_text(page)
         page.locator("#t2v-generate").click()

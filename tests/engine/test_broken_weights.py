@@ -20,8 +20,8 @@ from engine.events import JobFailed, JobFinished, PhaseStarted
 from engine.models.fast_decoder_file import MODEL_OWN_FOLDER, random_fast_decoder_state, write_fast_decoder
 from engine.run.engine import Engine
 from tests.conftest import CPU, run_engine, tiny_request
-from tests.engine.test_lora import FAST, diffusers_lora
-from tests.engine.test_single_file import RUN, original_state, write_gguf
+from tests.helpers.loras import FAST, diffusers_lora
+from tests.helpers.weights import RUN, original_state, write_gguf
 
 BEFORE_ANY_STEP = ("text_encode", "denoise", "vae_decode", "export")
 

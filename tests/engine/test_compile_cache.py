@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+import pytest
+
 from engine.device.compile_cache import (COMPILE_CACHE_FOLDER, INDEX_FILE, cache_env, compiled_sizes,
                                          remember_compiled)
 from engine.models.spec import KNOWN_MODELS
 from engine.planning.planner import PlanRequest, plan_memory
 from engine.planning.speed import COMPILE_MIN_PASSES, COMPILE_MIN_PASSES_CACHED, SpeedRequest, compile_key
-from tests.engine.test_planner import HARDWARE
+from tests.helpers.machines import HARDWARE
 
 T2V_13 = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
 H200 = replace(HARDWARE["h200"], triton=True, torch_version="2.13.0")
@@ -77,6 +79,7 @@ def test_an_engine_whose_transformer_ran_compiled_remembers_its_size(model_dirs,
     assert compiled_sizes(tmp_path / "out") == (key,) and engine.hardware.compiled_sizes == (key,)
 
 
+@pytest.mark.process
 def test_the_engine_process_plans_with_the_sizes_kept_beside_the_outputs(tmp_path):
     from engine.service.worker import WorkerClient
 

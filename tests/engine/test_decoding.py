@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -121,9 +122,18 @@ def test_an_engine_run_streams_its_video_and_makes_the_same_file_as_the_whole_de
 
 @dataclass
 class PartialFiles:
-    """A phase hook that only looks: the temporary files under ``folder`` as each phase starts."""
+    """A phase hook that only looks: the temporary files under ``folder`` as each phase starts. Before ``awaited``
+    phases it gives an encoder already started up to ``wait_s`` to open its file (ffmpeg opens it after its first
+    frame, later on a busy machine); the engine waits meanwhile, so a file that appears was not made by that phase."""
     folder: Path
     seen: dict = field(default_factory=dict)
+    awaited: tuple = ("export",)
+    wait_s: float = 10.0
 
     def before_phase(self, phase: str) -> None:
-        self.seen[phase] = sorted(p.name for p in self.folder.rglob(".*partial*"))
+        deadline = time.monotonic() + (self.wait_s if phase in self.awaited else 0)
+        while True:
+            self.seen[phase] = sorted(p.name for p in self.folder.rglob(".*partial*"))
+            if self.seen[phase] or time.monotonic() >= deadline:
+                return
+            time.sleep(0.02)

@@ -65,7 +65,7 @@ def test_a_model_with_one_transformer_never_swaps():
 
 
 def test_the_time_plan_counts_one_expert_copied_at_the_boundary():
-    from tests.engine.test_timing import H200_CALIBRATION
+    from tests.helpers.machines import H200_CALIBRATION
 
     plan = plan_memory(A14B, REQ_480, card(48))
     times = predict_times(A14B, 832, 480, 81, 40, 4.0, plan, H200_CALIBRATION)
@@ -224,7 +224,7 @@ def test_a_lora_on_swapped_experts_computes_beside_the_weights_and_every_run_has
     copy would be lost at the first swap. The LoRA computes beside the weights instead, and two runs agree."""
     from safetensors.torch import save_file
 
-    from tests.engine.test_lora import original_lora
+    from tests.helpers.loras import original_lora
 
     lora = tmp_path / "style.safetensors"
     save_file(original_lora(), lora)

@@ -18,8 +18,7 @@ from engine.planning.speed import SpeedRequest, fp8_compute_missing
 from engine.planning.timing import predict_times
 from engine.run.engine import Engine
 from tests.conftest import CPU, run_engine, tiny_request
-from tests.engine.test_planner import HARDWARE
-from tests.engine.test_timing import H200_CALIBRATION
+from tests.helpers.machines import H200_CALIBRATION, HARDWARE
 
 T2V_13 = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
 I2V_14 = KNOWN_MODELS["Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"]

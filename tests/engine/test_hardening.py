@@ -11,7 +11,6 @@ import json
 import math
 import shutil
 import struct
-import zlib
 
 import numpy as np
 import pytest
@@ -26,6 +25,7 @@ from engine.settings.presets import PresetError, load_preset_file
 from engine.settings.request import MAX_PROMPT_CHARS, check_request, check_request_with_notes, clean_prompt
 from engine.settings.values import SETTING_NAMES, InputError
 from tests.conftest import said, tiny_request
+from tests.helpers.images import png_claiming
 
 W, H = 64, 48
 
@@ -50,14 +50,6 @@ def _refused(request) -> str:
 
 def _noise(size=(300, 200)) -> Image.Image:
     return Image.fromarray(np.random.default_rng(0).integers(0, 255, (size[1], size[0], 3), dtype=np.uint8))
-
-
-def _png_claiming(width: int, height: int) -> bytes:
-    """A valid little PNG whose IHDR claims ``width`` x ``height`` (nothing that size is ever allocated)."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b""))
 
 
 @pytest.mark.parametrize("fmt, suffix", [("JPEG", "jpg"), ("PNG", "png"), ("WEBP", "webp")])
@@ -118,7 +110,7 @@ def test_a_decompression_bomb_is_refused_from_its_header_without_decoding(
     from PIL import ImageFile
 
     bomb = tmp_path / "bomb.png"
-    bomb.write_bytes(_png_claiming(width, height))
+    bomb.write_bytes(png_claiming(width, height))
     pil_limit = Image.MAX_IMAGE_PIXELS
 
     def no_decoding(self):

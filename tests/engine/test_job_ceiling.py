@@ -10,13 +10,12 @@ from dataclasses import replace
 
 import pytest
 
-from engine.device.calibrate import calibrate
 from engine.events import JobCancelled, JobFailed, JobFinished, PhaseStarted, StepFinished
-from engine.outputs.export_rates import export_rates
 from engine.planning.job_time import JobCeiling, JobTime
 from engine.planning.timing import PhaseTimes
 from engine.run.engine import Engine
 from tests.conftest import CPU, run_engine, tiny_request
+from tests.helpers.machines import slow_calibration
 from ui.views.job_view import JobView
 
 
@@ -40,18 +39,6 @@ def test_a_job_past_the_ceiling_is_refused_with_its_numbers_and_what_to_change()
     assert JobCeiling.minutes(30).refusal(job) is None     # under it
     assert JobCeiling().refusal(job) is None and JobCeiling.minutes(0).refusal(job) is None   # no ceiling
     assert JobCeiling.minutes(1).refusal(None) is None      # a machine not measured yet: the engine checks it
-
-
-def slow_calibration(folder, slower: float = 1e4, hardware=CPU) -> None:
-    """This machine's calibration kept in ``folder`` for ``hardware`` (as the engine names it), every compute rate
-    ``slower`` times slower than measured: a tiny job is predicted to take long."""
-    measured = calibrate("cpu", "float32", quick=True, export_rates=export_rates)
-    slow = replace(measured, device_name=hardware.device_name, backend=hardware.backend,
-                   torch_version=hardware.torch_version,
-                   matmul_tflops=tuple((k, v / slower) for k, v in measured.matmul_tflops),
-                   attention_tflops=tuple((k, v / slower) for k, v in measured.attention_tflops),
-                   conv3d_tflops=tuple((*k, v / slower) for *k, v in measured.conv3d_tflops))
-    slow.save(folder)
 
 
 def test_the_engine_holds_a_job_to_the_server_s_ceiling_before_anything_loads(tmp_path, presets, outputs):

@@ -196,7 +196,7 @@ def test_a_wan22_5b_model_is_refused_the_light_vae_before_it_is_queued():
 def test_the_time_plan_counts_the_light_vaes_measured_decode():
     from engine.models.spec import KNOWN_MODELS
     from engine.planning.vae_time import LIGHT_VAE_DECODE_FACTOR, decode_seconds
-    from tests.engine.test_timing import H200_CALIBRATION, plan_for
+    from tests.helpers.machines import H200_CALIBRATION, plan_for
 
     measured = json.loads((ROOT / "docs" / "data" / "light-vae-h200.json").read_text())
     assert LIGHT_VAE_DECODE_FACTOR == pytest.approx(measured["light_vae_factor"], abs=0.01)

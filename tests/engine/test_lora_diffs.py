@@ -17,10 +17,11 @@ from safetensors.torch import save_file
 from engine.events import Info, JobFailed, JobFinished, LatentsSaved
 from engine.models.loras import Lora
 from engine.models.lora_layout import diffusers_layer, split_original_lora
+from engine.models.single_file import PREFIX
 from engine.outputs.latents import load_latents
 from engine.run.engine import Engine
 from tests.conftest import CPU, run_engine, tiny_request
-from tests.engine.test_single_file import PREFIX, original_name, original_state
+from tests.helpers.weights import original_name, original_state
 
 RANK, ALPHA = 4, 2.0
 RUN = dict(width=32, height=32, frames=5, steps=2, seed=7)
@@ -257,7 +258,7 @@ def test_on_a_gguf_transformer_differences_go_into_its_plain_tensors_and_quantis
         engine, presets, model_dirs, tmp_path):
     """A GGUF file keeps its norms, biases and modulation as plain tensors (F32), which take differences; its
     quantised weights (Q8_0 blocks of bytes) cannot, and a LoRA changing one is refused with what to use."""
-    from tests.engine.test_single_file import write_gguf
+    from tests.helpers.weights import write_gguf
 
     state = original_state(model_dirs["tiny-t2v"])
     gguf = write_gguf(state, tmp_path / "tiny-Q8_0.gguf")

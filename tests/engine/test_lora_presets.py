@@ -20,7 +20,7 @@ from engine.settings.loras import lora_line, parse_lora, parse_lora_lines
 from engine.settings.presets import UserPresets, parse_preset, preset_json
 from engine.settings.values import InputError, check_settings
 from tests.conftest import CPU, run_engine, tiny_request
-from tests.engine.test_lora import FAST, original_lora
+from tests.helpers.loras import FAST, original_lora
 from ui.views.plan_panel import lora_text
 
 NEW_PRESETS = ("wan21-t2v-14b-480p", "wan21-t2v-14b-720p", "wan21-i2v-14b-720p", "wan21-flf2v-14b",

@@ -8,9 +8,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from engine.events import JobFailed, JobFinished
+from engine.events import JobFinished
 from engine.service.worker import WorkerClient
 from tests.conftest import tiny_request
+
+pytestmark = pytest.mark.process
 
 COMPONENTS = ("WanTransformer3DModel", "AutoencoderKLWan", "UMT5EncoderModel", "CLIPVisionModelWithProjection")
 
@@ -49,7 +51,7 @@ def test_a_swap_frees_every_module_of_the_old_model_before_the_new_one_loads(two
                                                                              image_file):
     from safetensors.torch import save_file
 
-    from tests.engine.test_lora import original_lora
+    from tests.helpers.loras import original_lora
 
     lora = two_models / "loras" / "style.safetensors"
     lora.parent.mkdir(exist_ok=True)
@@ -100,7 +102,7 @@ def test_out_of_memory_with_a_gguf_transformer_steps_down_the_planner_s_own_ladd
     from engine.planning.planner import LADDER, rungs_below
     from engine.run.engine import Engine
     from tests.conftest import CPU, run_engine
-    from tests.engine.test_single_file import original_state, write_gguf
+    from tests.helpers.weights import original_state, write_gguf
     from tests.faults import InjectedFaults
 
     gguf = write_gguf(original_state(model_dirs["tiny-t2v"]), tmp_path / "tiny-Q8_0.gguf")

@@ -193,6 +193,7 @@ def _wait_for(metrics: ServiceMetrics, wanted: str, timeout_s: float = 120) -> d
     raise AssertionError(f"the engine never was {wanted}: {samples}")
 
 
+@pytest.mark.process
 def test_a_real_engine_is_stopped_starting_idle_running_and_silent_as_it_is(engine, presets, outputs):
     jobs = JobQueue()
     metrics = ServiceMetrics(jobs, engine)

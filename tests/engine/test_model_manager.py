@@ -21,27 +21,12 @@ from engine.service.model_files import (DeleteRefused, LoadedFiles, ModelEntry, 
                                    find_entry, list_models)
 from engine.settings.presets import load_presets
 from tests.fake_hub import FakeHub
+from tests.helpers.repos import INDEX, REPO_FILES
 
 REPO = "org/tiny-wan"
-
-
-def _tiny_repo_files() -> dict[str, bytes]:
-    """The self-test model's files as a repository holds them (a model the downloads' checks accept)."""
-    import tempfile
-
-    from engine.models.selftest import SELFTEST_T2V, build_selftest_pipeline
-
-    folder = Path(tempfile.mkdtemp(prefix="tiny-repo-"))
-    build_selftest_pipeline(SELFTEST_T2V).save_pretrained(folder)
-    return {path.relative_to(folder).as_posix(): path.read_bytes() for path in sorted(folder.rglob("*"))
-            if path.is_file()}
-
-
-REPO_FILES = _tiny_repo_files()
 REPO_BYTES = sum(len(data) for data in REPO_FILES.values())
 # What a download fetches after the repository's description (its JSON files, read first to check it).
 WEIGHT_BYTES = sum(len(data) for path, data in REPO_FILES.items() if not is_metadata(path))
-INDEX = REPO_FILES["model_index.json"]
 WEIGHT = "transformer/diffusion_pytorch_model.safetensors"   # its largest file (113 kB): resumable in the tests
 WEIGHTS = REPO_FILES[WEIGHT]
 LORA_REPO = "org/loras"

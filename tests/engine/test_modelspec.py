@@ -91,6 +91,7 @@ def test_selftest_specs_match_the_built_models(ref, selftest_models_dir):
     assert SELFTEST_SPECS[ref] == built and built.window_frames == 125
 
 
+@pytest.mark.process
 def test_two_processes_building_the_selftest_model_at_once(tmp_path):
     import subprocess
     import sys

@@ -13,6 +13,8 @@ from engine.run.parallel import RankGroup
 from engine.service.worker import WorkerClient
 from tests.conftest import CPU, free_port, run_engine, tiny_request
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def pair(selftest_models_dir):

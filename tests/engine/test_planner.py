@@ -8,26 +8,8 @@ import pytest
 from engine.device.hardware import HardwareProfile
 from engine.models.spec import KNOWN_MODELS
 from engine.planning.planner import LADDER, Override, PlanRequest, budgets, plan_memory, plan_request_for
+from tests.helpers.machines import HARDWARE, T2V_13
 
-HARDWARE = {
-    # 64 GB unified memory split 48/16 by the BIOS (seed 002): RAM left to Windows is tiny.
-    "strix-halo-48-16": HardwareProfile(backend="rocm", device_name="AMD Radeon 8060S", arch="gfx1151",
-                                        vram_total_gb=48, vram_free_gb=47.5, ram_total_gb=16, ram_available_gb=12.5,
-                                        unified_memory=True, os="windows"),
-    "rtx3060-12-32": HardwareProfile(backend="cuda", device_name="RTX 3060", arch="sm_86", vram_total_gb=12,
-                                     vram_free_gb=11.3, ram_total_gb=32, ram_available_gb=27, os="windows"),
-    "rtx4060-laptop-8-32": HardwareProfile(backend="cuda", device_name="RTX 4060 Laptop", arch="sm_89",
-                                           vram_total_gb=8, vram_free_gb=7.4, ram_total_gb=32, ram_available_gb=26,
-                                           os="windows"),
-    "m1-max-64": HardwareProfile(backend="mps", device_name="Apple M1 Max", arch="apple", vram_total_gb=64,
-                                 vram_free_gb=50, ram_total_gb=64, ram_available_gb=50, unified_memory=True,
-                                 os="macos"),
-    "24gb-64": HardwareProfile(backend="cuda", device_name="RTX 4090", arch="sm_89", vram_total_gb=24,
-                               vram_free_gb=23.2, ram_total_gb=64, ram_available_gb=58),
-    "h200": HardwareProfile(backend="cuda", device_name="NVIDIA H200", arch="sm_90", vram_total_gb=139.8,
-                            vram_free_gb=139, ram_total_gb=128, ram_available_gb=120),
-}
-T2V_13 = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
 FASTWAN = "FastVideo/FastWan2.1-T2V-1.3B-Diffusers"
 I2V_14 = "Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"
 TI2V_5 = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
@@ -288,7 +270,7 @@ def test_a_disk_plan_s_step_is_paced_by_the_disk_s_measured_rate():
     from dataclasses import replace
 
     from engine.planning.timing import predict_times
-    from tests.engine.test_timing import H200_CALIBRATION
+    from tests.helpers.machines import H200_CALIBRATION
 
     spec, request = KNOWN_MODELS[T2V_13], PlanRequest(832, 480, 81)
     hardware = _small_ram_gpu(14.5, disk_free=500)

@@ -5,6 +5,8 @@ import pytest
 
 from engine.service.pool import GPU_ORDER_ENV, GpuChoice, GpuChoiceError, engine_environment
 
+pytestmark = pytest.mark.process
+
 
 def test_gpus_all_a_count_or_a_list_and_clear_words_for_anything_else():
     assert GpuChoice.parse("all").pick(4, cpu_only=False) == (0, 1, 2, 3)
@@ -47,7 +49,7 @@ def test_a_split_job_whose_leader_fails_says_its_own_words_and_both_engines_serv
     from tests.faults import InjectedFaults
 
     pool = EnginePool(selftest_models_dir, GpuChoice.parse("2"), preview_seconds=-1,
-                      faults=InjectedFaults(out_of_memory={"denoise": 1}))
+                      faults=InjectedFaults(out_of_memory={"denoise": 1}), ranks_grace_s=3.0)   # not 30 s
     pool.start()
     try:
         assert pool.wait_started(120) == 2

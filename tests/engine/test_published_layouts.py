@@ -24,6 +24,8 @@ from tests.fake_hub import FakeHub, serve_downloads_from
 from tests.layouts import (materialize_file, materialize_repo, published_repos, repo_files, rife_shapes,
                            single_files)
 
+pytestmark = pytest.mark.slow   # in process, but fifty plans from the published repositories' headers
+
 REPOS = published_repos()
 PRESETS = load_presets()
 CLOSE = 0.01     # the table's sizes against the published headers'

@@ -18,18 +18,33 @@ from engine.outputs.latents import cleanup_latents, read_metadata
 from engine.run.engine import Engine
 from engine.service.worker import WorkerClient
 from tests.conftest import CPU, ROOT, app_command, app_env, tiny_request
-from tests.faults import InjectedFaults
+from tests.faults import CrashWhenAsked, InjectedFaults
+
+pytestmark = pytest.mark.process
 
 
 def collect(events):
     return list(events)
 
 
+@pytest.fixture(scope="module")
+def crashing(selftest_models_dir, tmp_path_factory):
+    """One client for the crash tests: each kills its engine in a phase (named in ``order``), and the fresh engine
+    started after it serves the test's next jobs and then the next test's crash."""
+    order = tmp_path_factory.mktemp("crash") / "crash-in"
+    client = WorkerClient(selftest_models_dir, faults=CrashWhenAsked(str(order)))
+    yield client, order
+    client.close()
+
+
 @pytest.mark.parametrize("phase", ["load", "transfer", "text_encode", "denoise", "vae_decode", "export"])
-def test_a_crash_in_any_phase_ends_only_that_job(phase, selftest_models_dir, presets, outputs):
+def test_a_crash_in_any_phase_ends_only_that_job(phase, crashing, presets, outputs):
     earlier = outputs / "earlier.txt"
     earlier.write_text("an earlier output")
-    client = WorkerClient(selftest_models_dir, faults=InjectedFaults(crash_in=phase))
+    client, order = crashing
+    client.unload()   # the job loads its model again, so it crosses the load and the transfer too
+    order.write_text(phase)
+    restarts = client.restarts
     try:
         events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
         failure = events[-1]
@@ -47,8 +62,9 @@ def test_a_crash_in_any_phase_ends_only_that_job(phase, selftest_models_dir, pre
         after = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
         assert isinstance(after[-1], JobFinished), after[-1]
         assert earlier.read_text() == "an earlier output"
+        assert client.restarts == restarts + 1 and not order.exists()
     finally:
-        client.close()
+        order.unlink(missing_ok=True)
 
 
 def test_decode_again_reproduces_the_original_frames(model_dirs, presets, outputs, tmp_path):

@@ -51,7 +51,7 @@ def test_files_stored_as_the_plan_computes_map_nothing_beyond_the_weights():
 
 def test_before_a_download_the_time_plan_reads_the_repository_s_own_bytes():
     from engine.planning.timing import predict_times
-    from tests.engine.test_timing import H200_CALIBRATION
+    from tests.helpers.machines import H200_CALIBRATION
 
     plan, _ = _load_phase("fastwan21-t2v-1.3b", H200)
     spec = KNOWN_MODELS["FastVideo/FastWan2.1-T2V-1.3B-Diffusers"]

@@ -14,6 +14,8 @@ from engine.run.engine import Engine
 from tests.conftest import CPU, run_engine, tiny_request
 from tests.faults import InjectedFaults
 
+pytestmark = pytest.mark.slow   # in process, but every memory strategy run on the self-test model
+
 
 @pytest.fixture(scope="module")
 def reference(model_dirs, presets, tmp_path_factory):

@@ -22,44 +22,12 @@ from engine.planning.post_time import PostFiles
 from engine.planning.rates import device_rates
 from engine.planning.timing import predict_times, transformer_pass
 from engine.planning.vae_time import VAE21, VAE22, decoder_flops, vae_decode_seconds
+from tests.helpers.machines import H200, H200_CALIBRATION, plan_for
 
 T2V_13 = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
 I2V_14 = KNOWN_MODELS["Wan-AI/Wan2.1-I2V-14B-720P-Diffusers"]
 T2V_14 = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-14B-Diffusers"]
 TI2V_5 = KNOWN_MODELS["Wan-AI/Wan2.2-TI2V-5B-Diffusers"]
-
-# What calibrate("cuda", "bfloat16") measured on an H200 (torch 2.11, CUDA 13; docs/data/timing-h200.json):
-# the device's rates from its "calibration"; the host's (copies, pinning, the CPU), which vary more from run
-# to run (pageable copies 6.0-8.2 GB/s, pinning 1.4-2.8 GB/s), the median of its three calibrations.
-H200_CALIBRATION = Calibration(
-    device_name="NVIDIA H200", backend="cuda", torch_version="2.11.0+cu130", dtype="bfloat16",
-    matmul_tflops=((1536, 749.1), (5120, 802.0)),
-    attention_tflops=((1024, 273.0), (4096, 626.7), (16384, 685.6), (32768, 611.4)),
-    conv3d_tflops=(("default", "float32", 96, 127.1), ("default", "float32", 192, 227.6),
-                   ("default", "float32", 384, 200.8), ("default", "float32", 768, 297.4),
-                   ("default", "bfloat16", 96, 228.5), ("default", "bfloat16", 192, 485.7),
-                   ("default", "bfloat16", 384, 544.8), ("default", "bfloat16", 768, 615.1),
-                   ("benchmark", "float32", 96, 127.6), ("benchmark", "float32", 192, 228.8),
-                   ("benchmark", "float32", 384, 201.2), ("benchmark", "float32", 768, 293.7),
-                   ("benchmark", "bfloat16", 96, 226.7), ("benchmark", "bfloat16", 192, 474.1),
-                   ("benchmark", "bfloat16", 384, 529.7), ("benchmark", "bfloat16", 768, 602.4)),
-    conv2d_tflops=(("default", "float32", 136, 139.6), ("default", "float32", 272, 230.5),
-                   ("default", "float32", 768, 324.4), ("default", "bfloat16", 136, 300.4),
-                   ("default", "bfloat16", 272, 379.2), ("default", "bfloat16", 768, 578.4),
-                   ("benchmark", "float32", 136, 139.1), ("benchmark", "float32", 272, 231.0),
-                   ("benchmark", "float32", 768, 322.2), ("benchmark", "bfloat16", 136, 289.1),
-                   ("benchmark", "bfloat16", 272, 369.5), ("benchmark", "bfloat16", 768, 569.3)),
-    memory_gbps=4204.8, cpu_matmul_tflops=2.02, to_uint8_gbps=1.565, h2d_pageable_gbps=6.21,
-    h2d_pinned_gbps=55.0, d2h_gbps=1.54, pin_gbps=1.45)
-H200 = HardwareProfile(backend="cuda", device_name="NVIDIA H200", arch="sm_90", vram_total_gb=139.8,
-                       vram_free_gb=139.0, ram_total_gb=128, ram_available_gb=120, cpu_count=16,
-                       torch_version="2.11.0+cu130", triton=True)
-
-
-def plan_for(spec, width=832, height=480, frames=81, i2v=False, hardware=H200, **fields):
-    """The planner's plan for this request, with the fields a measurement ran under."""
-    plan = plan_memory(spec, PlanRequest(width, height, frames, i2v), hardware)
-    return replace(plan, **fields)
 
 
 def within(predicted: float, measured: float, tolerance: float = 0.25) -> bool:

@@ -17,8 +17,7 @@ from engine.planning.planner import PlanRequest, plan_memory, plan_request_for
 from engine.planning.timing import predict_times
 from engine.run.engine import Engine
 from tests.conftest import CPU, run_engine, tiny_request
-from tests.engine.test_planner import HARDWARE
-from tests.engine.test_timing import H200_CALIBRATION
+from tests.helpers.machines import H200_CALIBRATION, HARDWARE
 
 T2V_13 = KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"]
 TI2V_5 = KNOWN_MODELS["Wan-AI/Wan2.2-TI2V-5B-Diffusers"]

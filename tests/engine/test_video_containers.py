@@ -7,51 +7,24 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from engine.containers import NotAContainer, container, input_options
 from engine.settings.videos import VideoError, fitted_frames, last_frame, read_video
-
-FRAMES = 34
-
-
-def _video(path: Path, codec: str = "libx264", frames: int = FRAMES, extra=()) -> Path:
-    import imageio_ffmpeg
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = imageio_ffmpeg.write_frames(str(path), (64, 64), fps=16, codec=codec, macro_block_size=16,
-                                         output_params=list(extra))
-    writer.send(None)
-    for i in range(frames):
-        writer.send(np.full((64, 64, 3), i * 7, np.uint8).tobytes())
-    writer.close()
-    return path
+from tests.helpers.containers import FRAMES, dash, hls, video
 
 
 @pytest.fixture(scope="module")
 def secret(tmp_path_factory) -> Path:
     """A video outside every folder the app serves, which a manifest names."""
-    return _video(tmp_path_factory.mktemp("private") / "secret.mp4")
-
-
-def _dash(secret: Path) -> str:
-    return ('<?xml version="1.0"?>\n<MPD xmlns="urn:mpeg:dash:schema:mpd:2011" type="static" '
-            'mediaPresentationDuration="PT2S" minBufferTime="PT1S" '
-            'profiles="urn:mpeg:dash:profile:isoff-on-demand:2011"><Period><AdaptationSet mimeType="video/mp4">'
-            '<Representation id="1" bandwidth="1000" codecs="avc1.64000a" width="64" height="64">'
-            f'<BaseURL>{secret}</BaseURL><SegmentBase/></Representation></AdaptationSet></Period></MPD>')
-
-
-def _hls(secret: Path) -> str:
-    return f"#EXTM3U\n#EXT-X-TARGETDURATION:3\n#EXTINF:2.1,\nfile://{secret}\n#EXT-X-ENDLIST\n"
+    return video(tmp_path_factory.mktemp("private") / "secret.mp4")
 
 
 def _concat(secret: Path) -> str:
     return f"ffconcat version 1.0\nfile '{secret}'\n"
 
 
-LISTS = {"dash": (_dash, "a DASH manifest"), "hls": (_hls, "an HLS playlist"),
+LISTS = {"dash": (dash, "a DASH manifest"), "hls": (hls, "an HLS playlist"),
          "concat": (_concat, "an ffmpeg concat list")}
 
 
@@ -90,8 +63,8 @@ def test_text_and_other_files_are_no_video_whatever_their_name(tmp_path):
 
 
 def test_the_containers_that_hold_their_frames_still_read(tmp_path):
-    made = {"mov": _video(tmp_path / "a.mp4"), "matroska": _video(tmp_path / "a.webm", "libvpx-vp9"),
-            "avi": _video(tmp_path / "a.avi", "mjpeg"), "gif": _video(tmp_path / "a.gif", "gif", extra=["-f", "gif"])}
+    made = {"mov": video(tmp_path / "a.mp4"), "matroska": video(tmp_path / "a.webm", "libvpx-vp9"),
+            "avi": video(tmp_path / "a.avi", "mjpeg"), "gif": video(tmp_path / "a.gif", "gif", extra=["-f", "gif"])}
     made["mov2"] = Path(shutil.copy(made["mov"], tmp_path / "renamed.bin"))   # by its bytes, not its name
     for demuxer, path in made.items():
         assert container(path) == demuxer.rstrip("2")
@@ -103,9 +76,9 @@ def test_the_containers_that_hold_their_frames_still_read(tmp_path):
 def test_an_mp4_is_opened_with_its_demuxer_forced_and_local_files_only(tmp_path):
     import imageio_ffmpeg
 
-    video = _video(tmp_path / "a.mp4")
-    options = input_options(video)
+    mp4 = video(tmp_path / "a.mp4")
+    options = input_options(mp4)
     assert options == ["-f", "mov", "-protocol_whitelist", "file"]
-    done = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", *options, "-i", str(video), "-f", "null",
+    done = subprocess.run([imageio_ffmpeg.get_ffmpeg_exe(), "-v", "error", *options, "-i", str(mp4), "-f", "null",
                            "-"], capture_output=True)
     assert done.returncode == 0, done.stderr

@@ -19,8 +19,7 @@ from engine.run.windows import blended_pass
 from engine.settings.values import InputError, Settings, check_settings
 from engine.models.limits import limits_of
 from tests.conftest import CPU, ROOT, app_command, app_env, run_engine, tiny_request
-from tests.engine.test_planner import HARDWARE, T2V_13
-from tests.engine.test_timing import H200_CALIBRATION
+from tests.helpers.machines import H200_CALIBRATION, HARDWARE, T2V_13
 
 
 # ----- the windows themselves ----------------------------------------------------------------------------
@@ -183,6 +182,7 @@ def test_a_step_cache_with_windows_is_refused_by_the_engine_once_the_model_is_kn
     assert "denoised in windows of 125" in result.message
 
 
+@pytest.mark.process
 def test_generate_a_long_video_from_the_command_line(selftest_models_dir, outputs):
     done = subprocess.run(app_command("generate", "--models-dir", str(selftest_models_dir), "--outputs", str(outputs),
                                       "--model", "selftest-t2v", "--prompt", "a long cat", "--frames", "241",

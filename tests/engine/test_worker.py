@@ -9,13 +9,38 @@ import time
 import pytest
 
 from engine.events import Info, JobCancelled, JobFailed, JobFinished, PhaseFinished, StepFinished
+from engine.service.watchdog import Silence
 from engine.service.worker import WorkerClient
 from tests.conftest import tiny_request
 
 
-@pytest.fixture
+pytestmark = pytest.mark.process
+
+
+@pytest.fixture(scope="module")
 def client(selftest_models_dir):
+    """One engine process for the file's tests that need no fresh one (each ends with the engine serving: a killed
+    one is replaced within its test)."""
     client = WorkerClient(selftest_models_dir)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def unstarted(selftest_models_dir):
+    client = WorkerClient(selftest_models_dir)
+    yield client
+    client.close()
+
+
+# The watchdog's limits for the frozen-engine tests: short, so that the tests wait seconds rather than the 15 s and
+# 5 s an engine gets in the app; long enough that a running engine's status thread always answers in time.
+SHORT_SILENCE = Silence(limit_s=4.0, after_cancel_s=2.0, ask_after_s=0.5)
+
+
+@pytest.fixture(scope="module")
+def watched(selftest_models_dir):
+    client = WorkerClient(selftest_models_dir, silence=SHORT_SILENCE)
     yield client
     client.close()
 
@@ -58,6 +83,7 @@ def test_a_listener_that_stops_early_cancels_its_job_and_frees_the_engine(client
 
 
 def test_kill_9_mid_run_is_reported_and_a_fresh_worker_runs_the_next_job(client, presets, outputs):
+    before = client.restarts
     def kill_at_two(event):
         if event.step == 2:
             os.kill(client.pid, signal.SIGKILL)
@@ -68,19 +94,22 @@ def test_kill_9_mid_run_is_reported_and_a_fresh_worker_runs_the_next_job(client,
     assert "SIGKILL" in failure.message and "during denoise" in failure.message
     assert any(isinstance(e, Info) and "fresh engine process" in e.message for e in events)
     assert not list(outputs.rglob("*.mp4")), "a killed job left a video"
+    restarts = client.restarts
     events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=3)))
     assert isinstance(events[-1], JobFinished), events[-1]
-    assert client.restarts == 1
+    assert client.restarts == restarts == 1 + before
 
 
-def test_bad_input_is_refused_without_starting_the_worker(client, presets, outputs):
+def test_bad_input_is_refused_without_starting_the_worker(unstarted, presets, outputs):
+    client = unstarted
     events = list(client.submit(tiny_request(presets, "selftest-t2v", outputs, frames=10)))
     assert len(events) == 1 and isinstance(events[0], JobFailed) and events[0].kind == "input"
     assert "4k+1" in events[0].message
     assert client.pid is None
 
 
-def test_missing_model_folder_is_refused_before_the_worker(client, presets, outputs, tmp_path):
+def test_missing_model_folder_is_refused_before_the_worker(unstarted, presets, outputs, tmp_path):
+    client = unstarted
     (tmp_path / "empty-model").mkdir()
     events = list(client.submit(tiny_request(presets, str(tmp_path / "empty-model"), outputs)))
     assert isinstance(events[0], JobFailed) and events[0].kind == "model"
@@ -112,8 +141,8 @@ def test_notes_about_the_input_are_said_before_the_job(client, presets, outputs,
     assert isinstance(events[-1], JobFinished), events[-1]
 
 
-def test_memory_is_answered_while_a_job_runs(client, presets, outputs):
-    assert client.memory() is None, "no engine process yet: nothing to report"
+def test_memory_is_answered_while_a_job_runs(client, unstarted, presets, outputs):
+    assert unstarted.memory() is None, "no engine process yet: nothing to report"
     during = []
 
     def ask(event):
@@ -213,12 +242,12 @@ def test_while_the_engine_loads_its_libraries_it_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("cancel", [False, True])
-def test_a_stopped_engine_is_declared_hung_replaced_and_the_next_job_runs(client, presets, outputs, cancel):
+def test_a_stopped_engine_is_declared_hung_replaced_and_the_next_job_runs(watched, presets, outputs, cancel):
     """SIGSTOP freezes the engine mid-job: within the documented limit the job fails saying so, the frozen
     process is killed, and the next job runs in a fresh one. A cancel shortens the wait."""
     from engine.device.usage import EngineSilent
-    from engine.service.watchdog import CANCEL_SILENCE_S, QUIET_BEFORE_ASKING_S, SILENCE_LIMIT_S
 
+    client = watched
     frozen = []
 
     def stop_then(event):
@@ -235,8 +264,8 @@ def test_a_stopped_engine_is_declared_hung_replaced_and_the_next_job_runs(client
     failure = events[-1]
     assert isinstance(failure, JobFailed) and failure.kind == "hung" and failure.phase == "denoise"
     assert failure.message.startswith("The engine stopped answering during denoise (it answered nothing for ")
-    limit = CANCEL_SILENCE_S if cancel else SILENCE_LIMIT_S
-    assert limit <= took <= limit + QUIET_BEFORE_ASKING_S + 4, took
+    limit = SHORT_SILENCE.after_cancel_s if cancel else SHORT_SILENCE.limit_s
+    assert limit <= took <= limit + SHORT_SILENCE.ask_after_s + 4, took
     assert not psutil_alive(frozen[0][0]), "the frozen engine process is still there"
     after = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=2)))
     assert isinstance(after[-1], JobFinished) and client.pid != frozen[0][0]

@@ -10,6 +10,8 @@ from gradio_client import Client
 
 from tests.conftest import ROOT, app_command, app_env, free_port
 
+pytestmark = pytest.mark.server
+
 
 def test_listen_without_auth_generates_a_password_and_refuses_strangers(tmp_path, selftest_models_dir):
     port = free_port()
@@ -44,30 +46,17 @@ def test_listen_without_auth_generates_a_password_and_refuses_strangers(tmp_path
         proc.wait(timeout=20)
 
 
-def test_auth_refuses_a_wrong_password_and_accepts_the_right_one(tmp_path, selftest_models_dir):
-    import httpx
-
-    from tests.ui.test_security import OVERRIDES, running_app
-
-    with running_app(tmp_path / "app.log", "--auth", "alice:s3cret-pass", "--outputs", str(tmp_path / "out"),
-                     "--models-dir", str(selftest_models_dir)) as (url, _):
-        for auth in (None, ("alice", "wrong"), ("bob", "s3cret-pass"), ("alice", "")):
-            with pytest.raises(Exception):
-                Client(url, auth=auth, verbose=False)
-        # Without the login cookie the API, the uploads and the files are closed.
-        with httpx.Client(timeout=10) as http:
-            assert http.get(url + "config").status_code == 401
-            assert http.post(url + "gradio_api/queue/join", json={
-                "data": ["selftest-t2v", "x", "", "selftest-t2v", 64, 64, 9, 1, 5.0, 3.0, 1, *OVERRIDES],
-                "fn_index": 0, "session_hash": "stranger"}).status_code == 401
-            assert http.post(url + "gradio_api/run/cancel", json={"data": []}).status_code == 401
-            assert http.post(url + "gradio_api/upload", files={"files": ("a.png", b"x")}).status_code == 401
-            wrong = http.post(url + "login", data={"username": "alice", "password": "wrong"})
-            assert wrong.status_code == 400 and "Incorrect credentials" in wrong.text
-        client = Client(url, auth=("alice", "s3cret-pass"), verbose=False)
-        video, _, _, seed, *_ = client.predict("selftest-t2v", "a fox", "", "selftest-t2v", 64, 64, 9, 2, 5.0, 3.0, 3,
+def test_auth_refuses_a_wrong_password_and_accepts_the_right_one(locked):
+    """As gradio_client logs in. (What a request without the login cookie gets, and the throttle of wrong passwords:
+    tests/ui/test_requests_in_process.py.)"""
+    url = locked["url"]
+    for auth in (None, ("alice", "wrong"), ("bob", "s3cret-pass"), ("alice", "")):
+        with pytest.raises(Exception):
+            Client(url, auth=auth, verbose=False)
+    client = Client(url, auth=("alice", "s3cret-pass"), verbose=False)
+    video, _, _, seed, *_ = client.predict("selftest-t2v", "a fox", "", "selftest-t2v", 64, 64, 9, 2, 5.0, 3.0, 3,
                                            api_name="/text_to_video")
-        assert seed == 3 and video
+    assert seed == 3 and video
 
 
 def _auth_for(*argv: str):
@@ -115,37 +104,7 @@ def locked(tmp_path_factory, selftest_models_dir):
         yield app
 
 
-def test_a_request_for_another_host_name_is_refused(locked, tmp_path, selftest_models_dir):
-    """DNS rebinding: a page elsewhere that makes the browser ask this app under its own name gets nothing."""
-    import httpx
-
-    from tests.conftest import running_app
-
-    with running_app(tmp_path / "app.log", "--outputs", str(tmp_path / "out"), "--models-dir",
-                     str(selftest_models_dir)) as (url, _):      # no password: this machine only
-        for path in ("config", "gradio_api/info", "gradio_api/call/system", ""):
-            forged = httpx.get(url + path, headers={"Host": "evil.example"}, timeout=10)
-            assert forged.status_code == 400 and "not served under the name 'evil.example'" in forged.text
-        for host in ("127.0.0.1", "localhost", f"localhost:{url.rsplit(':', 1)[1].strip('/')}"):
-            assert httpx.get(url + "config", headers={"Host": host}, timeout=10).status_code == 200, host
-    assert httpx.get(locked["url"] + "config", headers={"Host": "evil.example"}, timeout=10).status_code == 400
-
-
-def test_wrong_passwords_from_one_address_are_slowed_down(locked):
-    import httpx
-
-    from ui.guard import FREE_LOGIN_TRIES
-
-    login = locked["url"] + "login"
-    with httpx.Client(timeout=10) as http:
-        for _ in range(FREE_LOGIN_TRIES):
-            assert http.post(login, data={"username": "alice", "password": "guess"}).status_code == 400
-        slowed = http.post(login, data={"username": "alice", "password": "s3cret-pass"})
-        assert slowed.status_code == 429 and "Too many wrong passwords from this address: wait" in slowed.text
-        time.sleep(1.2)       # the first wait is a second; each wrong one after it doubles it
-        assert http.post(login, data={"username": "alice", "password": "s3cret-pass"}).status_code == 200
-        # The right password clears the count.
-        assert http.post(login, data={"username": "alice", "password": "guess"}).status_code == 400
+# A request for another host name, and wrong passwords from one address: tests/ui/test_requests_in_process.py.
 
 
 def test_gradio_s_own_cancel_route_needs_a_login(locked):
@@ -187,14 +146,13 @@ def test_a_cancel_is_bound_to_the_login_not_to_a_session_id_someone_sent(locked)
     assert "Cancelled during the denoising" in job.result(timeout=60)[1]
 
 
-def test_a_raw_api_client_cancels_its_own_job_with_its_session_id(tmp_path, selftest_models_dir):
+def test_a_raw_api_client_cancels_its_own_job_with_its_session_id(shared_app):
     import httpx
 
-    from tests.conftest import running_app
-    from tests.ui.test_security import OVERRIDES
+    from tests.helpers.api import OVERRIDES
 
-    with running_app(tmp_path / "app.log", "--outputs", str(tmp_path / "out"), "--models-dir",
-                     str(selftest_models_dir)) as (url, _), httpx.Client(timeout=60) as http:
+    url = shared_app["url"]   # no password
+    with httpx.Client(timeout=60) as http:
         mine = {"session_hash": "my-own-session"}
         data = ["selftest-t2v", "a long one", "", "selftest-t2v", 256, 256, 33, 200, 5.0, 3.0, 1, *OVERRIDES]
         event = http.post(url + "gradio_api/call/text_to_video", json={"data": data, **mine}).json()["event_id"]
@@ -212,7 +170,7 @@ def test_an_upload_belongs_to_the_login_that_uploaded_it(locked, image_file):
     """A colleague who learns the path of another's upload can neither download it nor animate it."""
     import httpx
 
-    from tests.ui.test_security import I2V_TAIL, OVERRIDES
+    from tests.helpers.api import I2V_TAIL, OVERRIDES
 
     def logged_in_client():
         http = httpx.Client(timeout=60)

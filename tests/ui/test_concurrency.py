@@ -12,7 +12,10 @@ import pytest
 from gradio_client import Client
 
 from tests.conftest import selftest_app
-from tests.ui.test_security import OVERRIDES
+from tests.helpers.api import OVERRIDES
+from tests.helpers.jobs import long_job, statuses_of, t2v, wait, wait_denoising
+
+pytestmark = pytest.mark.server
 
 USERS = 8
 # The estimate is in seconds up to 90 s, then in minutes (a loaded machine makes the long job slower).
@@ -20,50 +23,19 @@ WAITING = re.compile(r"Waiting in the queue: (\d+) jobs? ahead of yours, "
                      r"(about (\d+(?:\.\d)?) (s|min) until it starts|no estimate)")
 
 
-def t2v(seed: int, prompt: str = "a red fox", size=(64, 64, 9), steps: int = 4) -> list:
-    width, height, frames = size
-    return ["selftest-t2v", prompt, "", "selftest-t2v", width, height, frames, steps, 5.0, 3.0, seed]
-
-
-def long_job(seed: int = 1) -> list:
-    return t2v(seed, "a long one", (256, 256, 33), 200)   # minutes on this CPU; every test cancels it
-
-
-def _wait(predicate, timeout: float, what: str, poll: float = 0.02):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if predicate():
-            return
-        time.sleep(poll)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def _said(job) -> list[str]:
-    """Every status the job has streamed so far."""
-    return [str(output[1]) for output in job.outputs()]
-
-
 def _places(job) -> list[tuple[int, int | None]]:
     """(jobs ahead, estimated seconds or None) from each 'Waiting in the queue' status so far."""
-    found = [WAITING.search(text) for text in _said(job)]
+    found = [WAITING.search(text) for text in statuses_of(job)]
     return [(int(m[1]), float(m[3]) * (60 if m[4] == "min" else 1) if m[3] else None) for m in found if m]
 
 
-def _wait_denoising(job, timeout: float = 60):
-    def denoising():
-        assert not job.done() or not job.exception(), job.exception()
-        return any("Denoising: step" in text for text in _said(job))
-    _wait(denoising, timeout, "the long job to reach the denoising steps")
-
-
 def _wait_place(job, place: int, timeout: float = 30):
-    _wait(lambda: any(ahead == place for ahead, _ in _places(job)), timeout, f"the job to wait with {place} ahead")
+    wait(lambda: any(ahead == place for ahead, _ in _places(job)), timeout, f"the job to wait with {place} ahead")
 
 
 @pytest.fixture(scope="module")
-def app(tmp_path_factory, selftest_models_dir):
-    with selftest_app(tmp_path_factory, selftest_models_dir, "conc") as app:
-        yield app
+def app(shared_app):
+    return shared_app
 
 
 def test_eight_users_all_get_their_own_result_in_turn(app):
@@ -71,7 +43,7 @@ def test_eight_users_all_get_their_own_result_in_turn(app):
     assert len({c.session_hash for c in clients}) == USERS      # eight separate sessions
     owner = Client(app["url"], verbose=False)
     running = owner.submit(*long_job(800), api_name="/text_to_video")
-    _wait_denoising(running)
+    wait_denoising(running)
     seeds = [1000 + i for i in range(USERS)]
     prompts = [f"fox number {i}" for i in range(USERS)]
     jobs = []
@@ -90,15 +62,15 @@ def test_eight_users_all_get_their_own_result_in_turn(app):
                 finished_at[i] = time.time()
         return len(finished_at) == USERS
 
-    _wait(all_done, 300, "all eight jobs")
+    wait(all_done, 300, "all eight jobs")
     results = [job.result(timeout=5) for job in jobs]
 
     # None lost, none mixed up: eight distinct files, each with the seed and prompt its user asked for.
     videos = [Path(video) for video, *_ in results]
     assert [seed for _, _, _, seed, *_ in results] == seeds
     assert len({v.name for v in videos}) == USERS and all(v.exists() for v in videos)
-    written = [p for p in app["outputs"].rglob("*.mp4") if json.loads(p.with_suffix(".json").read_text())["seed"]
-               in seeds]
+    written = [p for p in app["outputs"].rglob("*.mp4")   # the shared app's outputs: other files' runs too
+               if p.with_suffix(".json").is_file() and json.loads(p.with_suffix(".json").read_text())["seed"] in seeds]
     assert len(written) == USERS
     for (video, status, _, seed, *_), prompt in zip(results, prompts):
         assert f"Seed used: {seed}" in status
@@ -124,15 +96,15 @@ def test_two_users_the_second_sees_its_place_and_an_estimate_and_can_leave_the_q
     first, second, third = (Client(app["url"], verbose=False) for _ in range(3))
     first.predict(*t2v(300), api_name="/text_to_video")   # a finished job gives the queue a duration to estimate from
     running = first.submit(*long_job(301), api_name="/text_to_video")
-    _wait_denoising(running)
+    wait_denoising(running)
     waiting = second.submit(*t2v(302), api_name="/text_to_video")
     _wait_place(waiting, 1)
     # The running job's own estimate of its time left: a number of seconds, in the status.
-    _wait(lambda: any(eta is not None and eta > 0 for _, eta in _places(waiting)), 30, "an estimate")
+    wait(lambda: any(eta is not None and eta > 0 for _, eta in _places(waiting)), 30, "an estimate")
     behind = third.submit(*t2v(303), api_name="/text_to_video")
     _wait_place(behind, 2)
     assert second.predict(api_name="/cancel") == "Your waiting job was taken out of the queue. It will not run."
-    _wait(lambda: waiting.done(), 30, "the withdrawn job to end")
+    wait(lambda: waiting.done(), 30, "the withdrawn job to end")
     assert "Taken out of the queue: it did not run" in waiting.result(timeout=5)[1]
     _wait_place(behind, 1)            # it moved up
     assert "Cancelling your job at the end of its current step" in first.predict(api_name="/cancel")
@@ -146,12 +118,12 @@ def test_two_users_the_second_sees_its_place_and_an_estimate_and_can_leave_the_q
 def test_a_waiting_job_whose_client_goes_away_leaves_the_queue(app):
     owner, leaving = Client(app["url"], verbose=False), Client(app["url"], verbose=False)
     running = owner.submit(*long_job(401), api_name="/text_to_video")
-    _wait_denoising(running)
+    wait_denoising(running)
     gone = leaving.submit(*t2v(402), api_name="/text_to_video")
     _wait_place(gone, 1)
     gone.cancel()    # the client stops listening, as a closed page does
     panel = lambda: owner.predict(api_name="/system")  # noqa: E731
-    _wait(lambda: "waiting" not in panel(), 30, "the abandoned job to leave the queue", poll=0.5)
+    wait(lambda: "waiting" not in panel(), 30, "the abandoned job to leave the queue", poll=0.5)
     owner.predict(api_name="/cancel")
     running.result(timeout=60)
     time.sleep(2)
@@ -170,13 +142,13 @@ def test_a_hung_engine_does_not_block_the_next_user(app):
 
     owner, next_user = Client(app["url"], verbose=False), Client(app["url"], verbose=False)
     running = owner.submit(*long_job(501), api_name="/text_to_video")
-    _wait_denoising(running)
+    wait_denoising(running)
     waiting = next_user.submit(*t2v(502), api_name="/text_to_video")
     _wait_place(waiting, 1)
     frozen = engine_pid(app)
     os.kill(frozen, signal.SIGSTOP)
     started = time.time()
-    _wait(lambda: "not answering" in owner.predict(api_name="/system"), 15, "the panel to say so", poll=0.5)
+    wait(lambda: "not answering" in owner.predict(api_name="/system"), 15, "the panel to say so", poll=0.5)
     with pytest.raises(Exception, match=r"The engine stopped answering during denoise \(it answered nothing"):
         running.result(timeout=60)
     assert time.time() - started < SILENCE_LIMIT_S + 10
@@ -188,7 +160,7 @@ def test_a_user_sees_only_their_own_session(app):
     """Another session's stream carries nothing of a running job: gradio answers "session not found"."""
     first = Client(app["url"], verbose=False)
     job = first.submit(*t2v(77, "private prompt 77"), api_name="/text_to_video")
-    _wait(lambda: bool(job.outputs()) or job.done(), 30, "the job to start")
+    wait(lambda: bool(job.outputs()) or job.done(), 30, "the job to start")
     received = b""
     with httpx.Client(timeout=10) as http:
         try:
@@ -214,7 +186,7 @@ def test_a_full_queue_refuses_new_jobs_and_keeps_the_queued_ones(small_queue_app
     url = small_queue_app["url"]
     owner = Client(url, verbose=False)
     running = owner.submit(*long_job(), api_name="/text_to_video")
-    _wait_denoising(running)
+    wait_denoising(running)
     waiting = []
     for place, seed in enumerate((201, 202), start=1):     # fill the queue: two may wait
         job = Client(url, verbose=False).submit(*t2v(seed), api_name="/text_to_video")

@@ -14,7 +14,9 @@ import pytest
 from gradio_client import Client
 
 from tests.conftest import selftest_app
-from tests.ui.test_concurrency import _wait, _wait_denoising, long_job, t2v
+from tests.helpers.jobs import long_job, t2v, wait, wait_denoising
+
+pytestmark = pytest.mark.server
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +47,12 @@ def _panel(client) -> str:
 
 def test_two_jobs_run_side_by_side_and_each_user_gets_their_own(app):
     users = [Client(app["url"], verbose=False) for _ in range(2)]
-    _wait(lambda: "2 engines" in _panel(users[0]), 120, "both engines", poll=0.5)
+    wait(lambda: "2 engines" in _panel(users[0]), 120, "both engines", poll=0.5)
     first = users[0].submit(*long_job(601), api_name="/text_to_video")
-    _wait_denoising(first)
+    wait_denoising(first)
     # The second user's job does not wait: it runs on the other engine while the first still denoises.
     second = users[1].submit(*t2v(602, "the second user's fox"), api_name="/text_to_video")
-    _wait(lambda: "2 busy" in _panel(users[1]), 60, "both engines busy", poll=0.2)
+    wait(lambda: "2 busy" in _panel(users[1]), 60, "both engines busy", poll=0.2)
     assert not first.done()
     video, status, _, seed, *_ = second.result(timeout=180)
     assert seed == 602 and Path(video).exists() and not first.done()
@@ -68,7 +70,7 @@ def test_one_users_jobs_start_in_the_order_they_asked_and_none_is_mixed_up(app):
     # a job it submits just as the stream of a finished one closes, which a loaded machine can hit); the four
     # short ones run in turn on the other engine.
     holder = user.submit(*long_job(700), api_name="/text_to_video")
-    _wait_denoising(holder)
+    wait_denoising(holder)
     seeds = [701, 702, 703, 704]
     jobs = []
     for seed in seeds:
@@ -87,23 +89,23 @@ def test_one_users_jobs_start_in_the_order_they_asked_and_none_is_mixed_up(app):
 
 def test_a_crashed_engine_leaves_the_other_serving(app):
     owner, other = Client(app["url"], verbose=False), Client(app["url"], verbose=False)
-    _wait(lambda: len(_engines(app)) == 2, 60, "two engine processes")
+    wait(lambda: len(_engines(app)) == 2, 60, "two engine processes")
     running = owner.submit(*long_job(801), api_name="/text_to_video")
-    _wait_denoising(running)
+    wait_denoising(running)
     side = other.submit(*long_job(802), api_name="/text_to_video")
-    _wait_denoising(side)
+    wait_denoising(side)
     before = _engines(app)
     # The engine of the first job is the one whose CPU time grows; kill one of the two: its job fails, the other
     # job keeps running to its end (cancelled here), and the next jobs run on both engines again.
     os.kill(before[0], signal.SIGKILL)
-    _wait(lambda: running.done() or side.done(), 60, "the killed engine's job to end")
+    wait(lambda: running.done() or side.done(), 60, "the killed engine's job to end")
     crashed, survivor, survivor_client = (running, side, other) if running.done() else (side, running, owner)
     with pytest.raises(Exception, match="stopped unexpectedly"):
         crashed.result(timeout=5)
     assert not survivor.done()
     assert "Cancelling your job" in survivor_client.predict(api_name="/cancel")
     assert "Cancelled during the denoising" in survivor.result(timeout=60)[1]
-    _wait(lambda: len(_engines(app)) == 2 and before[0] not in _engines(app), 60, "a fresh engine process")
+    wait(lambda: len(_engines(app)) == 2 and before[0] not in _engines(app), 60, "a fresh engine process")
     again = [Client(app["url"], verbose=False).submit(*t2v(810 + i), api_name="/text_to_video") for i in range(2)]
     assert sorted(job.result(timeout=240)[3] for job in again) == [810, 811]
 
@@ -114,12 +116,12 @@ def test_a_job_split_across_both_engines_makes_the_video_one_engine_makes(app):
     import imageio.v3 as iio
     import numpy as np
 
-    from tests.ui.test_security import GPUS_AT, OVERRIDES
+    from tests.helpers.api import GPUS_AT, OVERRIDES
 
     user = Client(app["url"], verbose=False)
     job = t2v(901, "one fox, two engines", (64, 64, 9), 30)
     split = user.submit(*job, *OVERRIDES[:GPUS_AT], "2", api_name="/text_to_video")
-    _wait(lambda: "2 busy" in _panel(user) or split.done(), 120, "both engines busy with the split job", poll=0.1)
+    wait(lambda: "2 busy" in _panel(user) or split.done(), 120, "both engines busy with the split job", poll=0.1)
     assert not split.done(), "the split job ended before both engines were seen working on it"
     video, status, _, seed, *_ = split.result(timeout=300)
     assert seed == 901

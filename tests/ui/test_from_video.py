@@ -10,16 +10,16 @@ import pytest
 from gradio_client import handle_file
 
 from engine.outputs.export import read_video, write_mp4
-from tests.conftest import selftest_app
-from tests.ui.test_security import I2V_TAIL, OVERRIDES, _call_api, secret_file  # noqa: F401 (a fixture)
+from tests.helpers.api import I2V_TAIL, OVERRIDES, call_api
+
+pytestmark = pytest.mark.server
 
 SMALL = dict(width=64, height=64, frames=5, steps=2, seed=3)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, selftest_models_dir):
-    with selftest_app(tmp_path_factory, selftest_models_dir, "from-video") as app:
-        yield app
+def server(shared_app):
+    return shared_app
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +90,7 @@ def test_a_server_path_as_a_video_input_is_refused(server, secret_file, api_name
         data = ["selftest-t2v", "x", "", "selftest-t2v", 64, 64, 5, 2, 5.0, 3.0, 1, *OVERRIDES, record, 0.5]
     else:
         data = [None, None, *I2V_TAIL, *OVERRIDES, record]
-    reply = _call_api(server, api_name, data)
+    reply = call_api(server, api_name, data)
     assert marker not in reply and '"success":true' not in reply.replace(" ", "")
     assert "was not uploaded to this app, which takes only files uploaded to it" in reply, reply
     assert sorted(server["outputs"].rglob("*")) == before
@@ -99,11 +99,11 @@ def test_a_server_path_as_a_video_input_is_refused(server, secret_file, api_name
 def test_a_playlist_or_manifest_uploaded_as_a_video_is_refused_and_reads_nothing(client, server, tmp_path):
     """The probe's files: a DASH manifest uploaded as the video to remake, an HLS playlist (by its .m3u8 name) as
     the video to extend; each names a video outside every folder the app serves. Refused in a sentence, nothing made."""
-    from tests.engine.test_video_containers import _dash, _hls, _video
+    from tests.helpers.containers import dash, hls, video
 
-    secret = _video(tmp_path / "private" / "secret.mp4")
-    (tmp_path / "video.mp4").write_text(_dash(secret))
-    (tmp_path / "clip.m3u8").write_text(_hls(secret))
+    secret = video(tmp_path / "private" / "secret.mp4")
+    (tmp_path / "video.mp4").write_text(dash(secret))
+    (tmp_path / "clip.m3u8").write_text(hls(secret))
     before = sorted(server["outputs"].rglob("*.mp4"))
     with pytest.raises(Exception, match="is a DASH manifest .*names other files"):
         client.predict(video=handle_file(str(tmp_path / "video.mp4")), prompt="x", model="selftest-t2v",

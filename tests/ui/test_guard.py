@@ -2,12 +2,12 @@
 wrong passwords, and what each login holds."""
 from __future__ import annotations
 
-import asyncio
 import os
 import threading
 
 import pytest
 
+from tests.helpers.aio import run_coroutine
 from ui.guard import FREE_LOGIN_TRIES, Holdings, HostAllowList, LoginThrottle, host_of
 from ui.guard.reading import Refused, file_key, parse_json, plain_path, read_request
 from ui.guard.routes import RouteTable
@@ -190,7 +190,7 @@ def _read(method: str, path: str, query: bytes = b"", headers=(), body: bytes = 
     async def receive():
         return {"type": "http.request", "body": body, "more_body": False}
     scope = {"type": "http", "method": method, "path": path, "query_string": query, "headers": list(headers)}
-    return asyncio.run(read_request(scope, receive, *found))[0]
+    return run_coroutine(read_request(scope, receive, *found))[0]
 
 
 def test_a_request_is_read_as_gradio_reads_it():

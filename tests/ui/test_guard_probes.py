@@ -5,7 +5,6 @@ writes it. "Theirs" is the other login.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import http.client
 import json
 import subprocess
@@ -20,9 +19,10 @@ import pytest
 from gradio_client import Client
 
 from tests.conftest import ROOT, app_command, app_env, running_app, selftest_app
-from tests.ui.test_security import I2V_TAIL, OVERRIDES
-from ui.guard import FREE_LOGIN_TRIES
+from tests.helpers.api import I2V_TAIL, OVERRIDES
 from ui.guard.holdings import SESSIONS_PER_LOGIN
+
+pytestmark = pytest.mark.server
 
 USER, PASSWORD = "alice", "secret1"
 LONG_JOB = ["selftest-t2v", "a long one", "", "selftest-t2v", 128, 128, 17, 60, 5.0, 3.0, 1]
@@ -228,31 +228,6 @@ def call(http: httpx.Client, api: str, data: list) -> list:
     return json.loads(reply.split("event: complete", 1)[1].split("data:", 1)[1].strip())
 
 
-def test_wrong_passwords_sent_at_once_get_exactly_the_free_tries(tmp_path, selftest_models_dir):
-    """Finding 9 (the throttle): forty at once are forty tries; a wait is at least a second; the right password
-    during the wait is refused too (documented), and works once it is over."""
-    with running_app(tmp_path / "app.log", "--auth", f"{USER}:{PASSWORD}", "--outputs", str(tmp_path / "out"),
-                     "--models-dir", str(selftest_models_dir)) as (url, _):
-        def wrong(_):
-            return httpx.post(url + "login", data={"username": USER, "password": "guess"}, timeout=30)
-        started = time.monotonic()
-        with concurrent.futures.ThreadPoolExecutor(40) as pool:
-            answers = list(pool.map(wrong, range(40)))
-        took = time.monotonic() - started
-        codes = [a.status_code for a in answers]
-        # The first wait is a second: a try that reaches the server after it (a slow machine) is a sixth free one.
-        free = codes.count(400)
-        assert free == FREE_LOGIN_TRIES or (took > 1.0 and free == FREE_LOGIN_TRIES + 1), (codes, took)
-        assert codes.count(429) == 40 - free, codes
-        for refused in (a for a in answers if a.status_code == 429):
-            wait = int(refused.json()["detail"].split("wait ", 1)[1].split(" s", 1)[0])
-            assert wait >= 1
-        sent = time.monotonic()
-        right = httpx.post(url + "login", data={"username": USER, "password": PASSWORD}, timeout=30)
-        # The wait began with the sixth try, after ``started``: a try sent within a second of that is in it for sure
-        # (on a machine loaded enough that forty tries take longer, the wait may be over: nothing to tell then).
-        if sent - started < 1.0:
-            assert right.status_code == 429 and "the right password too" in right.text
-        time.sleep(1.1)
-        assert httpx.post(url + "login", data={"username": USER, "password": PASSWORD}, timeout=30).status_code == 200
+# Finding 9 (the throttle: forty wrong passwords at once are forty tries): tests/ui/test_requests_in_process.py, on
+# a clock of the test's own.
 

@@ -18,9 +18,11 @@ import pytest
 from gradio_client import handle_file
 
 from engine.outputs.history import DEFAULT_LIMIT, MAX_LIMIT, Unreadable
-from tests.conftest import open_page, selftest_app
-from tests.ui.test_security import _call_api
+from tests.conftest import open_page
+from tests.helpers.api import call_api
 from ui.views.history_view import summary_markdown
+
+pytestmark = pytest.mark.server
 
 T2V = ["selftest-t2v", "a red fox in the snow", "", "selftest-t2v", 64, 64, 5, 2, 5.0, 3.0, 7]
 I2V = ["selftest-i2v", "waves on a shore", "blurry", "selftest-i2v", 64, 48, 5, 2, 5.0, 3.0, 3]
@@ -28,9 +30,8 @@ T2I = ["selftest-t2v", "a still lake", "", "selftest-t2v", 64, 48, 1, 2, 5.0, 3.
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, selftest_models_dir):
-    with selftest_app(tmp_path_factory, selftest_models_dir, "history") as app:
-        yield app
+def server(shared_app):
+    return shared_app
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def test_history_survives_any_sidecar_and_lists_every_good_output(client, made, 
 
 @pytest.mark.parametrize("limit", ["abc", None, -1, 1e9, 0, "2"])
 def test_a_bad_history_limit_gets_the_app_s_sentence_or_a_sane_default(server, made, limit):
-    reply = _call_api(server, "history", [limit])
+    reply = call_api(server, "history", [limit])
     if limit in (None, 1e9, "2"):       # left out, too many, a number as text: a count that makes sense
         assert "event: complete" in reply, reply
         entries = json.loads(reply.split("event: complete", 1)[1].split("data:", 1)[1].strip())[0]

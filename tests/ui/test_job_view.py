@@ -128,7 +128,7 @@ def test_the_chart_draws_the_predicted_time_beside_each_phase_and_ahead_of_those
     from engine.events import PlanReady
     from engine.models.spec import KNOWN_MODELS
     from engine.planning.planner import PlanRequest, plan_memory
-    from tests.ui.test_plan_panel import RTX_3060
+    from tests.helpers.machines import RTX_3060
 
     view = JobView()
     plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"], PlanRequest(832, 480, 81), RTX_3060)
@@ -200,7 +200,7 @@ def _planned(seconds: dict):
     from engine.events import PlanReady
     from engine.models.spec import KNOWN_MODELS
     from engine.planning.planner import PlanRequest, plan_memory
-    from tests.ui.test_plan_panel import RTX_3060
+    from tests.helpers.machines import RTX_3060
 
     plan = plan_memory(KNOWN_MODELS["Wan-AI/Wan2.1-T2V-1.3B-Diffusers"], PlanRequest(832, 480, 81), RTX_3060)
     return PlanReady("j", plan, seconds, sum(seconds.values()))

@@ -4,7 +4,6 @@ schema."""
 from __future__ import annotations
 
 import base64
-import io
 import json
 import os
 import re
@@ -13,11 +12,12 @@ import time
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
 from engine.outputs.export import read_video
 from tests.conftest import ROOT, running_app
+
+pytestmark = pytest.mark.server
 
 USER, PASSWORD = "wan", "a-long-secret-1"
 TOKENS = ("token-of-alice-0123456789", "token-of-bob-9876543210xy")
@@ -149,17 +149,17 @@ def test_images_go_in_as_uploads_or_in_base64(server, image_file):
 def test_a_playlist_or_manifest_sent_as_a_video_is_refused_and_reads_nothing(server, tmp_path):
     """A DASH manifest in base64 as the video to remake, an HLS playlist uploaded by its .m3u8 name as the video to
     extend: each names a video outside the app's folders; refused with the app's sentence, nothing made."""
-    from tests.engine.test_video_containers import _dash, _hls, _video
+    from tests.helpers.containers import dash, hls, video
 
-    secret = _video(tmp_path / "private" / "secret.mp4")
+    secret = video(tmp_path / "private" / "secret.mp4")
     before = sorted(server["outputs"].rglob("*.mp4"))
     with _client(server, "alice") as http:
-        dash = base64.b64encode(_dash(secret).encode()).decode()
-        remade = http.post("/api/v1/jobs", json={"mode": "v2v", "prompt": "x", "video": dash, "model": "selftest-t2v",
+        mpd = base64.b64encode(dash(secret).encode()).decode()
+        remade = http.post("/api/v1/jobs", json={"mode": "v2v", "prompt": "x", "video": mpd, "model": "selftest-t2v",
                                                  "width": 64, "height": 64, "frames": 5, "steps": 2})
         extended = http.post("/api/v1/jobs", data={"mode": "i2v", "preset": "selftest-i2v", "prompt": "x",
                                                    "frames": "5", "steps": "2"},
-                             files={"extend": ("clip.m3u8", _hls(secret).encode(), "application/vnd.apple.mpegurl")})
+                             files={"extend": ("clip.m3u8", hls(secret).encode(), "application/vnd.apple.mpegurl")})
     for answer, said in ((remade, "is a DASH manifest"), (extended, "is an HLS playlist")):
         assert answer.status_code == 422, answer.text
         assert said in answer.json()["error"] and "names other files" in answer.json()["error"]
@@ -413,7 +413,7 @@ def test_a_job_predicted_past_an_hour_is_refused_with_its_numbers_on_a_server_wi
 
     from engine.device.calibrate import CALIBRATION_FILE
     from engine.device.hardware import detect_hardware
-    from tests.engine.test_job_ceiling import slow_calibration
+    from tests.helpers.machines import slow_calibration
 
     slow_calibration(server["outputs"], 1e6, detect_hardware())   # the server's engine sees this machine
     big = {**SMALL, "count": 16, "interpolate": 2}

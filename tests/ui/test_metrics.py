@@ -15,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import ROOT, running_app
 
+pytestmark = pytest.mark.server
+
 USER, PASSWORD = "wan", "a-long-secret-2"
 TOKEN = "token-for-prometheus-0123456789"
 SMALL = {"model": "selftest-t2v", "width": 64, "height": 64, "frames": 9, "steps": 2}
@@ -28,7 +30,7 @@ def models(tmp_path_factory, selftest_models_dir):
     import torch
     from safetensors.torch import save_file
 
-    from tests.engine.test_lora import diffusers_lora
+    from tests.helpers.loras import diffusers_lora
 
     folder = tmp_path_factory.mktemp("metrics-models")
     shutil.copytree(selftest_models_dir, folder, dirs_exist_ok=True)
@@ -156,7 +158,7 @@ def test_metrics_public_opens_metrics_alone(tmp_path, selftest_models_dir):
 
         import yaml
 
-        from tests.browser.test_monitoring import MONITORING, query, started_prometheus
+        from tests.helpers.monitoring import MONITORING, query, started_prometheus
 
         config = yaml.safe_load((MONITORING / "prometheus-local.yml").read_text())
         config["global"].update(scrape_interval="1s", scrape_timeout="1s")

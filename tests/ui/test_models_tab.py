@@ -9,9 +9,11 @@ import pytest
 
 from engine.service.worker import WorkerClient
 from tests.conftest import selftest_app
-from tests.engine.test_model_manager import INDEX
+from tests.helpers.repos import INDEX
 from ui.context import AppContext
 from ui.tabs.models import CONFIRM_FIRST, delete_model, download, entries, summary, table_rows
+
+pytestmark = pytest.mark.server
 
 
 def _ctx(presets, tmp_path) -> AppContext:
@@ -58,8 +60,8 @@ def held(tmp_path_factory, selftest_models_dir):
 
     from engine.models.fast_decoder_file import random_fast_decoder_state, write_fast_decoder
     from engine.models.selftest import SELFTEST_T2V
-    from tests.engine.test_lora import diffusers_lora
-    from tests.engine.test_single_file import original_state, write_gguf
+    from tests.helpers.loras import diffusers_lora
+    from tests.helpers.weights import original_state, write_gguf
 
     models = tmp_path_factory.mktemp("held-models")
     shutil.copytree(selftest_models_dir / SELFTEST_T2V, models / SELFTEST_T2V)
@@ -108,7 +110,7 @@ def test_the_model_list_keeps_its_choice_through_the_tab_s_own_messages(held):
         assert said == "Pick the model to delete in the Model list first."
     from safetensors.torch import save_file
 
-    from tests.engine.test_lora import diffusers_lora
+    from tests.helpers.loras import diffusers_lora
 
     save_file(diffusers_lora(seed=2), held["models"] / "loras" / "idle.safetensors")   # for the next test
 

@@ -13,6 +13,7 @@ from engine.models.spec import KNOWN_MODELS
 from engine.planning.planner import Override, PlanRequest, plan_memory
 from engine.service.worker import WorkerClient
 from tests.conftest import shown
+from tests.helpers.machines import RTX_3060
 from ui.context import AppContext
 from ui.views.job_view import JobView
 from ui.parts.form import transformer_choices
@@ -33,8 +34,6 @@ def overrides(*values) -> dict:
     """The plan panel's boxes, given in its order, read as a run reads them (every box given)."""
     return read_all(dict(zip(PANEL, values + tuple(f.start for f in on_page(Place.PLAN)[len(values):]))))
 
-RTX_3060 = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce RTX 3060", arch="sm_86",
-                           vram_total_gb=12.0, vram_free_gb=11.5, ram_total_gb=32.0, ram_available_gb=28.0)
 CARD_4GB = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce GTX 1650", arch="sm_75",
                            vram_total_gb=4.0, vram_free_gb=3.8, ram_total_gb=16.0, ram_available_gb=12.0)
 CPU = HardwareProfile(backend="cpu", device_name="x86_64", ram_total_gb=16.0, ram_available_gb=12.0, cpu_count=4)

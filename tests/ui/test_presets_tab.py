@@ -17,6 +17,8 @@ from ui.context import AppContext
 from ui.preset_saving import save_user_preset
 from ui.views.preset_cards import card_markdown, machine_markdown, preset_entries
 
+pytestmark = pytest.mark.server
+
 CARD_12GB = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce RTX 3060", arch="sm_86",
                             vram_total_gb=12.0, vram_free_gb=11.5, ram_total_gb=32.0, ram_available_gb=28.0)
 CARD_4GB = HardwareProfile(backend="cuda", device_name="NVIDIA GeForce GTX 1650", arch="sm_75",
@@ -104,7 +106,7 @@ def test_a_saved_preset_keeps_its_loras(ctx, selftest_models_dir):
     from safetensors.torch import save_file
 
     from engine.models.loras import Lora
-    from tests.engine.test_lora import original_lora
+    from tests.helpers.loras import original_lora
 
     kept = save_user_preset(ctx, "fast-14b", "t2v", boxes("wan21-t2v-14b-4step", "", "", 832, 480, 81, 4, 1.0, 5.0))
     (lora,) = kept.preset.settings.loras   # the preset's published LoRA, not on disk yet, with its source

@@ -7,7 +7,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import secrets
 import shutil
 import time
 import urllib.error
@@ -22,17 +21,13 @@ import pytest
 from gradio_client import Client
 
 from tests.conftest import ROOT, running_app, selftest_app
+from tests.helpers.api import I2V_TAIL, OVERRIDES, call_api
 from ui.context import ALLOW_PATHS_HINT
 
+pytestmark = pytest.mark.server
+
 T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 2, 5.0, 3.0, 7]
-I2V_TAIL = ["selftest-i2v", "waves", "", "selftest-i2v", 64, 64, 9, 2, 5.0, 3.0, 1]
 PASSWD = Path("/etc/passwd")
-# The raw API wants every input, the plan overrides included (gradio_client fills them in itself).
-OVERRIDES = ["Auto", "Auto", "Auto", "vae", "Off", "Auto", "Auto", "Auto", "", "(the model's own)",
-             "(the model's own)", "Auto", 0, 0, 16, 1, 1, 1, "Auto", "exact"]
-# (the plan panel's dropdowns, LoRAs, transformer files, GPUs, Guidance 2, the window and overlap, the count,
-# smoother and larger, the guidance batch and the linears)
-GPUS_AT = 11   # the GPUs choice's place in OVERRIDES
 
 
 @pytest.fixture(scope="module")
@@ -55,15 +50,6 @@ def app(tmp_path_factory, models_folder):
 @pytest.fixture(scope="module")
 def client(app):
     return Client(app["url"], verbose=False)
-
-
-@pytest.fixture(scope="module")
-def secret_file(tmp_path_factory) -> tuple[Path, str]:
-    """A file in the system temp folder (which gradio trusts for some things) holding a marker."""
-    marker = f"SECRET-{secrets.token_hex(8)}"
-    path = tmp_path_factory.mktemp("secret") / "secret.txt"
-    path.write_text(marker + "\n")
-    return path, marker
 
 
 def _outputs_files(app) -> set[Path]:
@@ -254,24 +240,6 @@ def _queue_join(app, api_name: str, data: list, timeout: float = 60) -> str:
     return text
 
 
-def _call_api(app, api_name: str, data: list, timeout: float = 60) -> str:
-    """Everything the server sends back for one call through the /call REST route."""
-    base = app["url"] + f"gradio_api/call/{api_name}"
-    with httpx.Client(timeout=timeout) as http:
-        posted = http.post(base, json={"data": data})
-        if posted.status_code != 200:
-            return posted.text
-        text = posted.text
-        with http.stream("GET", f"{base}/{posted.json()['event_id']}") as stream:
-            lines = stream.iter_lines()
-            for line in lines:
-                text += line + "\n"
-                if line.startswith(("event: complete", "event: error")):
-                    text += next(lines, "")   # its data line
-                    break
-    return text
-
-
 def _server_files(secret_file) -> list[tuple[str, str]]:
     """(path as a caller writes it, text that must never come back)."""
     path, marker = secret_file
@@ -286,7 +254,7 @@ def _server_files(secret_file) -> list[tuple[str, str]]:
 def test_a_server_path_as_an_image_input_is_refused(app, secret_file, route):
     before = _outputs_files(app)
     for path, secret in _server_files(secret_file):
-        call = _queue_join if route == "queue" else _call_api
+        call = _queue_join if route == "queue" else call_api
         for last in (False, True):   # as the first frame, then as the last frame
             image = {"path": path, "meta": {"_type": "gradio.FileData"}, "orig_name": "photo.png"}
             # (the page's own protocol, /queue/join, sends every input: the video to extend, none, last)
@@ -345,7 +313,7 @@ def test_the_models_folder_is_not_served(app, models_folder):
 
 
 def test_an_output_video_is_downloadable(app):
-    reply = _call_api(app, "text_to_video", [*_t2v("selftest-t2v", seed=21), *OVERRIDES])
+    reply = call_api(app, "text_to_video", [*_t2v("selftest-t2v", seed=21), *OVERRIDES])
     assert "event: complete" in reply, reply
     payload = json.loads(reply.split("event: complete", 1)[1].split("data:", 1)[1].strip())
     video = payload[0]["video"] if "video" in payload[0] else payload[0]
@@ -359,7 +327,7 @@ def test_an_output_video_is_downloadable(app):
 
 
 def test_a_deleted_output_no_longer_downloads_from_where_the_page_got_it(app):
-    reply = _call_api(app, "text_to_video", [*_t2v("selftest-t2v", seed=23), *OVERRIDES])
+    reply = call_api(app, "text_to_video", [*_t2v("selftest-t2v", seed=23), *OVERRIDES])
     payload = json.loads(reply.split("event: complete", 1)[1].split("data:", 1)[1].strip())
     served = payload[0]["url"]
     assert _get(served).status_code == 200
@@ -397,7 +365,7 @@ def test_other_apps_files_in_the_shared_temp_folder_are_neither_served_nor_taken
             response = _get(app["url"] + f"gradio_api/file={theirs / name}")
             assert response.status_code == 403 and b"THEIR-SECRET" not in response.content
         image = {"path": str(theirs / "their-photo.png"), "meta": {"_type": "gradio.FileData"}}
-        reply = _call_api(app, "image_to_video", [image, None, *I2V_TAIL, *OVERRIDES])
+        reply = call_api(app, "image_to_video", [image, None, *I2V_TAIL, *OVERRIDES])
         assert "was not uploaded to this app" in reply and "event: complete" not in reply, reply
     finally:
         shutil.rmtree(theirs, ignore_errors=True)

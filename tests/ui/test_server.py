@@ -12,15 +12,23 @@ import pytest
 from gradio_client import Client, handle_file
 
 from engine.outputs.export import read_video
-from tests.conftest import engine_pid, selftest_app
+from tests.conftest import engine_pid
+
+pytestmark = pytest.mark.server
 
 T2V = ["selftest-t2v", "a red fox", "", "selftest-t2v", 64, 64, 9, 4, 5.0, 3.0, 7]
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory, selftest_models_dir):
-    with selftest_app(tmp_path_factory, selftest_models_dir, "server") as app:
-        yield app
+def server(shared_app):
+    return shared_app
+
+
+@pytest.fixture
+def log(server):
+    """What the shared app's console says from this test's start on (other files' tests write to it too)."""
+    start = len(server["log"].read_text())
+    return lambda: server["log"].read_text()[start:]
 
 
 def test_api_names_are_stable(client):
@@ -143,7 +151,7 @@ def test_text_to_image_returns_a_png(client):
 def test_a_lora_in_the_models_folder_is_applied_and_recorded(client, server, selftest_models_dir):
     from safetensors.torch import save_file
 
-    from tests.engine.test_lora import diffusers_lora
+    from tests.helpers.loras import diffusers_lora
 
     (selftest_models_dir / "loras").mkdir(exist_ok=True)
     save_file(diffusers_lora(), selftest_models_dir / "loras" / "page.safetensors")
@@ -167,7 +175,7 @@ def test_a_transformer_file_in_the_models_folder_is_used_and_a_path_outside_is_r
 
     from engine.models.selftest import SELFTEST_T2V
     from engine.models.single_file import PREFIX
-    from tests.engine.test_single_file import original_state
+    from tests.helpers.weights import original_state
 
     folder = selftest_models_dir / "transformers"
     folder.mkdir(exist_ok=True)
@@ -201,16 +209,17 @@ def test_image_to_video_with_an_upload(client, image_file):
     ("notes.png", b"this is text, not a picture", "Image 'notes.png' is not a readable image (not a known image "
                                                   "format); upload a PNG, JPEG or WebP image."),
 ])
-def test_an_upload_that_cannot_be_used_is_named_with_what_to_do(client, server, tmp_path, name, content, said):
-    from tests.engine.test_hardening import _png_claiming
+def test_an_upload_that_cannot_be_used_is_named_with_what_to_do(client, log, tmp_path, name, content, said):
+    from tests.helpers.images import png_claiming
 
     upload = tmp_path / name
-    upload.write_bytes(_png_claiming(30000, 30000) if content == "bomb" else content)
+    upload.write_bytes(png_claiming(30000, 30000) if content == "bomb" else content)
     with pytest.raises(Exception, match=re.escape(said)):
         client.predict(handle_file(str(upload)), None, "selftest-i2v", "waves", "", "selftest-i2v", 64, 64, 9, 3,
                        5.0, 3.0, 1, api_name="/image_to_video")
-    log = server["log"].read_text()
-    assert "Traceback" not in log and "DecompressionBomb" not in log and "UnidentifiedImageError" not in log
+    said_there = log()
+    assert "Traceback" not in said_there and "DecompressionBomb" not in said_there
+    assert "UnidentifiedImageError" not in said_there
 
 
 def test_the_console_has_the_app_s_lines_not_the_libraries(client, server, image_file):
@@ -253,17 +262,17 @@ def _call(server, api_name: str, body: str) -> str:
     (1, "42", "The prompt must be text, got int."),
     (3, '"' + "m" * 300 + '"', "is 300 characters long, too long for a repo id or a folder"),
 ])
-def test_values_an_api_client_sends_are_refused_with_the_app_s_own_sentence(server, field, value, said):
+def test_values_an_api_client_sends_are_refused_with_the_app_s_own_sentence(server, log, field, value, said):
     """Never rounded, never a generic error: each wrong value is named with what to change."""
     import json as json_module
 
-    from tests.ui.test_security import OVERRIDES
+    from tests.helpers.api import OVERRIDES
 
     values = [json_module.dumps(v) for v in (*T2V, *OVERRIDES)]
     values[field] = value
     answer = _call(server, "text_to_video", '{"data": [' + ", ".join(values) + "]}")
     assert "event: error" in answer and said in answer, answer
-    assert "Traceback" not in server["log"].read_text()
+    assert "Traceback" not in log()
 
 
 def _wait_for_step(job, timeout=60):
@@ -306,7 +315,10 @@ def test_killed_engine_is_reported_and_replaced(client, server):
 
 
 def test_sidecars_sit_beside_outputs(server):
-    for video in server["outputs"].rglob("*.mp4"):
+    made = [video for video in server["outputs"].rglob("*.mp4")
+            if not video.name.endswith(".input.mp4")]   # a video to video's input, kept: it has no sidecar of its own
+    assert made
+    for video in made:
         sidecar = json.loads(video.with_suffix(".json").read_text())
         assert sidecar["file"] == video.name
 
@@ -369,7 +381,7 @@ def test_a_plain_json_call_with_a_prompt_and_steps_returns_an_image(server):
                for s in sidecars)
 
 
-def test_a_raw_http_caller_may_leave_the_trailing_inputs_out_as_gradio_client_does(server):
+def test_a_raw_http_caller_may_leave_the_trailing_inputs_out_as_gradio_client_does(server, log):
     """The README's eleven values, or just a preset and a prompt: the server fills the rest with the API's own
     defaults; with no prompt at all, the app's sentence says what is missing."""
     import json as json_module
@@ -379,7 +391,7 @@ def test_a_raw_http_caller_may_leave_the_trailing_inputs_out_as_gradio_client_do
         assert "event: complete" in answer and ".mp4" in answer, answer
     answer = _call(server, "text_to_video", json_module.dumps({"data": ["selftest-t2v"]}))
     assert "event: error" in answer and "The prompt is empty: describe what the video should show." in answer, answer
-    assert "didn't receive enough input values" not in server["log"].read_text()
+    assert "didn't receive enough input values" not in log()
 
 
 def test_unload_with_nothing_loaded_says_so_at_once(client):

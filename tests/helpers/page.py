@@ -1,0 +1,56 @@
+"""The page driven as a person drives it, in a real browser (Playwright): tabs, boxes, choices, what it says."""
+from __future__ import annotations
+
+
+def set_number(page, elem_id: str, value) -> None:
+    box = page.locator(f"#{elem_id} input")
+    box.fill(str(value))
+    box.press("Tab")
+
+
+def table_text(page, elem_id: str) -> str:
+    return page.locator(f"#{elem_id}").inner_text()
+
+
+def set_text(page, elem_id: str, value: str) -> None:
+    box = page.locator(f"#{elem_id}").locator("input, textarea").first
+    box.fill(value)
+    box.press("Tab")
+
+
+def status(page, prefix: str = "t2v") -> str:
+    """The status as a person reads it (gradio's hidden status overlay left out)."""
+    return page.locator(f"#{prefix}-status [data-testid=markdown]").inner_text()
+
+
+def no_error_badge(page, elem_id: str) -> bool:
+    """gradio's red "Error" badge on a component: absent, or in its hidden (transparent) overlay."""
+    return page.evaluate("""id => [...document.querySelectorAll(`#${id} .error`)].every(e => {
+        for (let p = e; p && p.id !== id; p = p.parentElement) {
+            const style = getComputedStyle(p);
+            if (style.opacity === '0' || style.display === 'none' || style.visibility === 'hidden') return true;
+        }
+        return false; })""", elem_id)
+
+
+def toasts(page) -> list[str]:
+    return page.evaluate("() => [...document.querySelectorAll('.toast-body')].map(t => t.innerText)")
+
+
+def open_tab(page, name: str) -> None:
+    page.get_by_role("tab", name=name).click()
+
+
+def start_long_job(page, prompt: str, **numbers) -> None:
+    """Text to Video with ``prompt`` and 200 steps (plus any other ``t2v-<name>`` numbers), started and seen
+    running: the status line shows a step (it updates every step, unlike the 2 s system panel)."""
+    page.locator("#t2v-prompt textarea").fill(prompt)
+    for name, value in {**numbers, "steps": 200}.items():
+        set_number(page, f"t2v-{name}", value)
+    page.locator("#t2v-generate").click()
+    page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
+
+
+def choose(page, elem_id: str, option: str) -> None:
+    page.locator(f"#{elem_id} input").click()
+    page.locator(f"#{elem_id}").get_by_role("option", name=option, exact=True).click()

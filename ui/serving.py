@@ -1,0 +1,89 @@
+"""The server that ``python app.py`` serves, made from its arguments: the engines, the page, and what gradio's server
+is made with besides the page (the guard in front of every request, the JSON API and /metrics). app.py launches it;
+the tests make the same server as an object in their own process (``asgi_app``) to send it requests with no port and
+no engine started."""
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Server:
+    demo: object          # the page (gradio Blocks)
+    engines: object       # the EnginePool, not started yet
+    auth: tuple | None    # (user, password) of the page's login, if any
+    launch: dict          # demo.launch's keyword arguments but the address and the browser's
+
+
+def presets_with_user_folder(folder: str):
+    """The built-in presets and the user's own from ``folder``; a bad user file is reported and skipped."""
+    from engine.settings.presets import PresetError, UserPresets, load_presets
+
+    try:
+        user = UserPresets(Path(folder), load_presets())
+    except PresetError as exc:
+        raise SystemExit(f"error: --user-presets: {exc}") from None
+    for problem in user.load():
+        print(f"warning: {problem}", file=sys.stderr, flush=True)
+    return user.presets, user
+
+
+def make_server(args, served: Path, auth: tuple | None, tokens: tuple[str, ...], throttle=None) -> Server:
+    """The server of ``args`` (app.py's parsed serve arguments), its uploads and results kept in ``served``;
+    ``throttle``: the wrong-password counter, a LoginThrottle (the tests give one on a clock of their own)."""
+    from engine.service.jobqueue import JobQueue
+    from engine.service.metrics import ServiceMetrics
+    from engine.service.pool import EnginePool
+    from ui.app_ui import MAX_QUEUE, PAGE_CSS, PAGE_JS, STATE_SESSIONS, build_app, server_threads
+    from ui.context import AppContext
+    from ui.guard.throttle import LoginThrottle
+    from ui.startup import job_ceiling
+
+    presets, user_presets = presets_with_user_folder(args.user_presets)
+    max_queue = args.max_queue or MAX_QUEUE
+    jobs = JobQueue(max_queue, engines=args.gpus.known or 1, share=args.queue_share)
+    engines = EnginePool(args.models_dir, args.gpus, latents_hours=args.latents_hours,
+                         preview_seconds=args.preview_every, on_resize=jobs.resize, outputs_dir=args.outputs)
+    ctx = AppContext(engines, presets, args.outputs, args.model, allow_model_paths=args.allow_model_paths,
+                     models_dir=args.models_dir, user_presets=user_presets, jobs=jobs, served_dir=str(served),
+                     metrics=ServiceMetrics(jobs, engines, presets=[(p.settings.mode, p.settings.model)
+                                                                    for p in presets.values()]),
+                     ceiling=job_ceiling(args.max_job_minutes, bool(auth or tokens)))
+    launch = dict(share=args.share, auth=auth, allowed_paths=[str(Path(args.outputs).resolve())],
+                  max_file_size="50mb", footer_links=["api"], css=PAGE_CSS, js=PAGE_JS,
+                  max_threads=server_threads(max_queue),
+                  quiet=True, run_history=False,   # runs kept in the browser grow the page (and keep prompts)
+                  prevent_thread_lock=True, state_session_capacity=STATE_SESSIONS,
+                  app_kwargs=_server_parts(args, ctx, served, tokens, throttle or LoginThrottle()))
+    return Server(build_app(ctx), engines, auth, launch)
+
+
+def _server_parts(args, ctx, served: Path, tokens: tuple[str, ...], throttle) -> dict:
+    """What gradio's server is made with besides the page: the guard in front of every request, the API callers'
+    trailing inputs, and the JSON API and /metrics as routes of its own (behind the same guard)."""
+    from starlette.middleware import Middleware
+
+    from ui.api_defaults import TrailingDefaults
+    from ui.guard import Guard, HostAllowList
+    from ui.guard.api_login import ApiLogins
+    from ui.guard.routes import RouteTable
+    from ui.rest.mount import service_routes
+
+    hosts = HostAllowList.for_server(args.host, args.listen, args.share, args.allowed_host)
+    guard = Middleware(Guard, hosts=hosts, throttle=throttle, uploads_folder=served,
+                       api_logins=ApiLogins(tokens), routes=RouteTable.with_api(args.metrics_public))
+    return {"middleware": [guard, Middleware(TrailingDefaults)], "routes": service_routes(ctx)}
+
+
+def asgi_app(server: Server):
+    """The server as the ASGI application that ``demo.launch`` would serve (no port, no queue worker, no engine
+    started): for requests sent in process, such as through ``httpx.ASGITransport``."""
+    from gradio.routes import App
+
+    demo = server.demo
+    demo.auth = [server.auth] if server.auth else None
+    demo.max_file_size = server.launch["max_file_size"]
+    demo.allowed_paths = server.launch["allowed_paths"]
+    return App.create_app(demo, app_kwargs=server.launch["app_kwargs"])
