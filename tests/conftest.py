@@ -37,7 +37,6 @@ from engine.settings.presets import load_presets  # noqa: E402
 from engine.settings.request import GenerationRequest  # noqa: E402
 
 
-
 @pytest.fixture(scope="session", autouse=True)
 def one_thread_per_worker():
     """Torch on one CPU thread in each of the suite's worker processes (not in the processes they start): two

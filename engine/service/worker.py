@@ -81,7 +81,8 @@ class WorkerClient:
                  outputs_dir: Path | str | None = None, silence: Silence = Silence()):
         """``latents_hours``: how long finished runs' latents are kept; ``preview_seconds``: the least time
         between live previews (0: every step; negative: none); ``faults``: the engine's phase hook in the
-        first engine process (tests inject faults with it, such as a crash in a phase), NO_FAULTS after;
+        first engine process (tests inject faults with it, such as a crash in a phase), NO_FAULTS after, unless
+        the hook says ``every_process`` (engine/run/faults.py);
         ``env``: variables every engine process of this client starts with (its GPU: engine/service/pool.py);
         ``hardware``: the profile the engine plans for instead of probing its device (a described machine);
         ``outputs_dir``: the app's outputs folder, where the engine finds this machine's measured rates;
