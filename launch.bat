@@ -172,7 +172,7 @@ if errorlevel 1 (
 )
 set /p WAN_TEST_PROMETHEUS=<"%WAN_PROMETHEUS_FILE%"
 setlocal DisableDelayedExpansion
-rem pytest.ini names tests\ as the default; paths given here run alone. The timed tests run last, alone.
+rem pytest.ini names tests\ as the default; paths given here run alone.
 "%VPY%" -m tests.run %TEST_ARGS%
 set "TEST_RC=%ERRORLEVEL%"
 if "%TEST_RC%"=="5" echo [test] pytest collected no tests - exit code 5 - that counts as a failure

@@ -206,7 +206,7 @@ if [[ "$MODE" == "test" ]]; then
         || die "no Prometheus for the monitoring tests (see the message above)"
     export WAN_TEST_PROMETHEUS
     set +e
-    # pytest.ini names tests/ as the default; paths given here run alone. The timed tests run last, alone.
+    # pytest.ini names tests/ as the default; paths given here run alone.
     "$VPY" -m tests.run "$@"
     rc=$?
     set -e

@@ -41,8 +41,8 @@ from engine.settings.request import GenerationRequest  # noqa: E402
 def one_thread_per_worker():
     """Torch on one CPU thread in each of the suite's worker processes (not in the processes they start): two
     workers share two cores, and the in-process runs are many tiny operations where a second thread only spins
-    against the other worker's (a windowed image-to-video test took 16.5 s instead of 3.3 s). The timed tests run
-    alone in one process (tests/run.py) and keep torch's own count."""
+    against the other worker's (a windowed image-to-video test took 16.5 s instead of 3.3 s). A run in one process
+    (``-n 0``) keeps torch's own count."""
     if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
         yield
         return
@@ -396,7 +396,7 @@ def shot():
 # The kinds of test that start something heavy (pytest.ini lists them); each is also ``slow``, and the quick lane
 # (``./launch.sh test -m "not slow"``) leaves them out. A file says its kind with ``pytestmark``; tests/browser/ is
 # ``browser`` as a whole.
-SLOW_KINDS = ("bench", "browser", "server", "process", "timed")
+SLOW_KINDS = ("bench", "browser", "server", "process")
 
 
 @pytest.hookimpl(tryfirst=True)

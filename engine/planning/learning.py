@@ -68,8 +68,9 @@ def token_exponent(runs: Sequence[MeasuredRun]) -> float:
 def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
     """``prediction`` corrected by what this machine really did for the same model and plan: each phase
     takes the nearest run's measured seconds, scaled to the new request (a step by passes and
-    (tokens'/tokens)^a, the decode and export by pixels, the text encode by prompts). Phases no run
-    measured (or measured in another state: first run after a load or not) keep the model's figure."""
+    (tokens'/tokens)^a, a video-to-video input's encode, the decode, the export and the join by the work, the text
+    encode by prompts). Phases no run measured (or measured in another state: first run after a load or not) keep
+    the model's figure."""
     if not runs:
         return prediction
     a = token_exponent(runs)
@@ -98,7 +99,7 @@ def learn(prediction: PhaseTimes, runs: Sequence[MeasuredRun]) -> PhaseTimes:
         seconds["denoise"] = step * prediction.steps + rest + prediction.compile_seconds
         compiling = f", +{prediction.compile_seconds:.0f} s compiling at this size" if prediction.compile_seconds else ""
         how["denoise"] = f"{said}: {words}{compiling}"
-    for phase in ("vae_decode", "export", "join"):
+    for phase in ("video_encode", "vae_decode", "export", "join"):
         # The first decode after a load pays one-off costs (1.80 s later, 3.01 s first on an H200): a decode is
         # learned from the nearest run in the same state; from one in the other state only when the model's
         # figure is off from it by more than OTHER_STATE_OFF times (a model it has no measured rates of: the

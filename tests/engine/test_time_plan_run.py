@@ -11,6 +11,7 @@ from engine.device.calibrate import CALIBRATION_FILE
 from engine.events import JobFinished, PhaseStarted, PlanReady
 from engine.run.engine import Engine
 from tests.conftest import CPU, run_engine, tiny_request
+from ui.views.job_view import JobView
 
 
 def _predicted(events) -> PlanReady:
@@ -75,12 +76,10 @@ def test_the_fastest_attention_measured_here_is_the_one_the_plan_picks(model_dir
     assert json.loads(Path(result.sidecar).read_text())["speed"]["attention"] == "_native_math"
 
 
-@pytest.mark.timed
-def test_the_page_s_plan_the_status_and_the_chart_predict_the_same_within_2x_of_what_the_job_takes(
-        model_dirs, presets, tmp_path):
+def test_the_page_s_plan_the_status_and_the_chart_predict_the_same(model_dirs, presets, tmp_path):
     """One prediction everywhere: the engine's (its PlanReady, which the status and the chart show) and the plan
-    panel's (from the runs the engine kept beside the outputs) agree, and after one run of the self-test model
-    on this CPU the next run of it takes between half and twice what they say (timed: run alone, tests/run.py)."""
+    panel's (from the runs the engine kept beside the outputs) agree, phase by phase, and the chart says it. (How
+    near it comes to what the job takes on this machine: bench/time_plan_ways.py, docs/speed.md.)"""
     from engine.device.calibrate import Calibration
     from engine.models.catalog import ModelCatalog
     from engine.run.time_plan import RUNS_FILE, kept_runs, predict_job
@@ -99,8 +98,11 @@ def test_the_page_s_plan_the_status_and_the_chart_predict_the_same_within_2x_of_
     second, events = run_engine(engine, request)
     said = _predicted(events)
     assert said.predicted_total == page.total and said.predicted_seconds == page.seconds
-    took = sum(second.timings[phase] for phase in said.predicted_seconds)
-    assert 0.5 <= said.predicted_total / took <= 2.0, (said.predicted_seconds, second.timings)
+    view = JobView()
+    for event in events:
+        view.apply(event)
+    assert view.predicted_so_far() == pytest.approx(said.predicted_seconds, abs=1e-3)
+    assert set(said.predicted_seconds) == set(second.timings) - {"calibrate", "build_model"}
 
 
 def test_the_steps_after_the_video_are_predicted_by_the_files_found_and_learned_from_the_runs(

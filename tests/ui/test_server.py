@@ -315,8 +315,10 @@ def test_killed_engine_is_reported_and_replaced(client, server):
 
 
 def test_sidecars_sit_beside_outputs(server):
-    made = [video for video in server["outputs"].rglob("*.mp4")
-            if not video.name.endswith(".input.mp4")]   # a video to video's input, kept: it has no sidecar of its own
+    from engine.outputs.bundle import VIDEO_INPUT_SUFFIXES
+
+    kept = tuple(VIDEO_INPUT_SUFFIXES.values())   # a video to video's input, an extension's source: no sidecar of their own
+    made = [video for video in server["outputs"].rglob("*.mp4") if not video.name.endswith(kept)]
     assert made
     for video in made:
         sidecar = json.loads(video.with_suffix(".json").read_text())
