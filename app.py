@@ -382,7 +382,7 @@ def serve(args) -> int:
     tokens = api_tokens(args.api_token)
     Path(args.outputs).mkdir(parents=True, exist_ok=True)
     served = prepare_served_dir()   # before gradio is imported
-    from ui.serving import make_server
+    from ui.serving import make_server, stop_quickly
 
     server = make_server(args, served, auth, tokens)
     server.engines.start()  # the engine processes load their libraries while the page starts and loads
@@ -399,6 +399,7 @@ def serve(args) -> int:
                 raise
             print(port_taken_message(host, args.port), file=sys.stderr, flush=True)   # taken since the check
             return EXIT_BAD_INPUT
+        stop_quickly(demo)
         print(f"{APP_NAME} is running at {demo.local_url} (Ctrl+C stops it)", flush=True)
         print(f"Its JSON API: {demo.local_url}api/docs; Prometheus metrics: {demo.local_url}metrics", flush=True)
         if demo.share_url:

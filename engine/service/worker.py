@@ -42,6 +42,9 @@ _SPAWN = mp.get_context("spawn")
 WATCH_TICK_S = 0.5
 # A new engine process that has not loaded its libraries after this long is stopped and started again.
 STARTUP_LIMIT_S = 600.0
+# How long a closing client waits for its engine process to end its job (asked to stop at its next step) and exit
+# before it stops it: a person who pressed Ctrl-C waits no longer than this for the engine.
+CLOSE_WAIT_S = 3.0
 def _signal_name(exitcode: int | None) -> str:
     if exitcode is None:
         return "no exit code"
@@ -106,6 +109,7 @@ class WorkerClient:
         self._ready_lock = threading.Lock()
         self._status_lock = threading.Lock()
         self._worker: _Worker | None = None
+        self._closed = False   # closed for good (the app stops): no engine process starts after it
         self._ids = itertools.count(1)
         self.restarts = 0
         self.hung = 0     # engine processes stopped because they stopped answering
@@ -116,6 +120,8 @@ class WorkerClient:
     # ----- process management -------------------------------------------
     def _ensure_worker(self) -> _Worker:
         with self._start_lock:
+            if self._closed:
+                raise OSError("the engine is closed: the app is stopping")
             if self._worker is None or not self._worker.process.is_alive():
                 if self._worker is not None:
                     self._worker.conn.close()
@@ -146,15 +152,21 @@ class WorkerClient:
         self._ensure_worker()
 
     def close(self) -> None:
-        worker, self._worker = self._worker, None
+        """Stop the engine process for good: a running job is asked to stop at its next step, the process is
+        stopped if it has not ended within CLOSE_WAIT_S, and no engine process starts after this (a job thread
+        that finds its engine gone gets an OSError rather than a new process while the app stops)."""
+        with self._start_lock:
+            self._closed = True
+            worker, self._worker = self._worker, None
         if worker is None:
             return
+        self._cancel.set()
         try:
             if worker.ready:   # still loading its libraries: it would hear the stop only once they are in
                 worker.conn.send(Stop())
         except (BrokenPipeError, OSError):
             pass
-        worker.process.join(timeout=5 if worker.ready else 0)
+        worker.process.join(timeout=CLOSE_WAIT_S if worker.ready else 0)
         if worker.process.is_alive():
             worker.process.kill()
             worker.process.join()
