@@ -29,6 +29,11 @@ def generate(*args, models_dir, outputs, env=None, timeout=180):
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env or app_env(), cwd=ROOT)
 
 
+def refused(*args, models_dir, outputs) -> subprocess.CompletedProcess:
+    """``generate ARGS`` that the app refuses before any engine starts, run through app.main in this process."""
+    return app_main("generate", "--models-dir", str(models_dir), "--outputs", str(outputs), *args)
+
+
 def test_generate_with_the_selftest_model_writes_video_and_sidecar(selftest_models_dir, outputs):
     """Also a new user's terminal: the first line says the engine is starting, the table times it, nothing leaks."""
     done = generate("--model", "selftest-t2v", "--prompt", "a cat", "--seed", "42",
@@ -69,22 +74,22 @@ def test_generate_image_to_video(selftest_models_dir, outputs, image_file):
     (("--model", "selftest-i2v", "--preset", "selftest-i2v"), "image-to-video needs an image"),
 ])
 def test_bad_input_exits_2_with_a_message_and_writes_nothing(selftest_models_dir, outputs, args, expected):
-    done = generate("--prompt", "a cat", *args, models_dir=selftest_models_dir, outputs=outputs, timeout=60)
+    done = refused("--prompt", "a cat", *args, models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert said(expected) in done.stderr or expected in done.stderr
     assert not [p for p in outputs.rglob("*") if p.is_file()]
 
 
 def test_empty_prompt_exits_2(selftest_models_dir, outputs):
-    done = generate("--model", "selftest-t2v", "--prompt", " ", models_dir=selftest_models_dir, outputs=outputs)
+    done = refused("--model", "selftest-t2v", "--prompt", " ", models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 2 and "The prompt is empty: describe what the video should show." in done.stderr
 
 
 def test_unwritable_outputs_exit_2(selftest_models_dir, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    done = generate("--model", "selftest-t2v", "--prompt", "a cat", models_dir=selftest_models_dir,
-                    outputs=blocker / "out")
+    done = refused("--model", "selftest-t2v", "--prompt", "a cat", models_dir=selftest_models_dir,
+                   outputs=blocker / "out")
     assert done.returncode == 2 and "is not writable" in done.stderr
 
 
@@ -229,8 +234,8 @@ def test_generate_with_a_lora_of_nan_weights_exits_non_zero_naming_it(selftest_m
 # ----- a new user's terminal (the first line and the table: the self-test generate above) ----------------------
 def test_bad_input_is_refused_before_any_engine_starts(selftest_models_dir, outputs):
     for args in (("--width", "70"), ("--prompt", " "), ("--model", "selftest-i2v")):
-        done = generate("--model", "selftest-t2v", "--prompt", "a cat", *args, models_dir=selftest_models_dir,
-                        outputs=outputs, timeout=60)
+        done = refused("--model", "selftest-t2v", "--prompt", "a cat", *args, models_dir=selftest_models_dir,
+                       outputs=outputs)
         assert done.returncode == 2 and done.stderr.startswith("error: "), (args, done.stderr)
         assert "Engine start" not in done.stderr + done.stdout and len(done.stderr.splitlines()) == 1, done.stderr
 
@@ -401,9 +406,9 @@ def test_extend_continues_an_output_with_its_prompt_and_video_remakes_one_by_a_s
     data = json.loads(made.with_suffix(".json").read_text())
     assert data["mode"] == "v2v" and data["parameters"]["strength"] == 0 and data["output"]["frames"] == 9
     assert "video_encode" in data["timings"] and "denoise" not in data["timings"]   # strength 0: the input back
-    refused = generate("--video", str(outputs / "missing.mp4"), "--prompt", "x", models_dir=selftest_models_dir,
-                       outputs=outputs)
-    assert refused.returncode == 2 and "does not exist" in refused.stderr and "Traceback" not in refused.stderr
+    missing = refused("--video", str(outputs / "missing.mp4"), "--prompt", "x", models_dir=selftest_models_dir,
+                      outputs=outputs)
+    assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
 
 
 def test_a_playlist_or_manifest_given_as_a_video_is_refused_before_anything_reads_what_it_names(selftest_models_dir,
@@ -415,8 +420,8 @@ def test_a_playlist_or_manifest_given_as_a_video_is_refused_before_anything_read
     (tmp_path / "clip.m3u8").write_text(hls(secret))
     for option, upload, said in (("--video", "video.mp4", "a DASH manifest"), ("--extend", "clip.m3u8",
                                                                                  "an HLS playlist")):
-        done = generate(option, str(tmp_path / upload), "--prompt", "x", models_dir=selftest_models_dir,
-                        outputs=outputs, timeout=60)
+        done = refused(option, str(tmp_path / upload), "--prompt", "x", models_dir=selftest_models_dir,
+                       outputs=outputs)
         assert done.returncode == 2 and said in done.stderr and "names other files" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and "Engine start" not in done.stdout + done.stderr
     assert not list(outputs.rglob("*.mp4"))
