@@ -360,10 +360,31 @@ def browser():
         browser.close()
 
 
+# The page autoplays each result video in a loop; a page open through a test file would play every video it made
+# until the file ends (a looping 64x64 clip kept 30% of a core busy in headless Chromium, which shares the two cores
+# with the tests). In the tests' browser a video pauses once it has looped for PLAYED_S: its playing is seen first.
+PLAYED_S = 10
+PAUSE_WHEN_PLAYED = """
+(() => {
+  const seen = new WeakMap();
+  document.addEventListener("loadstart", (event) => seen.delete(event.target), true);
+  document.addEventListener("timeupdate", (event) => {
+    const video = event.target;
+    if (!(video instanceof HTMLVideoElement) || !video.loop) return;
+    const state = seen.get(video) || {at: 0, loops: 0};
+    if (video.currentTime < state.at && ++state.loops * video.duration >= %d) video.pause();
+    state.at = video.currentTime;
+    seen.set(video, state);
+  }, true);
+})();
+""" % PLAYED_S
+
+
 @contextlib.contextmanager
 def open_page(browser, url: str, timeout_s: float = 60):
     """A fresh browser context on the app's page, once the page has drawn its first tab."""
     context = browser.new_context(viewport={"width": 1440, "height": 1000})
+    context.add_init_script(PAUSE_WHEN_PLAYED)
     page = context.new_page()
     page.set_default_timeout(timeout_s * 1000)
     page.goto(url)

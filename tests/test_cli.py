@@ -418,10 +418,10 @@ def test_a_playlist_or_manifest_given_as_a_video_is_refused_before_anything_read
     secret = video(tmp_path / "private" / "secret.mp4")
     (tmp_path / "video.mp4").write_text(dash(secret))
     (tmp_path / "clip.m3u8").write_text(hls(secret))
-    for option, upload, said in (("--video", "video.mp4", "a DASH manifest"), ("--extend", "clip.m3u8",
-                                                                                 "an HLS playlist")):
+    for option, upload, named in (("--video", "video.mp4", "a DASH manifest"), ("--extend", "clip.m3u8",
+                                                                                  "an HLS playlist")):
         done = refused(option, str(tmp_path / upload), "--prompt", "x", models_dir=selftest_models_dir,
                        outputs=outputs)
-        assert done.returncode == 2 and said in done.stderr and "names other files" in done.stderr, done.stderr
+        assert done.returncode == 2 and named in done.stderr and "names other files" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and "Engine start" not in done.stdout + done.stderr
     assert not list(outputs.rglob("*.mp4"))
