@@ -256,6 +256,11 @@ def app_env(**extra: str) -> dict:
     return env
 
 
+# Ctrl+C stops an app within seconds (ui/serving.py stop_quickly, WorkerClient.close: 1-5 s in the suite's runs);
+# one still running after this long is stuck, and its test fails.
+STOP_LIMIT_S = 20
+
+
 @contextlib.contextmanager
 def running_app(log_path: Path, *args: str, env: dict | None = None, startup_s: float = 120):
     """Start ``app.py --no-browser --port P *args``; yield (url, process); stop it with Ctrl-C."""
@@ -283,10 +288,12 @@ def running_app(log_path: Path, *args: str, env: dict | None = None, startup_s: 
         finally:
             proc.send_signal(signal.SIGINT)
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=STOP_LIMIT_S)
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+                pytest.fail(f"the app did not stop within {STOP_LIMIT_S} s of Ctrl+C (it cuts the pages' streams "
+                            "after a second and stops a running job at its next step)")
 
 
 def engine_pid(app: dict) -> int:

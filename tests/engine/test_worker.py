@@ -286,3 +286,30 @@ def psutil_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_closing_stops_the_running_job_at_its_next_step_and_starts_no_engine_after(selftest_models_dir, presets,
+                                                                                 outputs):
+    """What Ctrl+C on the app does to its engines: the job running is asked to stop at its next step, the engine
+    process ends by itself (it is stopped only past CLOSE_WAIT_S), and nothing starts a fresh one afterwards (a job
+    thread that finds its engine gone while the app stops gets an OSError, not a new process)."""
+    client = WorkerClient(selftest_models_dir)
+    closing = []
+
+    def close_at_two(event):
+        if event.step == 2 and not closing:
+            process = client._worker.process
+            closing.append((process, threading.Thread(target=client.close)))
+            closing[0][1].start()
+
+    # The most steps there are, at a size whose steps take tens of milliseconds: seconds of work after step 2.
+    events = collect(client.submit(tiny_request(presets, "selftest-t2v", outputs, steps=200, width=256, height=256,
+                                                frames=33)), close_at_two)
+    process, thread = closing[0]
+    thread.join(timeout=30)
+    assert isinstance(events[-1], (JobCancelled, JobFailed)), events[-1]
+    assert not any(isinstance(event, StepFinished) and event.step == 200 for event in events)
+    assert not process.is_alive() and process.exitcode == 0, process.exitcode   # it ended by itself
+    with pytest.raises(OSError, match="the app is stopping"):
+        client.start()
+    assert client.pid is None

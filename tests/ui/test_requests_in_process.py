@@ -114,3 +114,27 @@ def test_a_server_with_a_password_refuses_another_host_name_too(locked):
             return await http.get("config", headers={"Host": "evil.example"})
 
     assert run_coroutine(scenario()).status_code == 400
+
+
+def test_an_idle_server_looks_for_work_calmly_and_ctrl_c_cuts_the_pages_streams_quietly(tmp_path):
+    """gradio's queue looks for work every millisecond unless told otherwise (4% of a core on an idle app); the
+    streams Ctrl+C cuts after a second are said on the console without a traceback each."""
+    import asyncio
+    import logging
+
+    from ui.serving import PROGRESS_IDLE_POLL_S, QUEUE_IDLE_POLL_S, _CutStreams
+
+    with app_object(tmp_path) as asgi:
+        queue = asgi.get_blocks()._queue
+        assert (queue.sleep_when_free, queue.progress_update_sleep_when_free) == (QUEUE_IDLE_POLL_S,
+                                                                                  PROGRESS_IDLE_POLL_S)
+
+    def record(message: str, error: BaseException | None = None) -> logging.LogRecord:
+        return logging.LogRecord("uvicorn.error", logging.ERROR, __file__, 1, message, None,
+                                 (type(error), error, None) if error else None)
+
+    cut = _CutStreams()
+    assert not cut.filter(record("Exception in ASGI application", asyncio.CancelledError("timeout graceful shutdown")))
+    assert not cut.filter(record("Cancel 1 running task(s), timeout graceful shutdown exceeded"))
+    assert cut.filter(record("Exception in ASGI application", ValueError("a real fault")))
+    assert cut.filter(record("Application startup complete."))
