@@ -105,6 +105,18 @@ def _plain_progress_lock() -> None:
     tqdm.set_lock(threading.RLock())
 
 
+def one_at_a_time(send):
+    """``send`` (a pipe's) made safe to call from several threads: the job's thread sends its events while the live
+    preview's thread sends the previews it encodes (engine/run/preview.py), and a pipe's messages interleaved byte by
+    byte reach the app as garbage ("invalid load key"), failing the job and leaving its page at the step it showed."""
+    lock = threading.Lock()
+
+    def locked(message) -> None:
+        with lock:
+            send(message)
+    return locked
+
+
 def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardware: HardwareProfile | None,
                  options: dict, env: dict | None = None) -> None:
     """Entry point of the worker process: load the libraries, say so, then serve requests until told to stop.
@@ -136,23 +148,24 @@ def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardwar
     engine.hardware   # the device is probed (and its driver started) now, not during the first job
     state.engine = engine
     conn.send(Ready(time.monotonic() - state.since))
+    send = one_at_a_time(conn.send)
     while True:
         try:
             command = conn.recv()
         except EOFError:
             return
         if isinstance(command, RunJob):
-            engine.run(command.request, command.job_id, conn.send, cancel_event.is_set, command.timings,
+            engine.run(command.request, command.job_id, send, cancel_event.is_set, command.timings,
                        group=command.group)
         elif isinstance(command, DecodeSaved):
-            engine.decode_saved(command.path, command.job_id, conn.send, tiled=command.tiled, on_cpu=command.on_cpu,
+            engine.decode_saved(command.path, command.job_id, send, tiled=command.tiled, on_cpu=command.on_cpu,
                                 timings=command.timings, should_cancel=cancel_event.is_set)
         elif isinstance(command, PostOutput):
-            engine.post_output(command.path, command.step, command.factor, command.job_id, conn.send,
+            engine.post_output(command.path, command.step, command.factor, command.job_id, send,
                                cancel_event.is_set, timings=command.timings)
         elif isinstance(command, Unload):
             engine.unload()
-            conn.send(Unloaded())
+            send(Unloaded())
         elif isinstance(command, Stop):
             # Nothing here needs tearing down (the OS frees the memory and the device): exiting at once saves
             # the seconds the interpreter spends unloading torch.

@@ -313,3 +313,32 @@ def test_closing_stops_the_running_job_at_its_next_step_and_starts_no_engine_aft
     with pytest.raises(OSError, match="the app is stopping"):
         client.start()
     assert client.pid is None
+
+
+def test_the_engine_process_sends_one_message_at_a_time_whatever_thread_sends_it():
+    """The job's thread and the live preview's thread both send on the engine's pipe: interleaved, their bytes reached
+    the app as garbage ("invalid load key") and the job's page froze at its step. Two threads at once: one waits."""
+    from engine.service.engine_process import one_at_a_time
+
+    inside, overlapped, both_waiting = [], [], threading.Barrier(2)
+
+    def slow_send(message):
+        if inside:
+            overlapped.append(message)
+        inside.append(message)
+        time.sleep(0.05)
+        inside.pop()
+
+    send = one_at_a_time(slow_send)
+
+    def sender(message):
+        both_waiting.wait()
+        for _ in range(5):
+            send(message)
+
+    threads = [threading.Thread(target=sender, args=(name,)) for name in ("step", "preview")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not overlapped and not inside
