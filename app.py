@@ -369,11 +369,22 @@ def _check_serve_numbers(args) -> None:
         raise SystemExit("error: --max-job-minutes must be a number of minutes (0: no limit)")
 
 
+def _stacks_on_request() -> None:
+    """``kill -USR1 <pid>`` prints every thread's stack on the console (Linux, macOS): what a report of an app that
+    hangs or will not stop needs."""
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
+
+
 def serve(args) -> int:
     from engine import APP_NAME
     from ui.startup import api_tokens, port_in_use, port_taken_message, prepare_served_dir, resolve_auth
 
     _check_serve_numbers(args)
+    _stacks_on_request()
     host = "0.0.0.0" if args.listen else args.host
     if port_in_use(host, args.port):     # before anything is cleaned or started
         print(port_taken_message(host, args.port), file=sys.stderr, flush=True)

@@ -50,6 +50,36 @@ def one_thread_per_worker():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def started_processes_wait_without_spinning():
+    """The processes the tests start (apps, engines, commands) inherit OMP_WAIT_POLICY=PASSIVE: torch's OpenMP
+    threads then sleep between operations instead of spinning, and the self-test model's operations are tiny, so a
+    spinning thread mostly burns the core another test's process needs (a browser file took 35.0 s of CPU with
+    spinning, 27.2 s without). What the processes compute is the same."""
+    before = os.environ.get("OMP_WAIT_POLICY")
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    yield
+    if before is None:
+        os.environ.pop("OMP_WAIT_POLICY", None)
+    else:
+        os.environ["OMP_WAIT_POLICY"] = before
+
+
+@pytest.fixture(scope="session", autouse=True)
+def started_processes_hear_ctrl_c():
+    """Ctrl+C reaches the processes the tests start even when the suite itself was started with SIGINT ignored (a
+    shell's background job, some CI runners): an ignored signal stays ignored in every child, and each app the
+    tests stop with Ctrl+C then stood its full STOP_LIMIT_S before it was killed (20 s an app, minutes a run)."""
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        yield
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        yield
+
+
 # The hardware of the tests that run the engine in their own process: a CPU-only machine with room for the
 # self-test models (nothing is probed, so every machine plans alike).
 CPU = HardwareProfile(backend="cpu", device_name="test-cpu", ram_total_gb=24, ram_available_gb=20)
@@ -291,17 +321,20 @@ def running_app(log_path: Path, *args: str, env: dict | None = None, startup_s: 
             try:
                 proc.wait(timeout=STOP_LIMIT_S)
             except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGUSR1)   # its threads' stacks into its log, for whoever looks into it
+                time.sleep(1)
+                with open(log_path, "a") as note:
+                    note.write(f"\n[tests] still up {STOP_LIMIT_S} s after Ctrl+C: killed\n")
                 proc.kill()
                 proc.wait()
 
 
 def engine_pid(app: dict) -> int:
     """The engine process of a running app (``app``: what selftest_app yields)."""
-    import psutil
+    from tests.helpers.processes import engine_processes
 
     for _ in range(100):
-        children = psutil.Process(app["proc"].pid).children()
-        workers = [c for c in children if "spawn_main" in " ".join(c.cmdline())]
+        workers = engine_processes(app["proc"].pid)
         if workers:
             return workers[0].pid
         time.sleep(0.1)

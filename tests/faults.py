@@ -50,3 +50,17 @@ class CrashWhenAsked:
         if order.is_file() and order.read_text() == phase:
             order.unlink()
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class NoteVariable:
+    """A PhaseHook for every engine process of a client: at each phase's start it writes the process id and the
+    engine's value of the variable ``name`` ("<unset>" when it has none) to the file ``into``, as "PID VALUE"."""
+    name: str
+    into: str
+    every_process = True
+
+    def before_phase(self, phase: str) -> None:
+        from pathlib import Path
+
+        Path(self.into).write_text(f"{os.getpid()} {os.environ.get(self.name, '<unset>')}")

@@ -67,3 +67,17 @@ def shortened(text: str) -> str:
     """An error's first paragraph, cut at MAX_ERROR_CHARS."""
     first = text.strip().split("\n\n", 1)[0].strip()
     return first if len(first) <= MAX_ERROR_CHARS else first[:MAX_ERROR_CHARS].rstrip() + " …"
+
+
+def exit_reason(exitcode: int | None) -> str:
+    """How a process ended, in words ("killed by signal SIGKILL", "exit code 1")."""
+    import signal
+
+    if exitcode is None:
+        return "no exit code"
+    if exitcode < 0:
+        try:
+            return f"killed by signal {signal.Signals(-exitcode).name}"
+        except ValueError:
+            return f"killed by signal {-exitcode}"
+    return f"exit code {exitcode}"

@@ -8,7 +8,7 @@ PACKAGES = ("torch", "diffusers", "transformers", "accelerate", "gradio", "huggi
             "safetensors", "pillow", "psutil")
 ENVIRONMENT = ("HF_HOME", "HF_HUB_CACHE", "HF_HUB_OFFLINE", "PYTORCH_CUDA_ALLOC_CONF",
                "TORCH_ROCM_AOTRITON_ENABLE_EXPERIMENTAL", "HSA_OVERRIDE_GFX_VERSION", "CUDA_VISIBLE_DEVICES",
-               "FORWARDED_ALLOW_IPS")
+               "FORWARDED_ALLOW_IPS", "WAN_ENGINE_START")
 
 
 def doctor_report(outputs: str) -> dict:

@@ -120,7 +120,9 @@ def one_at_a_time(send):
 def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardware: HardwareProfile | None,
                  options: dict, env: dict | None = None) -> None:
     """Entry point of the worker process: load the libraries, say so, then serve requests until told to stop.
-    ``env``: variables set before torch loads (which GPUs it sees, in which order: engine/service/pool.py)."""
+    ``env``: the whole environment the engine runs with (the app's when it started the engine, with the engine's
+    own variables over it: which GPUs it sees, in which order; engine/service/starts.py), put in place before
+    torch initialises a device."""
     # A crash in native code (a driver, a collective) prints each thread's Python stack to the console, so the
     # report the page asks for says where it happened.
     faulthandler.enable()
@@ -128,7 +130,9 @@ def run_engine_process(conn, status_conn, cancel_event, models_dir: str, hardwar
     # stops at its next step and says so), so the engine must not die of it halfway through a step.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     # Platform settings must be in place before torch initialises the device.
-    os.environ.update(env or {})
+    if env is not None:   # a forked engine has the fork server's environment until now
+        os.environ.clear()
+        os.environ.update(env)
     for name, value in PLATFORM_ENV.items():
         os.environ.setdefault(name, value)
     if options.get("outputs_dir"):   # torch.compile's kernels kept beside the outputs, for later processes

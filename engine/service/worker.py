@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing as mp
-import signal
 import threading
 import time
 import uuid
@@ -28,16 +27,17 @@ from engine.errors import ModelError
 from engine.atomic import discard_temporary
 from engine.outputs.bundle import Bundle
 from engine.outputs.latents import DECODE_AGAIN_HINT
-from engine.run.failures import failure_event
+from engine.run.failures import exit_reason, failure_event
 from engine.run.faults import NO_FAULTS, PhaseHook
 from engine.service.commands import PONG, Ask, DecodeSaved, PostOutput, Ready, RunJob, Stop, Unload, Unloaded
 from engine.service.engine_process import run_engine_process
+from engine.service.starts import engine_context, environment
 from engine.service.watchdog import Silence, Watchdog
 from engine.settings.model_fit import check_model_fits
 from engine.settings.request import GenerationRequest, check_request_with_notes
 from engine.settings.values import InputError
 
-_SPAWN = mp.get_context("spawn")
+_SPAWN = mp.get_context("spawn")   # the job-cancel flag and the pipes (the process itself: starts.py)
 # How often a running job's watchdog looks at the engine when no event comes, in seconds.
 WATCH_TICK_S = 0.5
 # A new engine process that has not loaded its libraries after this long is stopped and started again.
@@ -45,15 +45,6 @@ STARTUP_LIMIT_S = 600.0
 # How long a closing client waits for its engine process to end its job (asked to stop at its next step) and exit
 # before it stops it: a person who pressed Ctrl-C waits no longer than this for the engine.
 CLOSE_WAIT_S = 3.0
-def _signal_name(exitcode: int | None) -> str:
-    if exitcode is None:
-        return "no exit code"
-    if exitcode < 0:
-        try:
-            return f"killed by signal {signal.Signals(-exitcode).name}"
-        except ValueError:
-            return f"killed by signal {-exitcode}"
-    return f"exit code {exitcode}"
 
 
 def checked(check, request: GenerationRequest, job_id: str, run) -> Iterator[Event]:
@@ -110,6 +101,7 @@ class WorkerClient:
         self._status_lock = threading.Lock()
         self._worker: _Worker | None = None
         self._closed = False   # closed for good (the app stops): no engine process starts after it
+        self._process_starting: float | None = None   # when the engine process now starting was asked for
         self._ids = itertools.count(1)
         self.restarts = 0
         self.hung = 0     # engine processes stopped because they stopped answering
@@ -129,11 +121,15 @@ class WorkerClient:
                     self.restarts += 1
                 parent, child = _SPAWN.Pipe()
                 status_parent, status_child = _SPAWN.Pipe()
-                process = _SPAWN.Process(
+                self._process_starting = time.monotonic()
+                process = engine_context().Process(
                     target=run_engine_process, args=(child, status_child, self._cancel, self.models_dir,
-                                               self.given_hardware, self.options, self.env),
+                                               self.given_hardware, self.options, environment(self.env)),
                     name="wan-engine", daemon=True)
-                process.start()
+                try:
+                    process.start()   # the first one forked waits for the fork server's load
+                finally:
+                    self._process_starting = None
                 child.close()
                 status_child.close()
                 self._worker = _Worker(process, parent, status_parent)
@@ -148,8 +144,22 @@ class WorkerClient:
         return self._worker.process.pid if self._worker and self._worker.process.is_alive() else None
 
     def start(self) -> None:
-        """Start the worker now (otherwise it starts with the first job)."""
-        self._ensure_worker()
+        """Start the engine process now, in the background (the first forked from a new fork server waits for the
+        libraries' load: engine/service/starts.py); otherwise it starts with the first job. OSError once closed."""
+        if self._closed:
+            raise OSError("the engine is closed: the app is stopping")
+        worker = self._worker
+        if worker is None or not worker.process.is_alive():
+            self._process_starting = time.monotonic()
+        threading.Thread(target=self._start_in_background, name="engine-start", daemon=True).start()
+
+    def _start_in_background(self) -> None:
+        try:
+            self._ensure_worker()
+        except OSError:   # closed meanwhile: the app stops
+            pass
+        finally:
+            self._process_starting = None
 
     def close(self) -> None:
         """Stop the engine process for good: a running job is asked to stop at its next step, the process is
@@ -268,6 +278,9 @@ class WorkerClient:
         """What the engine process holds now (device memory, its RAM, the loaded model), that it is still
         loading its libraries, or that it does not answer; answered during a job too. None when no engine
         process is running."""
+        asked = self._process_starting
+        if asked is not None:   # its libraries load before the process exists (a fork server's first engine)
+            return EngineStarting(round(time.monotonic() - asked, 1))
         reply = self._ask_status(Ask.MEMORY, timeout)
         return reply if isinstance(reply, (EngineMemory, EngineStarting, EngineSilent)) else None
 
@@ -379,9 +392,10 @@ class WorkerClient:
     def _starting(self, job_id: str) -> Iterator[Event]:
         """While a new engine process loads its libraries, the job says so and times it (phase engine_start);
         returns the engine, ready, and the job's timings so far."""
-        worker = self._ensure_worker()
-        if worker.ready:
+        worker = self._worker
+        if worker is not None and worker.ready and worker.process.is_alive():
             return worker, {}
+        # Said before the process starts: the first one forked waits for its fork server's load (starts.py).
         yield PhaseStarted(job_id, Phase.ENGINE_START)
         start = time.monotonic()
         worker = self._ready_worker()
@@ -439,7 +453,7 @@ class WorkerClient:
                     continue
             # The pipe closed or the process ended without a terminal event: it died.
             worker.process.join(timeout=5)
-            reason = _signal_name(worker.process.exitcode)
+            reason = exit_reason(worker.process.exitcode)
             where = f" during {watch.phase.replace('_', ' ')}" if watch.phase else ""
             yield from self._failed(job_id, f"The engine process stopped unexpectedly{where} ({reason}).",
                                     watch.phase, "crash", latents)

@@ -7,7 +7,7 @@ import signal
 
 
 from tests.conftest import Screenshots, engine_pid
-from tests.helpers.page import (no_error_badge, open_tab, set_number, set_text, start_long_job, status, table_text,
+from tests.helpers.page import (long_job, no_error_badge, open_tab, set_number, set_text, status, table_text,
                                 toasts)
 
 
@@ -142,19 +142,19 @@ def test_decode_again_with_nothing_saved_says_so_and_its_buttons_are_off(page, s
 def test_after_a_fault_nothing_on_the_page_says_the_job_still_runs(page, app_server, shot: Screenshots):
     open_tab(page, "Text to Video")
     set_text(page, "t2v-model", "selftest-t2v")
-    start_long_job(page, "a job whose engine dies", width=64, height=64, frames=9)
-    os.kill(engine_pid(app_server), signal.SIGKILL)
-    page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Failed during Denoise')",
-                           timeout=60_000)
-    assert "The engine process stopped unexpectedly during denoise (killed by signal SIGKILL)" in status(page)
-    assert "failed at step" in table_text(page, "t2v-timings") and "ETA" not in table_text(page, "t2v-timings")
-    page.wait_for_function("() => /Engine: (idle|starting)/.test(document.querySelector('#system-panel').innerText)",
-                           timeout=10_000)
-    assert "running:" not in page.locator("#system-panel").inner_text()
-    page.wait_for_function("() => /last job: failed during Denoise/.test("
-                           "document.querySelector('#system-panel').innerText)", timeout=30_000)
-    assert page.locator("#t2v-cancel").get_attribute("class").count("secondary") == 1
-    shot(page, "t2v-failed")
+    with long_job(page, "a job whose engine dies"):
+        os.kill(engine_pid(app_server), signal.SIGKILL)
+        page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Failed during Denoise')",
+                               timeout=60_000)
+        assert "The engine process stopped unexpectedly during denoise (killed by signal SIGKILL)" in status(page)
+        assert "failed at step" in table_text(page, "t2v-timings") and "ETA" not in table_text(page, "t2v-timings")
+        page.wait_for_function("() => /Engine: (idle|starting)/.test(document.querySelector('#system-panel').innerText)",
+                               timeout=10_000)
+        assert "running:" not in page.locator("#system-panel").inner_text()
+        page.wait_for_function("() => /last job: failed during Denoise/.test("
+                               "document.querySelector('#system-panel').innerText)", timeout=30_000)
+        assert page.locator("#t2v-cancel").get_attribute("class").count("secondary") == 1
+        shot(page, "t2v-failed")
     set_number(page, "t2v-steps", 3)
     page.locator("#t2v-generate").click()   # a fresh engine takes the next job
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Done in')",

@@ -3,25 +3,21 @@
 from __future__ import annotations
 
 from tests.conftest import Screenshots
-from tests.helpers.page import choose, open_tab, set_number, set_text, start_long_job, status
+from tests.helpers.page import choose, long_job, open_tab, set_number, set_text, status
 
 
 def test_a_long_video_shows_its_windows_inside_each_step(page, shot: Screenshots):
     open_tab(page, "Text to Video")
     set_text(page, "t2v-model", "selftest-t2v")
     page.wait_for_function("() => document.querySelector('#t2v-window').innerText.includes('125 frames')")
-    start_long_job(page, "a long walk along the beach", frames=241, width=128, height=128, window=0, overlap=16)
-    page.wait_for_function("() => /window [123] of 3|step \\d+\\/200 in 3 windows/"
-                           ".test(document.querySelector('#t2v-status').innerText)")
-    assert "window" in status(page)
-    shot(page, "t2v-long-video-windows")
-    page.locator("#t2v-cancel").click()
-    page.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('Cancelled')",
-                           timeout=60_000)
-    set_number(page, "t2v-frames", 9)
-    set_number(page, "t2v-steps", 4)
-    set_number(page, "t2v-width", 64)
-    set_number(page, "t2v-height", 64)
+    with long_job(page, "a long walk along the beach", frames=241, width=128, height=128, window=0, overlap=16):
+        page.wait_for_function("() => /window [123] of 3|step \\d+\\/200 in 3 windows/"
+                               ".test(document.querySelector('#t2v-status').innerText)")
+        assert "window" in status(page)
+        shot(page, "t2v-long-video-windows")
+        page.locator("#t2v-cancel").click()
+        page.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('Cancelled')",
+                               timeout=60_000)
 
 
 def test_smoother_and_larger_chosen_in_the_form_run_after_the_video_as_their_own_phases(page, shot: Screenshots):

@@ -9,12 +9,12 @@ import signal
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 from gradio_client import Client
 
 from tests.conftest import selftest_app
 from tests.helpers.jobs import long_job, t2v, wait, wait_denoising
+from tests.helpers.processes import engine_processes
 
 pytestmark = pytest.mark.server
 
@@ -26,9 +26,8 @@ def app(tmp_path_factory, selftest_models_dir):
 
 
 def _engines(app) -> list[int]:
-    """The app's engine processes (spawned children), in start order."""
-    children = psutil.Process(app["proc"].pid).children()
-    return [c.pid for c in sorted(children, key=lambda c: c.create_time()) if "spawn_main" in " ".join(c.cmdline())]
+    """The app's engine processes, in start order."""
+    return [process.pid for process in engine_processes(app["proc"].pid)]
 
 
 def _written(app, video) -> Path:

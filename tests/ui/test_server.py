@@ -401,3 +401,18 @@ def test_unload_with_nothing_loaded_says_so_at_once(client):
     started = time.monotonic()
     assert client.predict(api_name="/unload") == "No model was loaded: nothing to unload."
     assert time.monotonic() - started < 3.0
+
+
+def test_sigusr1_prints_every_thread_s_stack_on_the_console_and_the_app_serves_on(client, server, log):
+    """What a report of a stuck app needs (README, Troubleshooting), without stopping it."""
+    import urllib.request
+
+    os.kill(server["proc"].pid, signal.SIGUSR1)
+    deadline = time.time() + 10
+    while time.time() < deadline and "Current thread" not in log():
+        time.sleep(0.1)
+    stacks = log()
+    assert "Current thread" in stacks, stacks[-3000:]
+    assert re.search(r'File ".*app\.py", line \d+ in serve', stacks), stacks[-3000:]   # the main thread, waiting
+    assert server["proc"].poll() is None
+    assert urllib.request.urlopen(server["url"], timeout=10).status == 200
