@@ -51,7 +51,7 @@ def _still(client, work: Path, seed: int) -> dict:
     from engine.settings.presets import load_presets
     from engine.settings.request import GenerationRequest
 
-    request = GenerationRequest.from_preset(load_presets()["selftest-t2v"], "a red fox", mode="t2v",
+    request = GenerationRequest.from_preset(load_presets()["selftest-t2v"], "a red fox", mode="t2i",
                                             model="selftest-t2v", outputs_dir=str(work / "outputs"), seed=seed,
                                             frames=1, steps=2)
     start = time.monotonic()

@@ -1,18 +1,22 @@
 """Where an engine process comes from: forked from a process that has the libraries loaded, or spawned fresh.
 
 Every engine process needs torch, diffusers and transformers, a few seconds of loading (five of CPU on a small
-machine). On Linux the engines are forked from multiprocessing's fork server, which loads them once
-(engine/service/preloaded.py) and forks each engine with them in place: an app's first engine still waits for the
-load, but one started after a crash or a hang, the second engine of a pool (``--gpus 2``) and every engine of a
-later client in the same process start in a fraction of a second. The server touches no device (nothing it loads
-initialises one), so a forked engine starts its GPU as a spawned one does.
+machine). With a CPU-only torch on Linux the engines are forked from multiprocessing's fork server, which loads
+them once (engine/service/preloaded.py) and forks each engine with them in place: an app's first engine still
+waits for the load, but one started after a crash or a hang, the second engine of a pool (``--gpus 2``) and every
+engine of a later client in the same process start in a fraction of a second.
+
+A torch built for CUDA or ROCm spawns every engine: diffusers and transformers ask torch how many GPUs there are as
+they load, and torch then refuses CUDA in any process forked after that ("Cannot re-initialize CUDA in forked
+subprocess", seen on an H100 with the server's load, docs/data/engine-starts-h100.json). Which build is installed
+is read from its version ("2.13.0+cpu"), without importing it.
 
 An engine's environment is the app's as it is when the engine starts, however it started (``environment``; the
 engine process puts it in place first). What the libraries read once, as they load (the variables of their families:
 ``LOADED_WITH``), a forked engine has from the server, so it is forked only while those are as the server started
 with; once one differs, the engine is spawned and loads the libraries with the environment as it is now. Windows
 and macOS spawn every engine (Windows cannot fork; macOS's system libraries do not survive it), and
-``WAN_ENGINE_START=spawn`` makes Linux do the same.
+``WAN_ENGINE_START=spawn`` makes a CPU-only Linux do the same.
 """
 from __future__ import annotations
 
@@ -32,11 +36,14 @@ LOADED_WITH = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "DIFFUSERS_", "TOKENIZERS
 _FORKSERVER_MAIN = "from multiprocessing.forkserver import main"
 
 
-def engine_context(environ=None):
-    """The multiprocessing context an engine process starts from now (see the module's note)."""
+def engine_context(environ=None, torch_version: str | None = None):
+    """The multiprocessing context an engine process starts from now (see the module's note; ``torch_version``:
+    the installed torch's, read when not given)."""
     environ = os.environ if environ is None else environ
     spawn = mp.get_context("spawn")
     if not sys.platform.startswith("linux") or environ.get(START_VARIABLE, "").strip().lower() == "spawn":
+        return spawn
+    if not cpu_only_torch(torch_version):
         return spawn
     server_env = _fork_server_environment()
     if server_env is not None and loaded_with(server_env) != loaded_with(environ):
@@ -44,6 +51,18 @@ def engine_context(environ=None):
     forkserver = mp.get_context("forkserver")
     forkserver.set_forkserver_preload([PRELOAD])   # read when the server starts (the first engine); kept after
     return forkserver
+
+
+def cpu_only_torch(version: str | None = None) -> bool:
+    """Whether the installed torch (or one of ``version``) is a build without CUDA and ROCm."""
+    if version is None:
+        from importlib import metadata
+
+        try:
+            version = metadata.version("torch")
+        except metadata.PackageNotFoundError:
+            return False
+    return version.partition("+")[2].startswith("cpu")
 
 
 def environment(own: dict | None = None, environ=None) -> dict:

@@ -12,19 +12,24 @@ import psutil
 import pytest
 
 from engine.events import JobFailed, JobFinished, StepFinished
-from engine.service.starts import PRELOAD, START_VARIABLE, engine_context, environment, loaded_with
+from engine.service.starts import PRELOAD, START_VARIABLE, cpu_only_torch, engine_context, environment, loaded_with
 from engine.service.worker import WorkerClient
 from tests.conftest import tiny_request
 from tests.faults import NoteVariable
 
 LINUX = sys.platform.startswith("linux")
+FORKED_HERE = LINUX and cpu_only_torch()   # the suite's torch: the CPU build requirements-test pins
 
 
-def test_linux_forks_engines_unless_told_to_spawn_and_other_systems_spawn():
+def test_linux_forks_engines_of_a_cpu_only_torch_unless_told_to_spawn_and_other_systems_and_gpu_builds_spawn():
     here = dict(os.environ)
-    assert engine_context(here).get_start_method() == ("forkserver" if LINUX else "spawn")
-    assert engine_context({**here, START_VARIABLE: "spawn"}).get_start_method() == "spawn"
-    assert engine_context({**here, START_VARIABLE: " Spawn "}).get_start_method() == "spawn"
+    assert engine_context(here, "2.13.0+cpu").get_start_method() == ("forkserver" if LINUX else "spawn")
+    assert engine_context({**here, START_VARIABLE: "spawn"}, "2.13.0+cpu").get_start_method() == "spawn"
+    assert engine_context({**here, START_VARIABLE: " Spawn "}, "2.13.0+cpu").get_start_method() == "spawn"
+    # CUDA and ROCm builds: the libraries' load would keep a forked engine from its GPU.
+    for version in ("2.11.0+cu130", "2.9.1+rocm6.4", "2.13.0"):
+        assert engine_context(here, version).get_start_method() == "spawn", version
+    assert cpu_only_torch("2.13.0+cpu") and cpu_only_torch("2.5.1+cpu.cxx11.abi") and not cpu_only_torch("2.11.0")
 
 
 def test_the_variables_read_as_the_libraries_load_are_their_families_and_the_engine_s_own_go_over_the_app_s():
@@ -74,7 +79,7 @@ def noting(selftest_models_dir, tmp_path):
 
 
 @pytest.mark.process
-@pytest.mark.skipif(not LINUX, reason="engines are forked on Linux only")
+@pytest.mark.skipif(not FORKED_HERE, reason="engines are forked on Linux with a CPU-only torch only")
 def test_a_restarted_engine_is_forked_with_the_libraries_loaded_and_sees_the_environment_as_it_is_now(
         noting, presets, outputs, monkeypatch):
     client, noted = noting("STUDIO_TEST_NOTE")
@@ -96,7 +101,7 @@ def test_a_restarted_engine_is_forked_with_the_libraries_loaded_and_sees_the_env
 
 
 @pytest.mark.process
-@pytest.mark.skipif(not LINUX, reason="engines are forked on Linux only")
+@pytest.mark.skipif(not FORKED_HERE, reason="engines are forked on Linux with a CPU-only torch only")
 def test_once_a_variable_the_libraries_read_as_they_load_has_changed_the_engine_is_spawned_and_sees_it(
         noting, presets, outputs, monkeypatch):
     client, noted = noting("HF_HUB_OFFLINE")
