@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 from pathlib import Path
@@ -396,6 +397,7 @@ def serve(args) -> int:
     from ui.serving import make_server, stop_quickly
 
     server = make_server(args, served, auth, tokens)
+    gc.freeze()   # the libraries and the page: out of every later collection (engine/device/runtime.py)
     server.engines.start()  # the engine processes load their libraries while the page starts and loads
     demo = server.demo
     # uvicorn believes a request's X-Forwarded-For only from these (its default trusts this machine, where a tunnel

@@ -70,15 +70,18 @@ def run(out: Path, windows: list[int], tiny: bool) -> dict:
     import torch
 
     device = "cpu" if tiny else "cuda"
+    repeats = 1 if tiny else 2   # after the warm-up run: --tiny checks the code, its times are no one's figures
     results = {"machine": torch.cuda.get_device_name(0) if device == "cuda" else "cpu", "torch": torch.__version__,
                "date": time.strftime("%Y-%m-%d")}
     torch.backends.cudnn.benchmark = False
     for name, wan22, shape in (TINY_SIZES if tiny else SIZES):
         torch.manual_seed(0)
         if tiny:
+            from bench.speed_setup import leave_libraries_out_of_collections
             from engine.models.selftest import _vae
 
             vae = _vae()
+            leave_libraries_out_of_collections(engine=False)   # past the libraries' objects at the exit
         else:
             from bench import realsize
 
@@ -88,7 +91,7 @@ def run(out: Path, windows: list[int], tiny: bool) -> dict:
         base = None
         for window in windows:
             try:
-                rows[f"window {window}"], frames = measure(vae, latents, window, device)
+                rows[f"window {window}"], frames = measure(vae, latents, window, device, repeats)
             except torch.OutOfMemoryError as exc:   # noqa: PERF203 (a window too large is a result)
                 rows[f"window {window}"] = {"error": str(exc)[:200]}
                 torch.cuda.empty_cache()
@@ -104,7 +107,8 @@ def run(out: Path, windows: list[int], tiny: bool) -> dict:
             if isinstance(module, torch.nn.Conv3d):
                 module.to(memory_format=torch.channels_last_3d)
         for window in sorted({1, fastest}):
-            row, frames = measure(vae, latents.contiguous(memory_format=torch.channels_last_3d), window, device)
+            row, frames = measure(vae, latents.contiguous(memory_format=torch.channels_last_3d), window, device,
+                                  repeats)
             row["frames_vs_window_1"] = difference(frames, base)
             rows[f"channels_last_3d, window {window}"] = row
             print(name, "channels_last", window, json.dumps(row), flush=True)

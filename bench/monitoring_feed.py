@@ -1,6 +1,7 @@
 """The Prometheus metrics of a real run, for the README's dashboard picture: jobs of the real-size 1.3B model through
 the WorkerClient and the job queue as the page drives them, counted by the app's ServiceMetrics, with /metrics
-read every second meanwhile (what Prometheus would have scraped), timestamps kept.
+read every second (every quarter second with --tiny) meanwhile (what Prometheus would have scraped), timestamps
+kept.
 
     python bench/monitoring_feed.py OUT.json [--work DIR]     # on a GPU: real-size random 1.3B weights
     python bench/monitoring_feed.py OUT.json --tiny           # the same code on the CPU (self-test model)
@@ -29,6 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
 
 SCRAPE_S = 1.0
+TINY_SCRAPE_S = 0.25   # --tiny: the self-test model's jobs take a fraction of a second each, and its run checks the code
 # (tag, mode, size and steps) of the run, in order; "refused", "failed" and "cancelled" end so on purpose.
 JOBS = (("warm", "t2v", dict(width=480, height=480, frames=25, steps=4)),
         ("fastwan", "t2v", dict(width=832, height=480, frames=81, steps=4)),
@@ -47,16 +49,16 @@ WHAT = {"t2v": "text to video", "t2i": "text to image"}
 
 
 class Scraper:
-    """Reads ``metrics`` every SCRAPE_S seconds in a thread of its own: (unix time, sample name, labels, value)."""
+    """Reads ``metrics`` every ``interval`` seconds in a thread of its own: (unix time, sample name, labels, value)."""
 
-    def __init__(self, metrics):
-        self.metrics, self.samples, self.stop = metrics, [], threading.Event()
+    def __init__(self, metrics, interval: float = SCRAPE_S):
+        self.metrics, self.interval, self.samples, self.stop = metrics, interval, [], threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         from prometheus_client.parser import text_string_to_metric_families
 
-        while not self.stop.wait(SCRAPE_S):
+        while not self.stop.wait(self.interval):
             now = time.time()
             body, _ = self.metrics.exposition()
             for family in text_string_to_metric_families(body.decode()):
@@ -67,7 +69,7 @@ class Scraper:
         return self
 
     def __exit__(self, *exc):
-        time.sleep(3 * SCRAPE_S)   # the idle engine after the last job, as Prometheus would see it
+        time.sleep(3 * self.interval)   # the idle engine after the last job, as Prometheus would see it
         self.stop.set()
         self.thread.join()
 
@@ -131,16 +133,18 @@ def feed(out: Path, work: Path, tiny: bool) -> None:
     from engine.settings.request import GenerationRequest
     from engine.settings.loras import parse_lora
 
-    from bench.speed_setup import Setup, build_folder
+    from bench.speed_setup import Setup, build_folder, leave_libraries_out_of_collections
 
     setup = Setup.make(tiny, work, out)
     folder = build_folder(setup)
+    if tiny:   # past the libraries' objects at the exit
+        leave_libraries_out_of_collections(engine=False)
     lora = overcooked_lora(work / "models" / "loras" / "overcooked.safetensors", folder)
     preset = load_presets()["fastwan21-t2v-1.3b"]
     jobs, client = JobQueue(), WorkerClient(work / "models", outputs_dir=work / "outputs", preview_seconds=-1)
     metrics = ServiceMetrics(jobs, client)
     results = {"started": time.time(), "jobs": []}
-    with Scraper(metrics) as scraper:
+    with Scraper(metrics, TINY_SCRAPE_S if tiny else SCRAPE_S) as scraper:
         for tag, mode, size in JOBS:
             size = {**size, **(TINY if tiny and tag != "refused" else {}),
                     **({"frames": 1} if mode == "t2i" else {})}
@@ -152,7 +156,7 @@ def feed(out: Path, work: Path, tiny: bool) -> None:
             row = run_one(client, jobs, metrics, request, WHAT[mode], cancel)
             results["jobs"].append({"tag": tag, "mode": mode, **size, **row})
             print(f"[feed] {tag}: {row}", flush=True)
-            time.sleep(0.5 if tiny else 2 * SCRAPE_S)   # a gap between jobs, as people leave one
+            time.sleep(TINY_SCRAPE_S if tiny else 2 * SCRAPE_S)   # a gap between jobs, as people leave one
     client.close()
     results.update(ended=time.time(), samples=scraper.samples)
     import torch

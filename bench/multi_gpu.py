@@ -152,6 +152,10 @@ def latents_difference(a: str, b: str) -> float:
 
 def measure(setup: Setup, key: str) -> None:
     folder = build_folder(setup, key)
+    if setup.tiny:   # past the libraries' objects at the exit
+        from bench.speed_setup import leave_libraries_out_of_collections
+
+        leave_libraries_out_of_collections(engine=False)
     results = setup.results.setdefault(key, {})
     results["size"] = list(setup.size_of(key))
     pool = start_pool(setup)
@@ -159,10 +163,14 @@ def measure(setup: Setup, key: str) -> None:
         results["engines"] = len(pool.engines)
         whole = request(setup, key, folder, PROMPTS[0], gpus=1)
         split = request(setup, key, folder, PROMPTS[0], gpus=2)
-        video(pool, whole, (0,))                      # loads the model on engine 0
+        # A warm-up run before each measured one loads the model (on engine 0, then on engine 1 too); --tiny, which
+        # checks the code, measures the first runs.
+        if not setup.tiny:
+            video(pool, whole, (0,))
         results["whole"] = video(pool, whole, (0,))
         setup.save()
-        video(pool, split, (0, 1))                    # loads it on engine 1 too
+        if not setup.tiny:
+            video(pool, split, (0, 1))
         results["split"] = video(pool, split, (0, 1))
         results["split_latents_vs_whole"] = latents_difference(results["split"]["latents"],
                                                                results["whole"]["latents"])

@@ -36,8 +36,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.speed_setup import (  # noqa: E402
-    PROMPTS, Setup, build_folder, cold, difference, engine_video, free, measure_machine, part, peak_gb, peak_reset,
-    plain_pipeline, plain_video, relative_difference, sync,
+    PROMPTS, Setup, build_folder, cold, difference, engine_video, free, leave_libraries_out_of_collections,
+    measure_machine, part, peak_gb, peak_reset, plain_pipeline, plain_video, relative_difference, sync,
 )
 
 PARTS = ("cold", "warm", "decode", "caches", "attention")
@@ -127,6 +127,7 @@ def decode(setup: Setup, folder: Path, latents) -> None:
     processor = VideoProcessor(vae_scale_factor=vae.config.scale_factor_spatial)
 
     def timed(label, work, repeats=2):
+        repeats = 1 if setup.tiny else repeats   # --tiny checks the code: its times are no one's figures
         best = None
         for _ in range(repeats):
             free()
@@ -310,6 +311,8 @@ def run(setup: Setup, models: list[str], parts: list[str]) -> None:
 
     import diffusers
 
+    if setup.tiny:
+        leave_libraries_out_of_collections()
     setup.results.update(machine=torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                          torch=torch.__version__, diffusers=diffusers.__version__,
                          date=time.strftime("%Y-%m-%d"), size=[setup.width, setup.height, setup.frames])

@@ -17,7 +17,8 @@ which the system can drop),
 against the plan's predicted RAM of the load phase.
 
     python bench/stored_load.py OUT.json              # on a GPU
-    python bench/stored_load.py OUT.json --tiny       # the same code on the CPU with the self-test model, cold only
+    python bench/stored_load.py OUT.json --tiny       # the same code on the CPU with the self-test model: cold
+                                                      # only, the three loads in one process
     python bench/stored_load.py OUT.json --sparse     # the CPU: the published layouts' load, memory only
 
 ``--sparse`` loads the published Wan2.1 T2V 1.3B and FastWan layouts (tests/fixtures/published/, their data left as
@@ -271,13 +272,32 @@ def run_sparse(out: Path, work: Path) -> dict:
     return results
 
 
-def run_child(folder: Path, out: Path, tiny: bool) -> dict:
-    args = [sys.executable, __file__, "--child", str(folder), str(out)] + (["--tiny"] if tiny else [])
+def run_child(loads: list[tuple[Path, Path]], tiny: bool) -> list[dict]:
+    """Each (folder, result file) of ``loads`` loaded in one fresh process, one after another: their records."""
+    args = [sys.executable, __file__, "--child", *(str(path) for load in loads for path in load)]
     env = {**os.environ, "WAN_STUDIO_CALIBRATE": "0"}   # the load is measured, not the machine's rates
-    done = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(args + (["--tiny"] if tiny else []), cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=900)
     if done.returncode != 0:
-        return {"failed": done.stderr[-3000:]}
-    return json.loads(out.read_text())
+        return [{"failed": done.stderr[-3000:]} for _ in loads]
+    return [json.loads(out.read_text()) for _, out in loads]
+
+
+def run_loads(work: Path, out: Path, results: dict, tiny: bool) -> None:
+    """Each folder loaded cold (its pages dropped first) and, but FastWan's, then warm, in a fresh process each.
+    --tiny, which checks the code on the CPU, loads each folder once (a warm load runs the same child as a cold
+    one, with the pages left cached), the three in one process: one start of the libraries, not three."""
+    runs = [(name, state) for name in FOLDERS for state in (("cold", "warm") if name != "fastwan" and not tiny
+                                                            else ("cold",))]
+    for batch in [runs] if tiny else [[run] for run in runs]:
+        for name, state in batch:
+            if state == "cold":
+                drop_cached(work / name)
+        records = run_child([(work / name, work / f"{name}-{state}.json") for name, state in batch], tiny)
+        for (name, state), record in zip(batch, records):
+            results.setdefault("loads", {}).setdefault(name, {})[state] = record
+            out.write_text(json.dumps(results, indent=1))
+            print(name, state, json.dumps(record)[:400], flush=True)
 
 
 def main() -> None:
@@ -286,11 +306,17 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--work", default=None, help="where the folders go (default: a temporary folder)")
     parser.add_argument("--sparse", action="store_true", help="the published layouts' load on the CPU, memory only")
-    parser.add_argument("--child", nargs=2, metavar=("FOLDER", "RESULT"), help=argparse.SUPPRESS)
+    parser.add_argument("--child", nargs="+", metavar="FOLDER RESULT", help=argparse.SUPPRESS)
     parser.add_argument("--sparse-child", nargs=2, metavar=("FOLDER", "RESULT"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child[0], args.child[1], args.tiny)
+        if args.tiny:   # the engine's unload after each load: past the libraries' objects
+            from bench.speed_setup import leave_libraries_out_of_collections
+
+            leave_libraries_out_of_collections()
+        for folder, result in zip(args.child[::2], args.child[1::2]):
+            child(folder, result, args.tiny)
+        return
     if args.sparse_child:
         return sparse_child(*args.sparse_child)
     if not args.out:
@@ -303,17 +329,11 @@ def main() -> None:
     results: dict = {"model": "Wan2.1 T2V 1.3B real-size, random weights" if not args.tiny else "selftest-t2v",
                      "size": TINY_SIZE if args.tiny else SIZE}
     results["folders"] = build_folders(work, args.tiny)
-    for name in FOLDERS:
-        folder = work / name
-        # A warm load runs the same child as a cold one, with the pages left cached: --tiny (which checks the code,
-        # on the CPU) loads each folder once.
-        for state in ("cold", "warm") if name != "fastwan" and not args.tiny else ("cold",):
-            if state == "cold":
-                drop_cached(folder)
-            results.setdefault("loads", {}).setdefault(name, {})[state] = run_child(
-                folder, work / f"{name}-{state}.json", args.tiny)
-            Path(args.out).write_text(json.dumps(results, indent=1))
-            print(name, state, json.dumps(results["loads"][name][state])[:400], flush=True)
+    if args.tiny:   # past the libraries' objects at the exit
+        from bench.speed_setup import leave_libraries_out_of_collections
+
+        leave_libraries_out_of_collections(engine=False)
+    run_loads(work, Path(args.out), results, args.tiny)
     Path(args.out).write_text(json.dumps(results, indent=1))
 
 

@@ -156,6 +156,9 @@ def tiny(out: Path, work: Path) -> None:
     from engine.device.hardware import detect_hardware
     from engine.models.selftest import SELFTEST_I2V, SELFTEST_T2V, build_selftest_pipeline
 
+    from bench.speed_setup import leave_libraries_out_of_collections
+
+    leave_libraries_out_of_collections()   # the engine's unload between the presets: past the libraries' objects
     presets, rows = load_presets(), []
     image = work / "first-frame.png"
     from PIL import Image

@@ -157,8 +157,8 @@ def test_the_guidance_batch_bench_compares_one_batch_with_two_calls(tmp_path):
 
 
 def test_the_stored_load_bench_loads_each_layout_through_the_engine(tmp_path):
-    """bench/stored_load.py: the published, bf16 and FastWan layouts written from one model, each loaded in its own
-    process by the engine, FastWan's with its gate."""
+    """bench/stored_load.py: the published, bf16 and FastWan layouts written from one model, each loaded by the engine
+    in the benchmark's child process (--tiny: one child loads the three in turn), FastWan's with its gate."""
     results, _ = run_tiny("stored_load.py", tmp_path)
     loads = results["loads"]
     assert set(loads) == {"published", "bf16", "fastwan"} and set(loads["fastwan"]) == {"cold"}

@@ -346,7 +346,9 @@ def still_yours(ctx: AppContext, session: gr.Request | None, what: str) -> None:
 
 def gpu_event(ctx: AppContext) -> dict:
     """How an event that runs the engine is registered: values as sent (run_job checks them), no gradio
-    progress overlay (the status and the chart say it all), and enough slots that every job reaches the
-    JobQueue, which orders them: the running one, every waiting one, and one being refused."""
+    progress overlay (the status and the chart say it all) and no output marked as waiting (gradio counts the
+    seconds of each waiting output on every frame the browser draws, shown or not: about a quarter of a core in
+    headless Chromium through a job), and enough slots that every job reaches the JobQueue, which orders them:
+    the running one, every waiting one, and one being refused."""
     return {"concurrency_id": GPU_QUEUE, "concurrency_limit": ctx.jobs.max_waiting + 1 + MAX_ENGINES,
-            "preprocess": False, "show_progress": "hidden"}
+            "preprocess": False, "show_progress": "hidden", "show_progress_on": []}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from tests.conftest import Screenshots
-from tests.helpers.page import choose, open_tab, set_number, status
+from tests.helpers.page import choose, frames_asked_per_second, open_tab, set_number, status
 
 PROMPT = "two paper boats on a pond"
 # Every status text the page shows, kept in the page as it changes (a short video may pass in less than a poll).
@@ -53,7 +53,7 @@ STORED_BYTES = """() => { let n = 0;
 
 def test_a_page_open_through_twenty_jobs_stays_light(page, shot: Screenshots):
     """The tab's JavaScript heap (after a garbage collection) and its stored bytes stay where they were after the
-    first few jobs, however many more it runs."""
+    first few jobs, however many more it runs; and at rest it draws no frames for a timer nobody sees."""
     from playwright.sync_api import expect
 
     cdp = page.context.new_cdp_session(page)
@@ -78,6 +78,9 @@ def test_a_page_open_through_twenty_jobs_stays_light(page, shot: Screenshots):
     (heap_5, stored_5), (heap_20, stored_20) = weights[5], weights[20]
     assert stored_20 < 20_000 and stored_20 <= stored_5 + 1_000, weights
     assert heap_20 < heap_5 * 1.2 + 2_000_000, weights
+    # Each status tracker of a component hidden mid-event (the CPU-only rows, a still's box) asked for 60 a second.
+    asked = frames_asked_per_second(page)
+    assert asked < 150, asked
 
 
 def test_history_captions_tell_outputs_apart_and_its_choice_stays_through_smoother(page, shot: Screenshots):

@@ -117,9 +117,9 @@ def test_a_file_that_is_not_an_image_is_named_before_anything_runs(page, app_ser
 def test_the_plan_on_a_cpu_hides_what_changes_nothing_and_offers_ti2v_5b_for_images(page):
     open_tab(page, "Text to Video")
     # Hidden once the engine process has said what it runs on (its libraries load with the page).
-    page.wait_for_function("() => !document.querySelector('#t2v-strategy')")
+    page.locator("#t2v-strategy").wait_for(state="hidden")
     for hidden in ("strategy", "text-encoder", "compile", "attention"):
-        assert page.locator(f"#t2v-{hidden}").count() == 0, hidden
+        assert page.locator(f"#t2v-{hidden}").is_hidden(), hidden
     assert "there is no strategy or text-encoder place to choose" in page.locator("#t2v-plan-cpu-note").inner_text()
     assert page.locator("#t2v-vae-tiling").is_visible()
     plan = page.locator("#t2v-plan").inner_text()

@@ -363,7 +363,7 @@ def test_a_two_expert_preset_fills_the_guidance_2_box_and_another_resets_it(page
 
     open_tab(page, "Text to Video")
     box = page.locator("#t2v-guidance-2 input")
-    expect(box).to_have_count(0)         # the self-test preset has one transformer: no low-noise guidance shown
+    expect(box).to_be_hidden()           # the self-test preset has one transformer: no low-noise guidance shown
     page.locator("#t2v-preset input").click()
     page.get_by_role("option", name="Wan2.2 T2V A14B - 832x480, 81 frames, 40 steps").click()
     expect(box).to_have_value("3", timeout=20_000)   # shown once the model's limits are read: slower on a busy machine
@@ -371,7 +371,7 @@ def test_a_two_expert_preset_fills_the_guidance_2_box_and_another_resets_it(page
     shot(page, "guidance-2")
     page.locator("#t2v-preset input").click()
     page.get_by_role("option", name="Self-test T2V - tiny offline model").click()
-    expect(box).to_have_count(0, timeout=20_000)
+    expect(box).to_be_hidden(timeout=20_000)
 
 
 def test_a_guided_preset_shows_the_official_negative_prompt_and_a_distilled_one_none(page, shot: Screenshots):

@@ -329,3 +329,19 @@ def test_video_to_video_plans_its_input_s_encode_as_measured_and_an_extension_it
     plan = plan_memory(KNOWN_MODELS[T2V_13], replace(request, extends=True), HARDWARE["rtx3060-12-32"])
     phases = [phase.phase for phase in plan.phases]
     assert phases.index("video_encode") < phases.index("denoise") and phases[-1] == "join"
+
+
+@pytest.mark.parametrize("hw_name, request_name", CASES)
+def test_the_fewer_frames_tip_names_the_most_frames_that_fit(hw_name, request_name):
+    """The tip's count, found by halving, is the one trying every count from the most down finds: the memory of
+    each phase never shrinks as frames are added (long videos in windows included)."""
+    from dataclasses import replace
+
+    from engine.planning.planner import fits, most_frames_that_fit
+
+    ref, request = REQUESTS[request_name]
+    spec, hw = KNOWN_MODELS[ref], HARDWARE[hw_name]
+    for asked in (request, replace(request, frames=241, window=81)):
+        every = next((frames for frames in range(asked.frames - 4, 0, -4)
+                      if fits(spec, replace(asked, frames=frames), hw)), None)
+        assert most_frames_that_fit(spec, asked, hw, Override()) == every, asked

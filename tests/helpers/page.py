@@ -68,3 +68,24 @@ def long_job(page, prompt: str, **numbers):
 def choose(page, elem_id: str, option: str) -> None:
     page.locator(f"#{elem_id} input").click()
     page.locator(f"#{elem_id}").get_by_role("option", name=option, exact=True).click()
+
+
+
+# Every page the tests open counts the animation frames it asks the browser for (installed before gradio's code
+# runs, which keeps its own reference to the browser's function).
+COUNT_FRAMES = """(() => {
+    window.__framesAsked = 0;
+    const own = window.requestAnimationFrame;
+    window.requestAnimationFrame = (callback) => { window.__framesAsked++; return own.call(window, callback); };
+})();"""
+# How many it asks for a second, over two seconds: a page at rest asks for about 60 (one loop of gradio's); each
+# status tracker left counting behind a component an event hid (ui/parts/visibility.py) adds 60 more, for as long as
+# the page stays open.
+FRAMES_ASKED = """async () => {
+    const before = window.__framesAsked;
+    await new Promise((done) => setTimeout(done, 2000));
+    return (window.__framesAsked - before) / 2; }"""
+
+
+def frames_asked_per_second(page) -> float:
+    return page.evaluate(FRAMES_ASKED)

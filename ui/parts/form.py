@@ -12,6 +12,7 @@ from engine.models.limits import MAX_WINDOW_FRAMES
 from engine.settings.values import MAX_COUNT, MAX_FRAMES, MAX_SIDE, MAX_STEPS, MIN_SIDE, Settings
 from ui.context import AppContext
 from ui.parts.lora_list import build_lora_list
+from ui.parts.visibility import HIDDEN, visible_if
 from engine.settings.fields import AUTO, FIELD, FIELDS, OWN_TRANSFORMER, Place, api_fields, by_field, on_page, plan_fields
 from ui.views.plan_panel import form_plan_markdown, gpu_choices, lora_text, transformer_choice
 
@@ -141,7 +142,7 @@ def limit_updates(limits: Limits | None) -> tuple:
     window = (gr.Number(maximum=limits.max_window, info=window_info(limits.window)) if limits
               else gr.Number(maximum=MAX_WINDOW_FRAMES, info=window_info(None)))
     return (gr.Number(maximum=frames, label=frames_label(hint)), gr.Number(maximum=side), gr.Number(maximum=side),
-            gr.Number(visible=has_low_noise_expert(limits)), window)
+            gr.Number(visible=visible_if(has_low_noise_expert(limits))), window)
 
 
 def window_info(own: int | None) -> str:
@@ -304,8 +305,9 @@ def build_plan_panel(ctx: AppContext, form: Form, mode: str, prefix: str,
         except (EOFError, OSError):
             return (gr.skip(),) * (len(hidden_on_cpu) + 2)
         cpu, count = hardware.backend == "cpu", ctx.client.engine_count()
-        return (*(gr.Dropdown(visible=not cpu) for _ in hidden_on_cpu), gr.Markdown(visible=cpu),
-                gr.Dropdown(choices=gpu_choices(count), visible=count > 1))
+        return (*(gr.Dropdown(visible=visible_if(not cpu)) for _ in hidden_on_cpu),
+                gr.Markdown(visible=visible_if(cpu)),
+                gr.Dropdown(choices=gpu_choices(count), visible=visible_if(count > 1)))
 
     hidden_on_cpu = [boxes[name] for name in ("strategy", "text_encoder", "compile", "attention", "compute")]
     gr.on(None, for_this_machine, None, [*hidden_on_cpu, cpu_note, boxes["gpus"]],
@@ -390,8 +392,8 @@ def _transformer_row(ctx: AppContext, form: Form, mode: str, prefix: str) -> dic
     form.preset.input(of_preset, form.preset, boxes, api_visibility="private", queue=False)
 
     def low_noise(preset, model):   # hidden, and back to the model's own, for a model with one transformer
-        shown = has_low_noise_expert(form_limits(ctx, mode, preset, model))
-        return gr.Dropdown(visible=True) if shown else gr.Dropdown(visible=False, value=OWN_TRANSFORMER)
+        expert = has_low_noise_expert(form_limits(ctx, mode, preset, model))
+        return gr.Dropdown(visible=True) if expert else gr.Dropdown(visible=HIDDEN, value=OWN_TRANSFORMER)
 
     gr.on(None, low_noise, [form.preset, form.model], boxes[1], api_visibility="private", show_progress="hidden",
           trigger_mode="always_last", queue=False)

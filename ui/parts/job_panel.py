@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import gradio as gr
 
 from engine.events import Event, JobFinished, PreviewReady
+from ui.parts.visibility import visible_if
 from ui.views.job_view import TIMING_HEADERS, JobView
 
 
@@ -58,8 +59,8 @@ class JobPanel:
         def reveal(made):
             if made not in ("video", "still"):
                 return [gr.skip()] * len(boxes)
-            shown = [gr.Number(visible=True), gr.Video(visible=made == "video")]
-            return shown + ([gr.Image(visible=made == "still")] if self.still is not None else [])
+            updates = [gr.Number(visible=True), gr.Video(visible=visible_if(made == "video"))]
+            return updates + ([gr.Image(visible=visible_if(made == "still"))] if self.still is not None else [])
 
         for run in runs:
             run.success(reveal, self.made, boxes, queue=False, api_visibility="private", show_progress="hidden")

@@ -28,6 +28,7 @@ from engine.outputs.history import (
 )
 from ui.context import AppContext, forget_served_copies
 from ui.parts.form import Form, preset_choices, preset_values
+from ui.parts.visibility import visible_if
 from ui.tabs.history_post import PostParts, post_layout, wire_post
 from ui.tabs.ids import TAB_IDS, tab_by_id
 from ui.views.history_view import (
@@ -51,7 +52,8 @@ def _shown(entry: HistoryEntry | None) -> tuple:
     """Updates of (video, image) showing the entry's media (or neither)."""
     video = entry.media if entry is not None and entry.kind == "video" else None
     image = entry.media if entry is not None and entry.kind == "image" else None
-    return gr.Video(value=video, visible=video is not None), gr.Image(value=image, visible=image is not None)
+    return (gr.Video(value=video, visible=visible_if(video is not None)),
+            gr.Image(value=image, visible=visible_if(image is not None)))
 
 
 def form_updates(ctx: AppContext, forms: dict[str, Form], values: ReuseValues) -> tuple[dict, list[str]]:

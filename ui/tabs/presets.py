@@ -15,6 +15,7 @@ import gradio as gr
 from engine.words import sentence
 from ui.context import AppContext
 from ui.parts.form import Form, preset_choices, preset_values
+from ui.parts.visibility import visible_if
 from ui.preset_saving import SAVED_FIELDS, delete_user_preset, save_user_preset
 from ui.tabs.ids import TAB_IDS, tab_by_id
 from ui.views.plan_panel import lora_text
@@ -196,7 +197,7 @@ def _build_cards(ctx: AppContext, tabs: gr.Tabs, forms: dict[str, Form], listing
                 return [f"{text} {switched}".strip(), presets(), *dropdowns.updates_and_forms(*current)]
 
             def asking(ask: bool):
-                return [gr.Button(visible=not ask), gr.Button(visible=ask), gr.Button(visible=ask)]
+                return [gr.Button(visible=visible_if(not ask)), *(gr.Button(visible=visible_if(ask)) for _ in range(2))]
 
             delete.click(lambda: asking(True), None, [delete, sure, keep], api_visibility="private",
                          queue=False, show_progress="hidden")
