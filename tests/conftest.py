@@ -482,9 +482,8 @@ SLOW_KINDS = ("bench", "browser", "server", "process")
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Every test of a heavy kind is ``slow`` too; and the files run heaviest kind first (pytest.ini's ``--dist
-    loadfile --no-loadscope-reorder`` hands out whole files, or the files sharing a fixture, in this order), so that
-    the many quick files fill the two workers' ends rather than one long file keeping one worker busy after the other
-    is done."""
+    loadfile --no-loadscope-reorder`` hands out whole files in this order), so that the many quick files fill the two
+    workers' ends rather than one long file keeping one worker busy after the other is done."""
     browser_folder = Path(__file__).parent / "browser"
     for item in items:
         if browser_folder in Path(item.path).parents:
@@ -496,35 +495,6 @@ def pytest_collection_modifyitems(config, items):
         rank = next((n for n, kind in enumerate(SLOW_KINDS) if item.get_closest_marker(kind)), len(SLOW_KINDS))
         first[item.path] = min(rank, first.get(item.path, rank))
     items.sort(key=lambda item: first[item.path])   # stable: each file's tests keep their order
-
-
-# The session fixtures several files share start once in each worker process that runs any of those files: the files
-# that use one run on one worker, as one unit of pytest.ini's `--dist loadfile` (xdist's own groups rename the tests,
-# which this pytest ignores). xdist's scheduler sees the tests' names only, so the files are named here, by the
-# fixture they use (the first one, for a file using both); tests/test_suite_layout.py holds this against the fixtures
-# each file's tests ask for.
-FILES_SHARING = {
-    "browser": ("tests/browser/", "tests/ui/test_history.py", "tests/ui/test_engines.py"),
-    "shared_app": ("tests/ui/test_access.py", "tests/ui/test_concurrency.py", "tests/ui/test_from_video.py",
-                   "tests/ui/test_server.py"),
-}
-
-
-def sharing_unit(nodeid: str) -> str:
-    """The unit a test is handed out in: the fixture its file shares with others, else its file."""
-    file = nodeid.split("::", 1)[0]
-    return next((fixture for fixture, files in FILES_SHARING.items() if file.startswith(files)), file)
-
-
-def pytest_xdist_make_scheduler(config, log):
-    from xdist.scheduler import LoadFileScheduling
-
-    class SharedFixturesTogether(LoadFileScheduling):
-        """Whole files, and the files sharing a session fixture together (each worker would start its own)."""
-        def _split_scope(self, nodeid: str) -> str:
-            return sharing_unit(nodeid)
-
-    return SharedFixturesTogether(config, log)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
