@@ -61,16 +61,18 @@ def part(setup: Setup, name: str):
 
 def leave_libraries_out_of_collections(engine: bool = True) -> None:
     """For a --tiny run: everything alive now (mostly the imported libraries' functions, classes and dicts) is left
-    out of the garbage collector's later passes (``gc.freeze``), the libraries an engine run uses imported first
-    with ``engine``. Each ``gc.collect()`` of a tiny run (``free`` here, the engine's unload) then walks only what
+    out of the garbage collector's later passes (``gc.freeze``), the libraries an engine run uses loaded first
+    with ``engine``, as an engine process loads them (engine/device/runtime.py ``load_libraries``). Each ``gc.collect()`` of a tiny run (``free`` here, the engine's unload) then walks only what
     the run made since, not the libraries again (0.2-0.3 s a pass otherwise, dozens of passes a run, for models of
     a few megabytes), and so does the process's exit (1 s otherwise). What the run computes is the same; only an
     object alive now that becomes cyclic garbage later stays in memory."""
-    import importlib
+    if engine:
+        import importlib
 
-    for module, name in (("torch", "Tensor"), ("diffusers", "WanPipeline"), ("diffusers", "AutoencoderKLWan"),
-                         ("transformers", "UMT5EncoderModel"), ("engine.run.engine", "Engine")) if engine else ():
-        getattr(importlib.import_module(module), name)   # diffusers' and transformers' names import when read
+        from engine.device.runtime import load_libraries
+
+        load_libraries()
+        importlib.import_module("engine.run.engine")
     gc.collect()
     gc.freeze()
 
