@@ -266,9 +266,12 @@ def app_command(*args: str) -> list[str]:
 
 
 def app_main(*args: str) -> subprocess.CompletedProcess:
-    """``python app.py ARGS`` for a command that starts no engine (plan, doctor, --help, a refusal), run through
-    app.main in this process: its exit code (an argparse refusal's included) and what it printed, as a finished
-    command. The commands as a user types them run as processes in test_cli's README and generate tests."""
+    """``python app.py ARGS`` run through app.main in this process: its exit code (an argparse refusal's included)
+    and what it printed, as a finished command. A command that runs a job (generate, decode) starts its engine from
+    this process's fork server (a fork, where a command's own process loads the libraries twice: about five seconds
+    of CPU); what the engine process itself prints is not in the result, and the variables are this process's (a
+    test that needs HF_HUB_OFFLINE or another variable of its own runs the command as a process, with app_env). The
+    commands as a user types them run as processes in test_cli's README, first-generate and Ctrl-C tests."""
     import io
 
     import app

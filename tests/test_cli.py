@@ -29,6 +29,14 @@ def generate(*args, models_dir, outputs, env=None, timeout=180):
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env or app_env(), cwd=ROOT)
 
 
+def generated_here(*args, models_dir, outputs) -> subprocess.CompletedProcess:
+    """``generate ARGS`` through app.main in this process, its engine forked from this process's fork server (a
+    fraction of a second, where a command's own process loads the libraries twice, about five seconds of CPU): for
+    what the job makes and the command prints; a new user's terminal, the README's lines and Ctrl-C run as
+    processes (generate above)."""
+    return app_main("generate", "--models-dir", str(models_dir), "--outputs", str(outputs), *args)
+
+
 def refused(*args, models_dir, outputs) -> subprocess.CompletedProcess:
     """``generate ARGS`` that the app refuses before any engine starts, run through app.main in this process."""
     return app_main("generate", "--models-dir", str(models_dir), "--outputs", str(outputs), *args)
@@ -57,8 +65,8 @@ def test_generate_with_the_selftest_model_writes_video_and_sidecar(selftest_mode
 
 
 def test_generate_image_to_video(selftest_models_dir, outputs, image_file):
-    done = generate("--model", "selftest-i2v", "--prompt", "waves", "--image", str(image_file),
-                    "--width", "96", "--height", "64", models_dir=selftest_models_dir, outputs=outputs)
+    done = generated_here("--model", "selftest-i2v", "--prompt", "waves", "--image", str(image_file),
+                          "--width", "96", "--height", "64", models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 0, done.stderr
     frames, _ = read_video(next(outputs.rglob("*.mp4")))
     assert frames.shape == (9, 64, 96, 3)
@@ -222,8 +230,8 @@ def test_generate_with_a_lora_of_nan_weights_exits_non_zero_naming_it(selftest_m
 
     lora = tmp_path / "broken.safetensors"
     save_file({name: torch.full_like(t, float("nan")) for name, t in diffusers_lora().items()}, lora)
-    done = generate("--model", "selftest-t2v", "--prompt", "a cat", "--lora", f"{lora}:0.8",
-                    models_dir=selftest_models_dir, outputs=outputs)
+    done = generated_here("--model", "selftest-t2v", "--prompt", "a cat", "--lora", f"{lora}:0.8",
+                          models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert (f"The LoRA broken.safetensors holds NaN values in {len(diffusers_lora())} of its "
             f"{len(diffusers_lora())} tensors") in done.stderr
@@ -350,8 +358,8 @@ def test_the_readme_s_commands_work_as_written_from_a_python_without_the_app_s_p
 
 
 def test_generate_count_3_writes_three_videos_with_three_seeds(selftest_models_dir, outputs):
-    done = generate("--model", "selftest-t2v", "--prompt", "three cats", "--seed", "7", "--count", "3",
-                    "--steps", "2", models_dir=selftest_models_dir, outputs=outputs)
+    done = generated_here("--model", "selftest-t2v", "--prompt", "three cats", "--seed", "7", "--count", "3",
+                          "--steps", "2", models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 0, done.stderr
     videos = sorted(outputs.rglob("*.mp4"))
     assert len(videos) == 3 and all(f"Wrote {video}" in done.stdout for video in videos)
@@ -360,11 +368,12 @@ def test_generate_count_3_writes_three_videos_with_three_seeds(selftest_models_d
 
 
 def test_post_makes_an_output_smoother_beside_it_and_refuses_a_still_in_a_sentence(selftest_models_dir, outputs):
-    done = generate("--model", "selftest-t2v", "--prompt", "a slow river", "--frames", "9", "--steps", "2",
-                    "--upscale", "2", models_dir=selftest_models_dir, outputs=outputs)
+    done = generated_here("--model", "selftest-t2v", "--prompt", "a slow river", "--frames", "9", "--steps", "2",
+                          "--upscale", "2", models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 0, done.stderr
     video = next(outputs.rglob("*.mp4"))
     assert "Larger (upscale)" in done.stdout + done.stderr
+    # A process of its own, offline (app_env): the RIFE file is not on this machine, and is not looked for.
     smoother = subprocess.run(app_command("post", str(video), "--interpolate", "2", "--outputs", str(outputs),
                                           "--models-dir", str(selftest_models_dir)),
                               capture_output=True, text=True, timeout=300, env=app_env(), cwd=ROOT)
@@ -373,8 +382,8 @@ def test_post_makes_an_output_smoother_beside_it_and_refuses_a_still_in_a_senten
     assert f"Wrote {made}" in smoother.stdout and json.loads(made.with_suffix(".json").read_text())["output"][
         "frames"] == 17
     stills = outputs.parent / "stills"   # one frame: a PNG, and no video
-    still = generate("--model", "selftest-t2v", "--prompt", "a still", "--frames", "1", "--steps", "2",
-                     models_dir=selftest_models_dir, outputs=stills)
+    still = generated_here("--model", "selftest-t2v", "--prompt", "a still", "--frames", "1", "--steps", "2",
+                           models_dir=selftest_models_dir, outputs=stills)
     assert still.returncode == 0, still.stderr
     [image] = list(stills.rglob("*.png"))
     assert not list(stills.rglob("*.mp4"))
@@ -384,23 +393,22 @@ def test_post_makes_an_output_smoother_beside_it_and_refuses_a_still_in_a_senten
 
 def test_extend_continues_an_output_with_its_prompt_and_video_remakes_one_by_a_strength(selftest_models_dir,
                                                                                           outputs):
-    done = generate("--model", "selftest-t2v", "--prompt", "a slow river", "--frames", "9", "--steps", "2",
-                    models_dir=selftest_models_dir, outputs=outputs)
+    done = generated_here("--model", "selftest-t2v", "--prompt", "a slow river", "--frames", "9", "--steps", "2",
+                          models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 0, done.stderr
     video = next(outputs.rglob("*.mp4"))
     # No prompt, no preset, no model: the output's own prompt and the self-test's image-to-video preset.
-    extended = subprocess.run(app_command("generate", "--extend", str(video), "--frames", "5", "--steps", "2",
-                                          "--outputs", str(outputs), "--models-dir", str(selftest_models_dir)),
-                              capture_output=True, text=True, timeout=300, env=app_env(), cwd=ROOT)
+    extended = generated_here("--extend", str(video), "--frames", "5", "--steps", "2",
+                              models_dir=selftest_models_dir, outputs=outputs)
     assert extended.returncode == 0, extended.stderr
     joined = Path(next(line.split(" ", 1)[1] for line in extended.stdout.splitlines() if line.startswith("Wrote ")))
     sidecar = json.loads(joined.with_suffix(".json").read_text())
     assert sidecar["prompt"] == "a slow river" and sidecar["model"]["ref"] == "selftest-i2v"
     assert sidecar["output"]["frames"] == 9 + 5 - 1 and "It extends" in extended.stdout
     assert "Join (the new part after the video)" in extended.stdout + extended.stderr
-    remade = generate("--video", str(video), "--model", "selftest-t2v", "--strength", "0", "--prompt", "the same river",
-                      "--steps", "2",
-                      models_dir=selftest_models_dir, outputs=outputs)
+    remade = generated_here("--video", str(video), "--model", "selftest-t2v", "--strength", "0",
+                            "--prompt", "the same river", "--steps", "2", models_dir=selftest_models_dir,
+                            outputs=outputs)
     assert remade.returncode == 0, remade.stderr
     made = Path(next(line.split(" ", 1)[1] for line in remade.stdout.splitlines() if line.startswith("Wrote ")))
     data = json.loads(made.with_suffix(".json").read_text())

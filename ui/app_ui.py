@@ -9,6 +9,7 @@ from ui import simple_api
 from ui.context import AppContext
 from ui.generate import owner_of
 from ui.parts import system_panel
+from ui.parts.render_lock import one_render_at_a_time
 from ui.tabs import decode_again as decode_tab
 from ui.tabs import history as history_tab
 from ui.tabs import image_to_video as i2v_tab
@@ -89,6 +90,7 @@ def server_threads(max_queue: int) -> int:
 
 def build_app(ctx: AppContext) -> gr.Blocks:
     """The page; ``ctx.jobs.max_waiting`` jobs may wait their turn, beyond that a submission is refused."""
+    one_render_at_a_time()
     with gr.Blocks(title=APP_NAME) as demo:
         gr.Markdown(f"# {APP_NAME} <small>v{__version__}: Wan video generation on your own machine</small>",
                     elem_id="app-title")

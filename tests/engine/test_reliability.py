@@ -17,7 +17,7 @@ from engine.outputs.export import read_video
 from engine.outputs.latents import cleanup_latents, read_metadata
 from engine.run.engine import Engine
 from engine.service.worker import WorkerClient
-from tests.conftest import CPU, ROOT, app_command, app_env, tiny_request
+from tests.conftest import CPU, app_main, tiny_request
 from tests.faults import CrashWhenAsked, InjectedFaults
 
 pytestmark = pytest.mark.process
@@ -101,16 +101,14 @@ def test_a_decode_that_fails_keeps_the_latents_for_later(model_dirs, presets, ou
 def test_cli_decode_again(model_dirs, presets, outputs, tmp_path, selftest_models_dir):
     engine = Engine(selftest_models_dir, CPU, faults=InjectedFaults({"vae_decode": 2}))
     failed = engine.run(tiny_request(presets, "selftest-t2v", outputs), "a", lambda e: None)
-    done = subprocess.run(app_command("decode", failed.latents, "--tiled", "--models-dir", str(selftest_models_dir)),
-                          capture_output=True, text=True, timeout=180, env=app_env(), cwd=ROOT)
+    # app.main in this process, the engine forked from its fork server (a process of its own would load the
+    # libraries twice: about five seconds of CPU each)
+    done = app_main("decode", failed.latents, "--tiled", "--models-dir", str(selftest_models_dir))
     assert done.returncode == 0, done.stderr
     assert "Wrote" in done.stdout and "Decoded again (tiled)" in done.stdout
-    both = subprocess.run(app_command("decode", failed.latents, "--tiled", "--cpu", "--models-dir",
-                                      str(selftest_models_dir)), capture_output=True, text=True, timeout=180,
-                          env=app_env(), cwd=ROOT)
+    both = app_main("decode", failed.latents, "--tiled", "--cpu", "--models-dir", str(selftest_models_dir))
     assert both.returncode == 0 and "Decoded again (tiled, on the CPU)" in both.stdout, both.stderr
-    bad = subprocess.run(app_command("decode", str(tmp_path / "nope.latents.safetensors")), capture_output=True,
-                         text=True, timeout=180, env=app_env(), cwd=ROOT)
+    bad = app_main("decode", str(tmp_path / "nope.latents.safetensors"))
     assert bad.returncode == 2 and "nope.latents.safetensors does not exist; pick a" in bad.stderr
 
 
@@ -272,10 +270,8 @@ def test_a_prompt_beyond_the_token_limit_is_warned_about(model_dirs, presets, ou
 
 
 def test_cli_keeps_latents_on_request(selftest_models_dir, outputs):
-    done = subprocess.run(app_command("generate", "--model", "selftest-t2v", "--prompt", "a cat", "--keep-latents",
-                                      "--latents-hours", "0", "--models-dir", str(selftest_models_dir),
-                                      "--outputs", str(outputs)),
-                          capture_output=True, text=True, timeout=180, env=app_env(), cwd=ROOT)
+    done = app_main("generate", "--model", "selftest-t2v", "--prompt", "a cat", "--keep-latents", "--latents-hours",
+                    "0", "--models-dir", str(selftest_models_dir), "--outputs", str(outputs))
     assert done.returncode == 0, done.stderr
     kept = list(outputs.rglob("*.latents.safetensors"))
     assert len(kept) == 1 and read_metadata(kept[0])["keep"] is True

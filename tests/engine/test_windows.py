@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 
 import pytest
 import torch
@@ -18,7 +17,7 @@ from engine.run.engine import Engine
 from engine.run.windows import blended_pass
 from engine.settings.values import InputError, Settings, check_settings
 from engine.models.limits import limits_of
-from tests.conftest import CPU, ROOT, app_command, app_env, run_engine, tiny_request
+from tests.conftest import CPU, app_main, run_engine, tiny_request
 from tests.helpers.machines import H200_CALIBRATION, HARDWARE, T2V_13
 
 
@@ -184,10 +183,9 @@ def test_a_step_cache_with_windows_is_refused_by_the_engine_once_the_model_is_kn
 
 @pytest.mark.process
 def test_generate_a_long_video_from_the_command_line(selftest_models_dir, outputs):
-    done = subprocess.run(app_command("generate", "--models-dir", str(selftest_models_dir), "--outputs", str(outputs),
-                                      "--model", "selftest-t2v", "--prompt", "a long cat", "--frames", "241",
-                                      "--window", "65", "--overlap", "8", "--steps", "2"),
-                          capture_output=True, text=True, timeout=180, env=app_env(), cwd=ROOT)
+    done = app_main("generate", "--models-dir", str(selftest_models_dir), "--outputs", str(outputs), "--model",
+                    "selftest-t2v", "--prompt", "a long cat", "--frames", "241", "--window", "65", "--overlap", "8",
+                    "--steps", "2")
     assert done.returncode == 0, done.stderr
     video = next(outputs.rglob("*.mp4"))
     assert read_video(video)[0].shape[0] == 241
