@@ -20,6 +20,10 @@ ROOT = Path(__file__).resolve().parent.parent
 # Engines in the tests (and the app servers they start) don't measure the machine before their first job:
 # hundreds of short jobs would each pay for it. The time plan's own tests turn it on.
 os.environ.setdefault("WAN_STUDIO_CALIBRATE", "0")
+# Offline, as the app servers and commands the tests start (app_env): what an engine would fetch from the Hugging
+# Face Hub (a RIFE file for Smoother, a repo) is refused at once, in this process and in the engines it forks, unless
+# a stand-in Hub runs (tests/fake_hub.py puts the process online meanwhile). Set before huggingface_hub loads.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -269,8 +273,8 @@ def app_main(*args: str) -> subprocess.CompletedProcess:
     """``python app.py ARGS`` run through app.main in this process: its exit code (an argparse refusal's included)
     and what it printed, as a finished command. A command that runs a job (generate, decode) starts its engine from
     this process's fork server (a fork, where a command's own process loads the libraries twice: about five seconds
-    of CPU); what the engine process itself prints is not in the result, and the variables are this process's (a
-    test that needs HF_HUB_OFFLINE or another variable of its own runs the command as a process, with app_env). The
+    of CPU); what the engine process itself prints is not in the result, and the variables are this process's
+    (offline, as app_env's; a test that needs variables of its own runs the command as a process). The
     commands as a user types them run as processes in test_cli's README, first-generate and Ctrl-C tests."""
     import io
 

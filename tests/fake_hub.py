@@ -52,11 +52,13 @@ class FakeHub:
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, name="fake-hub", daemon=True).start()
+        self._offline = _go_online()
         return self
 
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
+        _back_offline(self._offline)
 
     def gets(self, path_end: str) -> list[Seen]:
         return [s for s in self.seen if s.method == "GET" and "/resolve/" in s.path and s.path.endswith(path_end)]
@@ -146,6 +148,29 @@ def _read(data: bytes | Path, start: int, end: int) -> bytes:
             file.seek(start)
             return file.read(end - start)
     return data[start:end]
+
+
+def _go_online() -> tuple:
+    """The tests run offline (tests/conftest.py sets HF_HUB_OFFLINE=1): while a stand-in Hub runs, this process is
+    online, as the app and huggingface_hub each see it (the app reads the variable, huggingface_hub its value at
+    import). Returns what to put back."""
+    from huggingface_hub import constants
+
+    before = (os.environ.get("HF_HUB_OFFLINE"), constants.HF_HUB_OFFLINE)
+    os.environ["HF_HUB_OFFLINE"] = "0"
+    constants.HF_HUB_OFFLINE = False
+    return before
+
+
+def _back_offline(before: tuple) -> None:
+    from huggingface_hub import constants
+
+    variable, constant = before
+    if variable is None:
+        os.environ.pop("HF_HUB_OFFLINE", None)
+    else:
+        os.environ["HF_HUB_OFFLINE"] = variable
+    constants.HF_HUB_OFFLINE = constant
 
 
 def _range(asked: str | None, size: int) -> tuple[int, int]:

@@ -373,10 +373,8 @@ def test_post_makes_an_output_smoother_beside_it_and_refuses_a_still_in_a_senten
     assert done.returncode == 0, done.stderr
     video = next(outputs.rglob("*.mp4"))
     assert "Larger (upscale)" in done.stdout + done.stderr
-    # A process of its own, offline (app_env): the RIFE file is not on this machine, and is not looked for.
-    smoother = subprocess.run(app_command("post", str(video), "--interpolate", "2", "--outputs", str(outputs),
-                                          "--models-dir", str(selftest_models_dir)),
-                              capture_output=True, text=True, timeout=300, env=app_env(), cwd=ROOT)
+    smoother = app_main("post", str(video), "--interpolate", "2", "--outputs", str(outputs),
+                        "--models-dir", str(selftest_models_dir))
     assert smoother.returncode == 0, smoother.stderr
     made = video.with_name(video.stem + "_smoother2x.mp4")
     assert f"Wrote {made}" in smoother.stdout and json.loads(made.with_suffix(".json").read_text())["output"][
