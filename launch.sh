@@ -102,14 +102,17 @@ find_uv() {
 }
 
 pip_install() {
-    local settings=()
+    local settings=() line cert="${SSL_CERT_FILE:-${PIP_CERT:-}}"
     if [[ -n "$UV" ]]; then
-        mapfile -t settings < <("$VPY" -m engine.pip_settings)
-        if SSL_CERT_FILE="${SSL_CERT_FILE:-${PIP_CERT:-}}" "$VPY" -m uv pip install --python "$VPY" \
-                --index-strategy unsafe-best-match --compile-bytecode "${settings[@]}" "$@"; then
+        while IFS= read -r line; do    # (macOS's bash 3.2 has no mapfile)
+            settings+=("$line")
+        done < <("$VPY" -m engine.pip_settings)
+        if env ${cert:+"SSL_CERT_FILE=$cert"} "$VPY" -m uv pip install --python "$VPY" \
+                --index-strategy unsafe-best-match --compile-bytecode ${settings[@]+"${settings[@]}"} "$@"; then
             return 0
         fi
-        say "uv could not install that: trying pip (WAN_INSTALLER=pip skips uv)"
+        say "uv could not install that: pip installs it, and what follows (WAN_INSTALLER=pip skips uv)"
+        UV=""
     fi
     "$VPY" -m pip install --disable-pip-version-check "$@"
 }
