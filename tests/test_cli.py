@@ -33,12 +33,7 @@ def generated_here(*args, models_dir, outputs) -> subprocess.CompletedProcess:
     """``generate ARGS`` through app.main in this process, its engine forked from this process's fork server (a
     fraction of a second, where a command's own process loads the libraries twice, about five seconds of CPU): for
     what the job makes and the command prints; a new user's terminal, the README's lines and Ctrl-C run as
-    processes (generate above)."""
-    return app_main("generate", "--models-dir", str(models_dir), "--outputs", str(outputs), *args)
-
-
-def refused(*args, models_dir, outputs) -> subprocess.CompletedProcess:
-    """``generate ARGS`` that the app refuses before any engine starts, run through app.main in this process."""
+    processes (generate above). A refusal comes before any engine starts."""
     return app_main("generate", "--models-dir", str(models_dir), "--outputs", str(outputs), *args)
 
 
@@ -82,22 +77,22 @@ def test_generate_image_to_video(selftest_models_dir, outputs, image_file):
     (("--model", "selftest-i2v", "--preset", "selftest-i2v"), "image-to-video needs an image"),
 ])
 def test_bad_input_exits_2_with_a_message_and_writes_nothing(selftest_models_dir, outputs, args, expected):
-    done = refused("--prompt", "a cat", *args, models_dir=selftest_models_dir, outputs=outputs)
+    done = generated_here("--prompt", "a cat", *args, models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 2, (done.stdout, done.stderr)
     assert said(expected) in done.stderr or expected in done.stderr
     assert not [p for p in outputs.rglob("*") if p.is_file()]
 
 
 def test_empty_prompt_exits_2(selftest_models_dir, outputs):
-    done = refused("--model", "selftest-t2v", "--prompt", " ", models_dir=selftest_models_dir, outputs=outputs)
+    done = generated_here("--model", "selftest-t2v", "--prompt", " ", models_dir=selftest_models_dir, outputs=outputs)
     assert done.returncode == 2 and "The prompt is empty: describe what the video should show." in done.stderr
 
 
 def test_unwritable_outputs_exit_2(selftest_models_dir, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    done = refused("--model", "selftest-t2v", "--prompt", "a cat", models_dir=selftest_models_dir,
-                   outputs=blocker / "out")
+    done = generated_here("--model", "selftest-t2v", "--prompt", "a cat", models_dir=selftest_models_dir,
+                          outputs=blocker / "out")
     assert done.returncode == 2 and "is not writable" in done.stderr
 
 
@@ -242,8 +237,8 @@ def test_generate_with_a_lora_of_nan_weights_exits_non_zero_naming_it(selftest_m
 # ----- a new user's terminal (the first line and the table: the self-test generate above) ----------------------
 def test_bad_input_is_refused_before_any_engine_starts(selftest_models_dir, outputs):
     for args in (("--width", "70"), ("--prompt", " "), ("--model", "selftest-i2v")):
-        done = refused("--model", "selftest-t2v", "--prompt", "a cat", *args, models_dir=selftest_models_dir,
-                       outputs=outputs)
+        done = generated_here("--model", "selftest-t2v", "--prompt", "a cat", *args, models_dir=selftest_models_dir,
+                              outputs=outputs)
         assert done.returncode == 2 and done.stderr.startswith("error: "), (args, done.stderr)
         assert "Engine start" not in done.stderr + done.stdout and len(done.stderr.splitlines()) == 1, done.stderr
 
@@ -412,8 +407,8 @@ def test_extend_continues_an_output_with_its_prompt_and_video_remakes_one_by_a_s
     data = json.loads(made.with_suffix(".json").read_text())
     assert data["mode"] == "v2v" and data["parameters"]["strength"] == 0 and data["output"]["frames"] == 9
     assert "video_encode" in data["timings"] and "denoise" not in data["timings"]   # strength 0: the input back
-    missing = refused("--video", str(outputs / "missing.mp4"), "--prompt", "x", models_dir=selftest_models_dir,
-                      outputs=outputs)
+    missing = generated_here("--video", str(outputs / "missing.mp4"), "--prompt", "x", models_dir=selftest_models_dir,
+                             outputs=outputs)
     assert missing.returncode == 2 and "does not exist" in missing.stderr and "Traceback" not in missing.stderr
 
 
@@ -426,8 +421,8 @@ def test_a_playlist_or_manifest_given_as_a_video_is_refused_before_anything_read
     (tmp_path / "clip.m3u8").write_text(hls(secret))
     for option, upload, named in (("--video", "video.mp4", "a DASH manifest"), ("--extend", "clip.m3u8",
                                                                                   "an HLS playlist")):
-        done = refused(option, str(tmp_path / upload), "--prompt", "x", models_dir=selftest_models_dir,
-                       outputs=outputs)
+        done = generated_here(option, str(tmp_path / upload), "--prompt", "x", models_dir=selftest_models_dir,
+                              outputs=outputs)
         assert done.returncode == 2 and named in done.stderr and "names other files" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr and "Engine start" not in done.stdout + done.stderr
     assert not list(outputs.rglob("*.mp4"))
