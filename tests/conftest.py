@@ -24,6 +24,12 @@ os.environ.setdefault("WAN_STUDIO_CALIBRATE", "0")
 # Face Hub (a RIFE file for Smoother, a repo) is refused at once, in this process and in the engines it forks, unless
 # a stand-in Hub runs (tests/fake_hub.py puts the process online meanwhile). Set before huggingface_hub loads.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Torch on one CPU thread in every process of the suite: the workers, the engines they fork, the apps, commands and
+# benchmark scripts they start (which inherit it). Two workers share two cores, and the self-test model's work is many
+# tiny operations, where a second thread mostly waits on the first while the other worker's processes need the core
+# (a windowed image-to-video test in a worker took 16.5 s instead of 3.3 s; the speed benchmark's run 67 s instead
+# of 36 s). What they compute is the same. Set before torch loads; a developer's own value is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -39,19 +45,6 @@ from engine.models.selftest import (  # noqa: E402
 )
 from engine.settings.presets import load_presets  # noqa: E402
 from engine.settings.request import GenerationRequest  # noqa: E402
-
-
-@pytest.fixture(scope="session", autouse=True)
-def one_thread_per_worker():
-    """Torch on one CPU thread in each of the suite's worker processes (not in the processes they start): two
-    workers share two cores, and the in-process runs are many tiny operations where a second thread only spins
-    against the other worker's (a windowed image-to-video test took 16.5 s instead of 3.3 s). A run in one process
-    (``-n 0``) keeps torch's own count."""
-    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) < 2:
-        yield
-        return
-    with one_torch_thread():
-        yield
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -377,9 +370,9 @@ def shared_app(tmp_path_factory, selftest_models_dir):
 @pytest.fixture(scope="module")
 def client(server):
     """An API client of the app that the test module runs as its ``server`` fixture (a dict with its "url")."""
-    from gradio_client import Client
+    from tests.helpers.api import api_client
 
-    return Client(server["url"], verbose=False)
+    return api_client(server["url"])
 
 
 @contextlib.contextmanager

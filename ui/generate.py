@@ -33,7 +33,7 @@ AGAIN_AFTER_S = 1.5
 # Seconds between a waiting job's updates of its place and estimate.
 WAIT_UPDATE_S = 1.0
 # The least time between a running job's page updates for steps and previews (others are shown at once).
-PAGE_UPDATE_S = 0.25
+PAGE_UPDATE_S = 0.5
 # The most engines whose jobs run at once that the page's event slots leave room for (one per GPU).
 MAX_ENGINES = 16
 

@@ -87,11 +87,12 @@ def _server_parts(args, ctx, served: Path, tokens: tuple[str, ...], throttle) ->
     from ui.guard.api_login import ApiLogins
     from ui.guard.routes import RouteTable
     from ui.rest.mount import service_routes
+    from ui.status_clock import tracker_route
 
     hosts = HostAllowList.for_server(args.host, args.listen, args.share, args.allowed_host)
     guard = Middleware(Guard, hosts=hosts, throttle=throttle, uploads_folder=served,
                        api_logins=ApiLogins(tokens), routes=RouteTable.with_api(args.metrics_public))
-    return {"middleware": [guard, Middleware(TrailingDefaults)], "routes": service_routes(ctx)}
+    return {"middleware": [guard, Middleware(TrailingDefaults)], "routes": [*service_routes(ctx), tracker_route()]}
 
 
 def asgi_app(server: Server):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from tests.conftest import Screenshots
-from tests.helpers.page import choose, frames_asked_per_second, open_tab, set_number, status
+from tests.helpers.page import choose, frames_asked_per_second, generate, open_tab, set_number, status
 
 PROMPT = "two paper boats on a pond"
 # Every status text the page shows, kept in the page as it changes (a short video may pass in less than a poll).
@@ -25,7 +25,7 @@ def test_the_videos_box_makes_two_videos_that_the_status_and_history_name(page, 
         set_number(page, f"t2v-{name}", value)
     expect(page.locator("#t2v-count input")).to_have_value("2")
     page.evaluate(WATCH_STATUS)
-    page.locator("#t2v-generate").click()
+    generate(page)
     status_box = page.locator("#t2v-status")
     expect(status_box).to_contain_text("Done in", timeout=180_000)
     final = status(page)
@@ -53,7 +53,7 @@ STORED_BYTES = """() => { let n = 0;
 
 def test_a_page_open_through_twenty_jobs_stays_light(page, shot: Screenshots):
     """The tab's JavaScript heap (after a garbage collection) and its stored bytes stay where they were after the
-    first few jobs, however many more it runs; and at rest it draws no frames for a timer nobody sees."""
+    first few jobs, however many more it runs; and at rest it asks for no frames."""
     from playwright.sync_api import expect
 
     cdp = page.context.new_cdp_session(page)
@@ -70,7 +70,7 @@ def test_a_page_open_through_twenty_jobs_stays_light(page, shot: Screenshots):
     weights = {}
     for run in range(1, 21):
         set_number(page, "t2v-seed", 1000 + run)
-        page.locator("#t2v-generate").click()
+        generate(page)
         expect(page.locator("#t2v-status")).to_contain_text(f"Seed used: {1000 + run}.", timeout=120_000)
         if run in (5, 20):
             weights[run] = weight()
@@ -78,9 +78,13 @@ def test_a_page_open_through_twenty_jobs_stays_light(page, shot: Screenshots):
     (heap_5, stored_5), (heap_20, stored_20) = weights[5], weights[20]
     assert stored_20 < 20_000 and stored_20 <= stored_5 + 1_000, weights
     assert heap_20 < heap_5 * 1.2 + 2_000_000, weights
-    # Each status tracker of a component hidden mid-event (the CPU-only rows, a still's box) asked for 60 a second.
+    # At rest the page asks for no frames: each status tracker of a component hidden mid-event (the CPU-only rows, a
+    # still's box) asked for 60 a second, and gradio's loading overlay's tracker 60 more for as long as the page was
+    # open (ui/status_clock.py puts those counts on a timer).
+    # (The result video, while it plays, asks for its own: it is paused first.)
+    page.evaluate("() => document.querySelectorAll('video').forEach((video) => video.pause())")
     asked = frames_asked_per_second(page)
-    assert asked < 150, asked
+    assert asked < 10, asked
 
 
 def test_history_captions_tell_outputs_apart_and_its_choice_stays_through_smoother(page, shot: Screenshots):

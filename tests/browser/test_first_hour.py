@@ -7,7 +7,7 @@ import signal
 
 
 from tests.conftest import Screenshots, engine_pid
-from tests.helpers.page import (long_job, no_error_badge, open_tab, set_number, set_text, status, table_text,
+from tests.helpers.page import (generate, long_job, no_error_badge, open_tab, set_number, set_text, status, table_text,
                                 toasts)
 
 
@@ -41,7 +41,7 @@ def test_a_settings_mistake_is_said_once_and_the_next_run_clears_it(page, app_se
     set_number(page, "t2v-width", 70)
     set_number(page, "t2v-frames", 241)
     set_number(page, "t2v-window", 129)
-    page.locator("#t2v-generate").click()
+    generate(page)
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.includes('Not started')")
     lines = [line for line in status(page).splitlines() if line.strip()]
     assert lines == ["Not started: the settings need a change.",
@@ -60,13 +60,13 @@ def test_a_settings_mistake_is_said_once_and_the_next_run_clears_it(page, app_se
     set_number(page, "t2v-window", 0)
     set_number(page, "t2v-frames", 1030)
     page.locator("#t2v-prompt textarea").fill("a fox")
-    page.locator("#t2v-generate").click()
+    generate(page)
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.includes('Frames 1030')")
     assert "The prompt is empty" not in status(page)
     assert "Frames 1030 is out of range: use 1 to 1025." in status(page)
     set_number(page, "t2v-frames", 9)
     set_number(page, "t2v-steps", 3)
-    page.locator("#t2v-generate").click()
+    generate(page)
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Done in')",
                            timeout=120_000)
     assert "Not started" not in status(page) and "Frames 1030" not in status(page)
@@ -106,7 +106,7 @@ def test_a_file_that_is_not_an_image_is_named_before_anything_runs(page, app_ser
     said = "Image 'holiday.png' is not a readable image (not a known image format); upload a PNG, JPEG or WebP image."
     assert said in page.locator("#i2v-fit-note").inner_text()
     page.locator("#i2v-prompt textarea").fill("waves")
-    page.locator("#i2v-generate").click()
+    generate(page, "i2v")
     page.wait_for_function("() => document.querySelector('#i2v-status [data-testid=markdown]').innerText.includes('Not started')")
     assert said in status(page, "i2v") and no_error_badge(page, "i2v-video")
     shot(page, "i2v-not-an-image")
@@ -156,7 +156,7 @@ def test_after_a_fault_nothing_on_the_page_says_the_job_still_runs(page, app_ser
         assert page.locator("#t2v-cancel").get_attribute("class").count("secondary") == 1
         shot(page, "t2v-failed")
     set_number(page, "t2v-steps", 3)
-    page.locator("#t2v-generate").click()   # a fresh engine takes the next job
+    generate(page)   # a fresh engine takes the next job
     page.wait_for_function("() => document.querySelector('#t2v-status [data-testid=markdown]').innerText.startsWith('Done in')",
                            timeout=120_000)
 

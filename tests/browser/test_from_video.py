@@ -7,7 +7,7 @@ from playwright.sync_api import expect
 
 from engine.outputs.export import write_mp4
 from tests.conftest import Screenshots
-from tests.helpers.page import open_tab, set_number, set_text
+from tests.helpers.page import generate, open_tab, set_number, set_text
 
 RUN_S = 120_000
 
@@ -53,7 +53,7 @@ def test_the_video_to_video_tab_shows_what_it_starts_from_and_makes_it_again(pag
     shot(page, "v2v-strength-past-one")
     slider.fill("0.5")
     slider.press("Enter")
-    page.locator("#v2v-generate").click()
+    generate(page, "v2v")
     expect(page.locator("#v2v-status")).to_contain_text("Done", timeout=RUN_S)
     timings = page.locator("#v2v-timings")
     expect(timings).to_contain_text("Video encode (the input)")
@@ -63,7 +63,7 @@ def test_the_video_to_video_tab_shows_what_it_starts_from_and_makes_it_again(pag
     # Too many frames for the video: said under the preview, and refused in a sentence.
     set_number(page, "v2v-frames", 33)
     expect(note).to_contain_text("make at most 13")
-    page.locator("#v2v-generate").click()
+    generate(page, "v2v")
     expect(page.locator("#v2v-status")).to_contain_text("make at most 13 frames", timeout=30_000)
     set_number(page, "v2v-frames", 9)
 
@@ -74,7 +74,7 @@ def test_history_extends_an_output_and_makes_it_again(page, shot: Screenshots):
     page.locator("#t2v-prompt textarea").fill("a lantern swinging in the wind")
     for name, value in (("frames", 9), ("steps", 4), ("width", 64), ("height", 64)):
         set_number(page, f"t2v-{name}", value)
-    page.locator("#t2v-generate").click()
+    generate(page)
     expect(page.locator("#t2v-status")).to_contain_text("Done", timeout=RUN_S)
 
     open_tab(page, "History")
@@ -92,7 +92,7 @@ def test_history_extends_an_output_and_makes_it_again(page, shot: Screenshots):
     set_number(page, "i2v-frames", 5)
     set_number(page, "i2v-steps", 4)
     expect(page.locator("#i2v-fit-note")).to_contain_text("The joined video: 9 frames and 4 new, 13 frames")
-    page.locator("#i2v-generate").click()
+    generate(page, "i2v")
     status = page.locator("#i2v-status")
     expect(status).to_contain_text("Done", timeout=RUN_S)
     expect(status).to_contain_text("It extends")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, free_port, open_page
+from tests.helpers.page import generate
 
 SCRIPT = "try { (window.parent || window).ran_{name} = true } catch (e) {}; document.title = 'ran {name}'"
 TRAPS = {
@@ -32,7 +33,7 @@ def test_no_page_or_script_among_the_outputs_runs(browser, app_server):
     with open_page(browser, app_server["url"]) as page:
         # A result of its own, to show that media still plays inline.
         page.locator("#t2v-prompt textarea").fill("a fox")
-        page.locator("#t2v-generate").click()
+        generate(page)
         page.wait_for_function("() => /Done in/.test(document.querySelector('#t2v-status').innerText)",
                                timeout=120_000)
         video = next(outputs.rglob("*.mp4"))

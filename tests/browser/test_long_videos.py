@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from tests.conftest import Screenshots
-from tests.helpers.page import choose, long_job, open_tab, set_number, set_text, status
+from tests.helpers.page import choose, generate, long_job, open_tab, set_number, set_text, status
 
 
 def test_a_long_video_shows_its_windows_inside_each_step(page, shot: Screenshots):
@@ -30,7 +30,7 @@ def test_smoother_and_larger_chosen_in_the_form_run_after_the_video_as_their_own
         set_number(page, f"t2v-{name}", value)
     choose(page, "t2v-interpolate", "2x frames")
     choose(page, "t2v-upscale", "2x size")
-    page.locator("#t2v-generate").click()
+    generate(page)
     timings = page.locator("#t2v-timings")
     expect(timings).to_contain_text("Larger (upscale)", timeout=120_000)
     expect(timings).to_contain_text("Smoother (frames between)")

@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from tests.conftest import Screenshots
-from tests.helpers.page import long_job, open_tab, set_number, status, table_text
+from tests.helpers.page import generate, long_job, open_tab, set_number, status, table_text
 
 
 def _preview_src(page, prefix: str) -> str | None:
@@ -48,7 +48,7 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
         set_number(page, elem, value)
     cancel = page.locator("#t2v-cancel")
     assert "secondary" in cancel.get_attribute("class"), "Cancel is red while nothing runs"
-    page.locator("#t2v-generate").click()
+    generate(page)
     first = _wait_for_new_preview(page, "t2v", None)
     assert "stop" in cancel.get_attribute("class"), "Cancel is not red while the job runs"
     second = _wait_for_new_preview(page, "t2v", first)
@@ -81,7 +81,7 @@ def test_text_to_video_shows_preview_progress_timings_and_plays_the_video(page, 
 def test_a_still_replaces_the_video_box_and_the_next_video_replaces_the_still(page, shot: Screenshots):
     assert not page.locator("#t2i-image").is_visible()
     set_number(page, "t2v-steps", 4)
-    page.locator("#t2i-generate").click()
+    generate(page, "t2i")
     page.wait_for_function("() => { const img = document.querySelector('#t2i-image img');"
                            " return img && img.naturalWidth === 96 && img.naturalHeight === 64; }")
     # One result box at a time: the still's, at its own size; no empty video box above it.
@@ -90,7 +90,7 @@ def test_a_still_replaces_the_video_box_and_the_next_video_replaces_the_still(pa
     assert page.locator("#t2i-image").bounding_box()["height"] > 200
     shot(page, "t2i-done")
     set_number(page, "t2v-frames", 9)
-    page.locator("#t2v-generate").click()
+    generate(page)
     page.locator("#t2v-video video").wait_for(timeout=120_000)
     page.wait_for_function("() => !document.querySelector('#t2i-image') || "
                            "document.querySelector('#t2i-image').offsetParent === null")
@@ -110,7 +110,7 @@ def test_image_to_video_shows_the_crop_at_its_final_size_then_makes_a_video(page
     page.locator("#i2v-prompt textarea").fill("waves rolling onto a beach")
     set_number(page, "i2v-frames", 9)
     set_number(page, "i2v-steps", 12)
-    page.locator("#i2v-generate").click()
+    generate(page, "i2v")
     _wait_for_new_preview(page, "i2v", None)
     shot(page, "i2v-running")
     video = _wait_for_playing_video(page, "i2v")
@@ -168,7 +168,7 @@ def test_presets_and_history_during_and_after_a_run_reuse_and_apply(page, shot: 
     page.locator("#t2v-prompt textarea").fill("a lighthouse at dusk")
     set_number(page, "t2v-seed", 77)
     set_number(page, "t2v-steps", 3)
-    page.locator("#t2v-generate").click()
+    generate(page)
     page.wait_for_function("() => document.querySelector('#t2v-status').innerText.includes('Done in')",
                            timeout=120_000)
     open_tab(page, "History")

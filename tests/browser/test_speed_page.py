@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.conftest import Screenshots, open_page, running_app
-from tests.helpers.page import set_number
+from tests.helpers.page import generate, set_number
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_the_first_job_measures_the_machine_then_the_page_says_how_long_a_video_
         page.wait_for_function("() => document.querySelector('#t2v-plan').innerText.includes('Strategy')")
         assert "About" not in _plan_text(page)          # nothing measured yet: no guess
         page.locator("#t2v-prompt textarea").fill("a lighthouse at dusk")
-        page.locator("#t2v-generate").click()
+        generate(page)
         page.wait_for_function("() => document.querySelector('#t2v-timings').innerText.includes('Total')",
                                timeout=120_000)
         assert "Measure this machine (once)" in page.locator("#t2v-timings").inner_text()
@@ -38,7 +38,7 @@ def test_the_first_job_measures_the_machine_then_the_page_says_how_long_a_video_
         set_number(page, "t2v-width", 96)           # the plan is worked out again, now with this machine's speed
         page.wait_for_function("() => document.querySelector('#t2v-plan').innerText.includes('About')")
         assert "when the model is already loaded" in _plan_text(page)
-        page.locator("#t2v-generate").click()
+        generate(page)
         page.wait_for_function("() => !document.querySelector('#t2v-timings').innerText.includes('Measure')",
                                timeout=120_000)        # the second job's table
         page.wait_for_function("() => document.querySelector('#t2v-timings').innerText.includes('Total')",

@@ -28,3 +28,26 @@ def call_api(app, api_name: str, data: list, timeout: float = 60) -> str:
                     text += next(lines, "")   # its data line
                     break
     return text
+
+
+def api_client(url: str, **options):
+    """A gradio_client Client of ``url`` whose calls, when every earlier call has its answer, first wait for the
+    event stream of those calls to close (at most STREAM_CLOSE_S). gradio_client 2.7.2 gives a call sent while the
+    server is closing that stream to the closing stream and then cancels it (``CancelledError`` from a /history call
+    right after a /larger one, on a busy machine); the server closes it a few milliseconds after the last answer.
+    While a call is still going on, the stream stays open and a new call joins it, as before."""
+    import time
+
+    from gradio_client import Client
+
+    class Settled(Client):
+        def submit(self, *args, **kwargs):
+            deadline = time.monotonic() + STREAM_CLOSE_S
+            while self.stream_open and not self.pending_event_ids and time.monotonic() < deadline:
+                time.sleep(0.01)
+            return super().submit(*args, **kwargs)
+
+    return Settled(url, verbose=False, **options)
+
+
+STREAM_CLOSE_S = 5

@@ -39,6 +39,16 @@ def toasts(page) -> list[str]:
     return page.evaluate("() => [...document.querySelectorAll('.toast-body')].map(t => t.innerText)")
 
 
+def generate(page, prefix: str = "t2v") -> None:
+    """Press the tab's Generate once its last job's events have all ended (its Cancel back to grey). The status
+    says "Done" before the page has heard the job's event end, and until then the page sends no click of that
+    button: a click in that moment would start nothing. (The still's button shares the Text to Video tab's Cancel.)"""
+    tab = "t2v" if prefix == "t2i" else prefix
+    page.wait_for_function("id => document.querySelector(`#${id}-cancel`).className.includes('secondary')", arg=tab,
+                           timeout=60_000)
+    page.locator(f"#{prefix}-generate").click()
+
+
 def open_tab(page, name: str) -> None:
     page.get_by_role("tab", name=name).click()
 
@@ -57,7 +67,7 @@ def long_job(page, prompt: str, **numbers):
     page.locator("#t2v-prompt textarea").fill(prompt)
     for name, value in numbers.items():
         set_number(page, f"t2v-{name}", value)
-    page.locator("#t2v-generate").click()
+    generate(page)
     page.wait_for_function("() => /step \\d+\\/200/.test(document.querySelector('#t2v-status').innerText)")
     yield
     if not page.is_closed():
@@ -78,9 +88,9 @@ COUNT_FRAMES = """(() => {
     const own = window.requestAnimationFrame;
     window.requestAnimationFrame = (callback) => { window.__framesAsked++; return own.call(window, callback); };
 })();"""
-# How many it asks for a second, over two seconds: a page at rest asks for about 60 (one loop of gradio's); each
-# status tracker left counting behind a component an event hid (ui/parts/visibility.py) adds 60 more, for as long as
-# the page stays open.
+# How many it asks for a second, over two seconds: a page at rest asks for none; each status tracker left counting
+# behind a component an event hid with visible=False (ui/parts/visibility.py) would ask for 60, for as long as the
+# page stays open, were its count not on a timer (ui/status_clock.py).
 FRAMES_ASKED = """async () => {
     const before = window.__framesAsked;
     await new Promise((done) => setTimeout(done, 2000));

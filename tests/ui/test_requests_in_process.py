@@ -138,3 +138,34 @@ def test_an_idle_server_looks_for_work_calmly_and_ctrl_c_cuts_the_pages_streams_
     assert not cut.filter(record("Cancel 1 running task(s), timeout graceful shutdown exceeded"))
     assert cut.filter(record("Exception in ASGI application", ValueError("a real fault")))
     assert cut.filter(record("Application startup complete."))
+
+
+def test_the_status_tracker_module_is_served_with_its_clock_on_a_timer_and_every_other_asset_as_gradio_s(tmp_path):
+    """ui/status_clock.py: gradio's status tracker module comes with the prelude first and is otherwise gradio's own
+    file; its stylesheet, the other modules and a name outside gradio's assets are gradio's answers."""
+    from pathlib import Path
+
+    from gradio.route_utils import BUILD_PATH_LIB
+
+    from ui.status_clock import PRELUDE
+
+    assets = Path(BUILD_PATH_LIB)
+    module = next(assets.glob("statustracker-*.js")).name
+    style = next(assets.glob("statustracker-*.css")).name
+    other = next(path.name for path in assets.glob("index-*.js"))
+
+    async def scenario():
+        async with client(asgi) as http:
+            return {name: await http.get(f"assets/{name}") for name in (module, style, other, "statustracker-x.js",
+                                                                        "statustracker-..%2Fx.js")}
+
+    with app_object(tmp_path) as asgi:
+        answers = run_coroutine(scenario())
+    served = answers[module]
+    assert served.status_code == 200 and served.headers["content-type"].startswith("text/javascript")
+    assert served.text == PRELUDE + (assets / module).read_text(encoding="utf-8")
+    assert "setTimeout(callback, 100)" in PRELUDE
+    assert answers[style].status_code == 200 and answers[style].text == (assets / style).read_text(encoding="utf-8")
+    assert answers[other].status_code == 200 and not answers[other].text.startswith(PRELUDE[:20])
+    assert answers["statustracker-x.js"].status_code == 404
+    assert answers["statustracker-..%2Fx.js"].status_code == 404
