@@ -152,7 +152,14 @@ class Memory:
         self.thread.join()
 
     def peaks(self, start: float, end: float) -> dict:
-        inside = [(rss, rss - shared) for t, rss, shared in self.samples if start <= t <= end] or [(0, 0)]
+        """The highest RSS and anonymous memory sampled from ``start`` to ``end``; when no sample fell inside (a load
+        shorter than the interval, or one the sampling thread was not scheduled during on a busy machine: 0 GB
+        before), the samples just before and just after it."""
+        inside = [sample for sample in self.samples if start <= sample[0] <= end]
+        if not inside:
+            inside = [sample for sample in self.samples if sample[0] < start][-1:] + \
+                     [sample for sample in self.samples if sample[0] > end][:1]
+        inside = [(rss, rss - shared) for _, rss, shared in inside] or [(0, 0)]
         return {"rss_gb": round(max(r for r, _ in inside) / GIB, 2), "anon_gb": round(max(a for _, a in inside) / GIB, 2)}
 
 

@@ -109,3 +109,16 @@ def test_a_transformer_loaded_alone_holds_what_diffusers_loads(model_dirs):
                                                    dtype=torch.bfloat16).state_dict()
     assert ours.keys() == theirs.keys()
     assert all(ours[k].dtype == theirs[k].dtype and torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_the_stored_load_bench_gives_a_load_between_two_samples_the_memory_around_it():
+    """bench/stored_load.py samples the child's memory every 20 ms in a thread; a load that no sample fell inside (a
+    short one, or the thread not scheduled on a busy machine) reported 0 GB, and its test failed."""
+    from bench.stored_load import Memory
+
+    memory = Memory()
+    memory.samples = [(1.0, 1 * GIB, 0), (1.3, 2 * GIB, GIB), (2.0, 3 * GIB, GIB)]
+    assert memory.peaks(1.2, 1.4) == {"rss_gb": 2.0, "anon_gb": 1.0}           # the sample inside
+    assert memory.peaks(1.5, 1.8) == {"rss_gb": 3.0, "anon_gb": 2.0}           # none inside: the two around it
+    assert memory.peaks(2.5, 3.0) == {"rss_gb": 3.0, "anon_gb": 2.0}           # after the last: the last
+    assert Memory().peaks(0, 1) == {"rss_gb": 0.0, "anon_gb": 0.0}             # never sampled
