@@ -366,7 +366,7 @@ def calibrate(device: str, dtype, quick: bool = False, *, export_rates: Callable
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return Calibration(
-        device_name=name, backend=backend, torch_version=torch.__version__, dtype=_dtype_name(compute),
+        device_name=name, backend=backend, torch_version=str(torch.__version__), dtype=_dtype_name(compute),
         matmul_tflops=matmul, attention_tflops=attention, conv3d_tflops=conv, conv2d_tflops=conv_2d,
         memory_gbps=memory, fp8_matmul_tflops=fp8, small_op_seconds=round(statistics.median(probes), 8),
         cpu_matmul_tflops=cpu_matmul, **copies, **export, quick=quick,

@@ -220,7 +220,7 @@ def detect_hardware() -> HardwareProfile:
     mem = psutil.virtual_memory()
     common = dict(
         ram_total_gb=round(mem.total / GIB, 2), ram_available_gb=round(mem.available / GIB, 2),
-        os=_os_name(), cpu_count=os.cpu_count() or 1, torch_version=torch.__version__,
+        os=_os_name(), cpu_count=os.cpu_count() or 1, torch_version=str(torch.__version__),
     )
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)

@@ -44,7 +44,7 @@ def versions() -> dict:
     import torch
     import transformers
 
-    return {"app": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
+    return {"app": __version__, "torch": str(torch.__version__), "diffusers": diffusers.__version__,
             "transformers": transformers.__version__, "python": platform.python_version()}
 
 

@@ -13,6 +13,7 @@ from gradio_client import Client, handle_file
 
 from engine.outputs.export import read_video
 from tests.conftest import engine_pid
+from tests.helpers.jobs import t2v
 
 pytestmark = pytest.mark.server
 
@@ -231,6 +232,18 @@ def test_the_console_has_the_app_s_lines_not_the_libraries(client, server, image
     for noise in ("torchvision", "Loading pipeline components", "share=True", "it/s]"):
         assert noise not in log, f"{noise!r} in the console:\n{log}"
 
+
+@pytest.mark.skipif(not Path("/proc/self/maps").is_file(), reason="reads the process's mapped files (Linux)")
+def test_the_app_process_never_loads_torch_only_its_engine_does(client, server):
+    """The page's process serves pages and passes messages: torch lives in the engine process alone. A value of
+    torch's own type in an engine's answer (its version string was one) made the app import all of torch as it read
+    the answer, about a second of CPU and 185 MB of the app's RAM."""
+    client.predict(*t2v(4242, "a process without torch"), api_name="/text_to_video")
+    client.predict(api_name="/system")
+    client.predict(api_name="/history")
+    mapped = Path(f"/proc/{server['proc'].pid}/maps").read_text()
+    assert "libtorch" not in mapped
+    assert "libtorch" in Path(f"/proc/{engine_pid(server)}/maps").read_text()   # the engine's, as it should
 
 def test_bad_input_is_an_error_message(client):
     bad = list(T2V)
